@@ -1,0 +1,106 @@
+"""`DynamicScheduleContext`: the read-only snapshot a policy decides on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from dynsched_core import _validators as v
+
+__all__ = ["DynamicScheduleContext"]
+
+
+def _tuple_floats(x: Any) -> Any:
+    return tuple(x) if isinstance(x, list) else x
+
+
+@attrs.frozen(kw_only=True)
+class DynamicScheduleContext:
+    """Immutable snapshot of the fully-async loop, built by the driver for each policy call.
+
+    Field names follow verl's ``DynamicScheduleContext`` so a verl policy ports by
+    changing imports. Counts are in *samples* (one sample = one prompt group as the
+    trainer consumes it).
+
+    Attributes:
+        required_samples: Samples the trainer consumes per micro-step (>= 1).
+        trigger_parameter_sync_step: Micro-steps per weight sync, ``T`` (>= 1).
+        total_generated_samples: Samples produced by the rollouter since the start (>= 0).
+        expected_samples: Samples the trainer has asked for so far: consumed samples plus
+            the current cycle's demand as counted by the driver (>= 0).
+        buffer_samples: Samples the rollouter may produce ahead of demand (staleness
+            allowance, ``staleness_threshold * step_required_samples``) (>= 0).
+        step_wait_times: Seconds the trainer waited, one entry per sample collection of
+            the cycle just finished (each >= 0).
+        step_wait_samples: Samples that had to be waited for (not served from backlog),
+            one entry per collection, same length as ``step_wait_times`` (each >= 0).
+        only_hybrid: True when there are no standalone replicas (colocated mode).
+        last_activate_duration_s: Duration of the most recent activation (>= 0).
+        last_deactivate_duration_s: Duration of the most recent deactivation (>= 0).
+        queue_size: Samples currently buffered in the sample queue (>= 0).
+        num_standalone_replicas: Standalone rollout replicas alive (>= 0).
+        num_hybrid_replicas: Hybrid replicas configured on trainer GPUs (>= 0).
+        standalone_gpus: GPUs of the standalone pool (>= 0).
+        hybrid_gpus: Trainer GPUs that host hybrid replicas (>= 0).
+        producer_finished: True once the rollouter will produce no more samples.
+        is_last_step: True when the step being decided on is the last training step.
+        param_version: Current weight version (>= 0).
+        now: The loop clock's time when the snapshot was taken (seconds).
+    """
+
+    required_samples: int = attrs.field(validator=v.int_ge(1))
+    trigger_parameter_sync_step: int = attrs.field(default=1, validator=v.int_ge(1))
+    total_generated_samples: int = attrs.field(default=0, validator=v.int_ge(0))
+    expected_samples: int = attrs.field(default=0, validator=v.int_ge(0))
+    buffer_samples: int = attrs.field(default=0, validator=v.int_ge(0))
+    step_wait_times: tuple[float, ...] = attrs.field(
+        default=(), converter=_tuple_floats, validator=v.tuple_of_floats_ge(0.0)
+    )
+    step_wait_samples: tuple[int, ...] = attrs.field(
+        default=(), converter=_tuple_floats, validator=v.tuple_of_ints_ge(0)
+    )
+    only_hybrid: bool = attrs.field(default=False, validator=v.bool_())
+    last_activate_duration_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
+    last_deactivate_duration_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
+    queue_size: int = attrs.field(default=0, validator=v.int_ge(0))
+    num_standalone_replicas: int = attrs.field(default=0, validator=v.int_ge(0))
+    num_hybrid_replicas: int = attrs.field(default=0, validator=v.int_ge(0))
+    standalone_gpus: int = attrs.field(default=0, validator=v.int_ge(0))
+    hybrid_gpus: int = attrs.field(default=0, validator=v.int_ge(0))
+    producer_finished: bool = attrs.field(default=False, validator=v.bool_())
+    is_last_step: bool = attrs.field(default=False, validator=v.bool_())
+    param_version: int = attrs.field(default=0, validator=v.int_ge(0))
+    now: float = attrs.field(default=0.0, validator=v.float_ge(float("-inf")))
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.step_wait_times) != len(self.step_wait_samples):
+            raise ValueError(
+                "DynamicScheduleContext.step_wait_times and step_wait_samples must have the same "
+                f"length (one entry per sample collection), got {len(self.step_wait_times)} and "
+                f"{len(self.step_wait_samples)}"
+            )
+
+    @property
+    def step_required_samples(self) -> int:
+        """Samples consumed per weight-sync cycle: ``required_samples * trigger_parameter_sync_step``."""
+        return self.required_samples * self.trigger_parameter_sync_step
+
+    @property
+    def total_wait_time(self) -> float:
+        """``sum(step_wait_times)``: seconds waited for samples in the last cycle."""
+        return float(sum(self.step_wait_times))
+
+    @property
+    def total_wait_samples(self) -> int:
+        """``sum(step_wait_samples)``: samples waited for in the last cycle."""
+        return int(sum(self.step_wait_samples))
+
+    @property
+    def surplus_samples(self) -> int:
+        """``total_generated_samples - expected_samples`` (negative when behind demand)."""
+        return self.total_generated_samples - self.expected_samples
+
+    def evolve(self, **changes: Any) -> DynamicScheduleContext:
+        """Return a copy with ``changes`` applied (validated again)."""
+        return attrs.evolve(self, **changes)

@@ -1,0 +1,93 @@
+"""Typed errors raised by dynsched-core."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DynschedError",
+    "IllegalTransitionError",
+    "NoRoutableReplicaError",
+    "PolicyRegistryError",
+    "RequestFailedError",
+    "SampleWaitTimeoutError",
+    "SwitchError",
+]
+
+
+class DynschedError(Exception):
+    """Base class of every error raised by dynsched."""
+
+
+class ConfigError(DynschedError, ValueError):
+    """A configuration value is missing, of the wrong type or out of range.
+
+    Attributes:
+        key: The offending key (dotted path for nested config), if known.
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class PolicyRegistryError(DynschedError, LookupError):
+    """A policy name is unknown, registered twice, or points at a non-policy object."""
+
+
+class IllegalTransitionError(DynschedError, RuntimeError):
+    """A `HybridState` transition that the state machine does not allow."""
+
+    def __init__(self, source: object, target: object) -> None:
+        super().__init__(f"illegal hybrid state transition {source} -> {target}")
+        self.source = source
+        self.target = target
+
+
+class SwitchError(DynschedError, RuntimeError):
+    """An activation or deactivation step failed.
+
+    The controller leaves the system in a safe state (hybrid replicas out of routing,
+    state ``STANDALONE_ONLY``) before raising it.
+
+    Attributes:
+        operation: ``"activate"``, ``"deactivate"`` or ``"sync_weights"``.
+        step: Name of the failed step (e.g. ``"wake_up"``, ``"remove_from_routing"``).
+        replica_id: Replica whose call failed, when one is known.
+    """
+
+    def __init__(
+        self, operation: str, step: str, replica_id: str | None = None, cause: BaseException | None = None
+    ) -> None:
+        who = f" on replica {replica_id!r}" if replica_id is not None else ""
+        why = f": {cause!r}" if cause is not None else ""
+        super().__init__(f"{operation} failed at step {step!r}{who}{why}")
+        self.operation = operation
+        self.step = step
+        self.replica_id = replica_id
+        self.cause = cause
+
+
+class NoRoutableReplicaError(DynschedError, RuntimeError):
+    """No replica is routable, so a request cannot be placed."""
+
+
+class RequestFailedError(DynschedError, RuntimeError):
+    """A generation request failed after all its retry attempts."""
+
+    def __init__(self, request_id: str, attempts: int, cause: BaseException | None = None) -> None:
+        super().__init__(f"request {request_id!r} failed after {attempts} attempt(s): {cause!r}")
+        self.request_id = request_id
+        self.attempts = attempts
+        self.cause = cause
+
+
+class SampleWaitTimeoutError(DynschedError, TimeoutError):
+    """Waiting for samples in the `SampleQueue` exceeded its timeout."""
+
+    def __init__(self, wanted: int, available: int, timeout_s: float) -> None:
+        super().__init__(
+            f"timed out after {timeout_s:g} s waiting for {wanted} sample(s); {available} available"
+        )
+        self.wanted = wanted
+        self.available = available
+        self.timeout_s = timeout_s

@@ -1,0 +1,87 @@
+"""`DynamicSchedulePolicyBase`: the five decisions a scheduling policy makes."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from dynsched_core._context import DynamicScheduleContext
+
+__all__ = ["DynamicSchedulePolicyBase"]
+
+
+class DynamicSchedulePolicyBase(abc.ABC):
+    """Base class of every dynamic scheduling policy.
+
+    A policy is pure decision logic: it reads an immutable `DynamicScheduleContext` and
+    returns plain values. It never talks to Ray, engines or any transport; the
+    `ScheduleDriver` performs what it decides. Method names and signatures are those of
+    verl's policy base class, so a verl policy ports by changing imports.
+
+    Per training step the driver calls, in this order:
+
+    1. `should_deactivate` before training;
+    2. `deactivate_wait_samples` if (1) returned True;
+    3. `should_activate_after_step` after the weight sync;
+    4. `request_rebalance` after an activation, if rebalance is enabled;
+    5. `update_after_step` after the weight sync (same context as 3).
+
+    Constructor arguments must be plain data (numbers, strings, bools) so a policy can
+    be built from a YAML/JSON config with `dynsched_core.build_policy`.
+    """
+
+    #: Registered name, set by `register_policy` (or the entry point that exposes it).
+    name: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        """Return True to take hybrid replicas out of rollout before this training step."""
+
+    @abc.abstractmethod
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        """Return how many samples must be buffered before deactivating (>= 0).
+
+        The driver waits (bounded by a timeout and by end-of-stream) until the queue
+        holds at least this many samples, then deactivates.
+        """
+
+    @abc.abstractmethod
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        """Return True to (re-)activate hybrid replicas for the next cycle.
+
+        Called after the weight sync to standalone replicas. When it returns False the
+        weight sync to hybrid replicas is skipped.
+        """
+
+    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
+        """Decide whether to rebalance in-flight requests after an activation.
+
+        Returns:
+            True to ask the driver for a rebalance, False to skip it, or None (the
+            default) to follow the ``dynamic_schedule_enable_rebalance`` setting.
+            The driver only rebalances when rebalance is enabled in its config.
+        """
+        return None
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:  # noqa: B027
+        """Adapt internal state after the weight sync of a cycle (default: nothing)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the learned state as plain data, for checkpoints (default: empty)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the state returned by `state_dict`.
+
+        Raises:
+            ValueError: ``state`` has keys this policy does not know.
+        """
+        if state:
+            raise ValueError(
+                f"{type(self).__name__} keeps no state, but load_state_dict got keys {sorted(state)}"
+            )
