@@ -7,7 +7,6 @@ from importlib import metadata
 from typing import Any
 
 import pytest
-
 from dynsched_core import cli
 
 
@@ -30,9 +29,18 @@ def _register_hello(sub: Any) -> None:
     p.set_defaults(func=lambda a: print(f"hello {a.name}") or 0)
 
 
-def test_plugins_listed_and_broken_one_reported(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    eps = [_EP("hello", _register_hello, "dist-hello"), _EP("broken", ImportError("nope"), "dist-broken")]
-    monkeypatch.setattr(cli.metadata, "entry_points", lambda group: eps if group == cli.CLI_ENTRY_POINT_GROUP else [])
+def test_plugins_listed_and_broken_one_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    eps = [
+        _EP("hello", _register_hello, "dist-hello"),
+        _EP("broken", ImportError("nope"), "dist-broken"),
+    ]
+    monkeypatch.setattr(
+        cli.metadata,
+        "entry_points",
+        lambda group: eps if group == cli.CLI_ENTRY_POINT_GROUP else [],
+    )
     parser, problems = cli.build_parser()
     assert isinstance(parser, argparse.ArgumentParser)
     assert len(problems) == 1 and "'broken'" in problems[0] and "dist-broken" in problems[0]
@@ -48,14 +56,21 @@ def test_plugins_listed_and_broken_one_reported(monkeypatch: pytest.MonkeyPatch,
     assert "hello" in help_text and "broken" in help_text
 
 
-def test_no_command_prints_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_command_prints_help(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(cli.metadata, "entry_points", lambda group: [])
     assert cli.main([]) == 0
     assert "usage: dynsched" in capsys.readouterr().out
 
 
 def test_installed_command_lists_installed_subcommands() -> None:
-    out = subprocess.run([sys.executable, "-m", "dynsched_core.cli", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "dynsched_core.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "usage: dynsched" in out.stdout
     names = {ep.name for ep in metadata.entry_points(group=cli.CLI_ENTRY_POINT_GROUP)}
     for name in names:

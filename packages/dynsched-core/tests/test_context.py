@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import attrs
 import pytest
-
 from dynsched_core import DynamicScheduleContext
 
 
@@ -55,7 +54,9 @@ def test_wrong_types_are_refused() -> None:
 
 def test_wait_lists_are_validated_and_paired() -> None:
     with pytest.raises(ValueError, match=r"step_wait_times\[1\] must be a finite number >= 0"):
-        DynamicScheduleContext(required_samples=2, step_wait_times=(1.0, -1.0), step_wait_samples=(1, 1))
+        DynamicScheduleContext(
+            required_samples=2, step_wait_times=(1.0, -1.0), step_wait_samples=(1, 1)
+        )
     with pytest.raises(ValueError, match="same length"):
         DynamicScheduleContext(required_samples=2, step_wait_times=(1.0,), step_wait_samples=())
     ctx = DynamicScheduleContext(required_samples=2, step_wait_times=[1.0], step_wait_samples=[2])  # type: ignore[arg-type]

@@ -6,9 +6,8 @@ from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
-import pytest
-
 import dynsched_core._registry as reg
+import pytest
 from dynsched_core import (
     DynamicScheduleContext,
     DynamicSchedulePolicyBase,
@@ -24,7 +23,9 @@ class _Base(DynamicSchedulePolicyBase):
     def __init__(self, ratio: float = 0.5) -> None:
         self.ratio = ratio
 
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
         return is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
@@ -103,7 +104,9 @@ def test_bad_constructor_arguments(registry: list[_FakeDist]) -> None:
         build_policy("pol_a", nope=1)
 
 
-def test_entry_point_discovery_is_lazy_and_once(registry: list[_FakeDist], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entry_point_discovery_is_lazy_and_once(
+    registry: list[_FakeDist], monkeypatch: pytest.MonkeyPatch
+) -> None:
     registry.append(_FakeDist("dist-one", [("ep_a", "_dynsched_test_policies:PolicyA")]))
     calls: list[int] = []
     original = reg.metadata.distributions

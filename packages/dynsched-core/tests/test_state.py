@@ -4,7 +4,6 @@ import itertools
 import logging
 
 import pytest
-
 from dynsched_core import (
     LEGAL_TRANSITIONS,
     HybridState,

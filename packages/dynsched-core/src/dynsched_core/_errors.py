@@ -56,7 +56,11 @@ class SwitchError(DynschedError, RuntimeError):
     """
 
     def __init__(
-        self, operation: str, step: str, replica_id: str | None = None, cause: BaseException | None = None
+        self,
+        operation: str,
+        step: str,
+        replica_id: str | None = None,
+        cause: BaseException | None = None,
     ) -> None:
         who = f" on replica {replica_id!r}" if replica_id is not None else ""
         why = f": {cause!r}" if cause is not None else ""

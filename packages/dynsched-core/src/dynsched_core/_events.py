@@ -126,7 +126,14 @@ class ReplicaModeEvent:
     gpus: int = 1
 
 
-Event = RolloutEvent | StalenessResetEvent | TrainStepEvent | SwitchEvent | TransitionEvent | ReplicaModeEvent
+Event = (
+    RolloutEvent
+    | StalenessResetEvent
+    | TrainStepEvent
+    | SwitchEvent
+    | TransitionEvent
+    | ReplicaModeEvent
+)
 Subscriber = Callable[[Any], None]
 
 

@@ -159,7 +159,13 @@ RouterListener = Callable[[Sequence[str]], None]
 
 @runtime_checkable
 class Router(Protocol):
-    """Places requests on routable replicas and counts in-flight requests."""
+    """Places requests on routable replicas and counts in-flight requests.
+
+    Optional extension: a router may also offer ``async requests_on(replica_id) ->
+    list[str]`` (the request ids in flight on a replica). The controller uses it to
+    rebalance by aborting only the excess requests of overloaded replicas; without it, a
+    rebalance aborts everything on the overloaded replicas.
+    """
 
     async def add_replicas(self, replica_ids: Sequence[str]) -> None:
         """Make replicas routable (idempotent)."""

@@ -104,7 +104,11 @@ class _Registry:
                 if cls is None:
                     cls = self._load(name, *eps[0])
                     self._loaded[name] = cls
-                if local is not None and local[0] is not cls and _qualname(local[0]) != _qualname(cls):
+                if (
+                    local is not None
+                    and local[0] is not cls
+                    and _qualname(local[0]) != _qualname(cls)
+                ):
                     raise PolicyRegistryError(
                         f"policy name {name!r} is registered twice: by {local[1]} and by "
                         f"distribution {eps[0][1]!r} ({eps[0][0].value})"
@@ -121,7 +125,9 @@ class _Registry:
             "the module that decorates it with @register_policy has been imported."
         )
 
-    def _load(self, name: str, ep: metadata.EntryPoint, dist: str) -> type[DynamicSchedulePolicyBase]:
+    def _load(
+        self, name: str, ep: metadata.EntryPoint, dist: str
+    ) -> type[DynamicSchedulePolicyBase]:
         try:
             obj: Any = ep.load()
         except Exception as exc:
@@ -189,7 +195,9 @@ def build_policy(name: str, **kwargs: Any) -> DynamicSchedulePolicyBase:
     try:
         return cls(**kwargs)
     except TypeError as exc:
-        raise TypeError(f"cannot build policy {name!r} ({_qualname(cls)}) with {kwargs}: {exc}") from exc
+        raise TypeError(
+            f"cannot build policy {name!r} ({_qualname(cls)}) with {kwargs}: {exc}"
+        ) from exc
 
 
 def available_policies() -> list[str]:

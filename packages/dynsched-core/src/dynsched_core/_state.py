@@ -67,7 +67,9 @@ class HybridStateMachine:
     logging must never break a training run).
     """
 
-    def __init__(self, clock: Clock | None = None, initial: HybridState = HybridState.STANDALONE_ONLY) -> None:
+    def __init__(
+        self, clock: Clock | None = None, initial: HybridState = HybridState.STANDALONE_ONLY
+    ) -> None:
         self._clock = clock or LoopClock()
         self._state = initial
         self._listeners: list[Listener] = []
@@ -112,5 +114,7 @@ class HybridStateMachine:
             try:
                 listener(tr)
             except Exception:
-                logger.exception("hybrid state listener %r failed on %s -> %s", listener, tr.source, tr.target)
+                logger.exception(
+                    "hybrid state listener %r failed on %s -> %s", listener, tr.source, tr.target
+                )
         return tr

@@ -8,7 +8,15 @@ from typing import Any
 
 import attrs
 
-__all__ = ["bool_", "float_ge", "float_in", "int_ge", "one_of", "tuple_of_floats_ge", "tuple_of_ints_ge"]
+__all__ = [
+    "bool_",
+    "float_ge",
+    "float_in",
+    "int_ge",
+    "one_of",
+    "tuple_of_floats_ge",
+    "tuple_of_ints_ge",
+]
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
@@ -36,7 +44,9 @@ def float_ge(minimum: float) -> Validator:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError(f"{_where(inst, attr)} must be a number >= {minimum}, got {value!r}")
         if not math.isfinite(value) or value < minimum:
-            raise ValueError(f"{_where(inst, attr)} must be a finite number >= {minimum}, got {value}")
+            raise ValueError(
+                f"{_where(inst, attr)} must be a finite number >= {minimum}, got {value}"
+            )
 
     return check
 
@@ -79,9 +89,16 @@ def tuple_of_floats_ge(minimum: float) -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, tuple):
-            raise TypeError(f"{_where(inst, attr)} must be a tuple of numbers, got {type(value).__name__}")
+            raise TypeError(
+                f"{_where(inst, attr)} must be a tuple of numbers, got {type(value).__name__}"
+            )
         for i, v in enumerate(value):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < minimum:
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not math.isfinite(v)
+                or v < minimum
+            ):
                 raise ValueError(
                     f"{_where(inst, attr)}[{i}] must be a finite number >= {minimum}, got {v!r}"
                 )
@@ -94,9 +111,13 @@ def tuple_of_ints_ge(minimum: int) -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, tuple):
-            raise TypeError(f"{_where(inst, attr)} must be a tuple of ints, got {type(value).__name__}")
+            raise TypeError(
+                f"{_where(inst, attr)} must be a tuple of ints, got {type(value).__name__}"
+            )
         for i, v in enumerate(value):
             if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise ValueError(f"{_where(inst, attr)}[{i}] must be an int >= {minimum}, got {v!r}")
+                raise ValueError(
+                    f"{_where(inst, attr)}[{i}] must be an int >= {minimum}, got {v!r}"
+                )
 
     return check

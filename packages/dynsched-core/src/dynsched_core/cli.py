@@ -50,7 +50,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dynsched-core {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
+    )
     sub = parser.add_subparsers(title="sub-commands", dest="command", metavar="COMMAND")
     problems: list[str] = []
     eps = sorted(metadata.entry_points(group=CLI_ENTRY_POINT_GROUP), key=lambda e: e.name)
@@ -68,7 +70,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
             register = ep.load()
             register(sub)
         except Exception as exc:  # a broken plug-in must not break the command
-            problems.append(f"sub-command {ep.name!r} from {dist!r} ({ep.value}) failed to load: {exc!r}")
+            problems.append(
+                f"sub-command {ep.name!r} from {dist!r} ({ep.value}) failed to load: {exc!r}"
+            )
             sub.add_parser(ep.name, help=f"(unavailable: failed to load from {dist})")
     if problems:
         parser.epilog = "problems with installed plug-ins:\n  " + "\n  ".join(problems)
@@ -86,7 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     func = getattr(args, "func", None)
     if func is None:
         if args.command:
-            print(f"dynsched: sub-command {args.command!r} is unavailable (see warnings above)", file=sys.stderr)
+            print(
+                f"dynsched: sub-command {args.command!r} is unavailable (see warnings above)",
+                file=sys.stderr,
+            )
             return 2
         parser.print_help()
         return 0

@@ -1,0 +1,512 @@
+"""`DynamicResourceController`: switches hybrid replicas between rollout and training.
+
+The controller owns the hybrid lifecycle. Its `HybridStateMachine` is the single source
+of truth of whether hybrid replicas serve (nothing else keeps an "alive" set), and
+`DynamicResourceController.reconcile` brings the router back in line with it.
+
+Deactivation, order critical:
+  1. ``remove_from_routing`` — no request (new or retried) can land on a hybrid replica;
+  2. ``abort`` — in-flight requests return; the retrying client resumes them elsewhere;
+  3. ``sleep`` — KV cache released, weights offloaded, GPU memory back to training.
+
+Activation, after the weight sync of a cycle:
+  1. ``wake_up`` then ``update_weights`` — the hybrid weight sync (skipped entirely when
+     the policy does not activate: the driver simply does not call `activate`);
+  2. ``resume``;
+  3. ``add_to_routing`` — never expose a replica that cannot serve;
+  4. optional ``rebalance`` — clear sticky sessions and move only the *excess* in-flight
+     requests of overloaded replicas (not every request everywhere).
+
+Any failing step leaves the system safe: hybrid replicas out of routing (best-effort
+aborted and put to sleep), state ``STANDALONE_ONLY``, and a `SwitchError` naming the
+step. Every awaited replica/router call is bounded by ``call_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+import attrs
+
+from dynsched_core._clock import Clock, LoopClock
+from dynsched_core._errors import SwitchError
+from dynsched_core._events import EventBus, SwitchEvent, TransitionEvent
+from dynsched_core._protocols import RolloutReplica, Router
+from dynsched_core._state import HybridState, HybridStateMachine, Transition
+
+__all__ = ["DynamicResourceController", "RebalanceReport", "SwitchStep"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SwitchStep = Literal[
+    "remove_from_routing",
+    "abort",
+    "sleep",
+    "wake_up",
+    "update_weights",
+    "resume",
+    "add_to_routing",
+    "rebalance",
+]
+
+_S = HybridState
+
+
+@runtime_checkable
+class _ListsRequests(Protocol):
+    def requests_on(self, replica_id: str) -> list[str]: ...
+
+
+@attrs.frozen(kw_only=True)
+class RebalanceReport:
+    """What a rebalance did.
+
+    Attributes:
+        moved: Requests aborted on overloaded replicas so that the retrying client
+            re-routes them by least load (their re-prefill cost shows up in the
+            client's ``reprefill_tokens``).
+        in_flight_before: In-flight requests per routable replica before the rebalance.
+        target_share: Balanced share per replica, ``ceil(total / routable)``.
+        aborted: Requests aborted per replica (only replicas above the share appear).
+        start: Loop time when the rebalance started.
+        end: Loop time when it ended.
+    """
+
+    moved: int = 0
+    in_flight_before: Mapping[str, int] = attrs.field(factory=dict)
+    target_share: int = 0
+    aborted: Mapping[str, int] = attrs.field(factory=dict)
+    start: float = 0.0
+    end: float = 0.0
+
+    @property
+    def duration_s(self) -> float:
+        """``end - start``."""
+        return self.end - self.start
+
+
+class _StepFailed(Exception):
+    def __init__(self, step: SwitchStep, replica_id: str | None, cause: BaseException) -> None:
+        super().__init__(step, replica_id, cause)
+        self.step = step
+        self.replica_id = replica_id
+        self.cause = cause
+
+
+class DynamicResourceController:
+    """Activates and deactivates hybrid replicas against the `Router`/`RolloutReplica` protocols.
+
+    Args:
+        router: The router the rollout client uses.
+        hybrid_replicas: Hybrid replicas, as a mapping id -> replica or a sequence.
+        replicas: Every replica by id (standalone and hybrid), used by `rebalance` to
+            abort excess requests on standalone replicas; may be a live mapping. Default:
+            the hybrid replicas only.
+        state_machine: The lifecycle state (default: a new one starting in
+            ``STANDALONE_ONLY``, timed by ``clock``).
+        clock: Time source for durations and events (default: the running loop).
+        events: Bus receiving `SwitchEvent` and `TransitionEvent`.
+        call_timeout_s: Bound of every awaited replica/router call (> 0).
+
+    Example:
+        >>> import asyncio
+        >>> from dynsched_core import LoadBalancer
+        >>> from dynsched_core.testing import InMemoryReplica
+        >>> async def demo() -> tuple[bool, list[str]]:
+        ...     router = LoadBalancer(["s0"])
+        ...     ctrl = DynamicResourceController(router, [InMemoryReplica("h0", role="hybrid")])
+        ...     await ctrl.activate(version=1)
+        ...     return ctrl.is_hybrid_active, await router.routable()
+        >>> asyncio.run(demo())
+        (True, ['h0', 's0'])
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        hybrid_replicas: Mapping[str, RolloutReplica] | Sequence[RolloutReplica],
+        *,
+        replicas: Mapping[str, RolloutReplica] | None = None,
+        state_machine: HybridStateMachine | None = None,
+        clock: Clock | None = None,
+        events: EventBus | None = None,
+        call_timeout_s: float = 120.0,
+    ) -> None:
+        if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, int | float):
+            raise TypeError(f"call_timeout_s must be a number > 0, got {call_timeout_s!r}")
+        if not (call_timeout_s > 0 and math.isfinite(call_timeout_s)):
+            raise ValueError(f"call_timeout_s must be a finite number > 0, got {call_timeout_s}")
+        self._router = router
+        self._hybrid = _as_mapping(hybrid_replicas)
+        self._replicas: Mapping[str, RolloutReplica] = (
+            replicas if replicas is not None else self._hybrid
+        )
+        self._clock: Clock = clock if clock is not None else LoopClock()
+        self._events = events
+        self._sm = state_machine if state_machine is not None else HybridStateMachine(self._clock)
+        self._sm.add_listener(self._on_transition)
+        self.call_timeout_s = float(call_timeout_s)
+        self._lock = asyncio.Lock()
+        self._hybrid_version: int | None = None
+        self.activate_count = 0
+        self.deactivate_count = 0
+        self.failure_count = 0
+        self.last_activate_duration_s = 0.0
+        self.last_deactivate_duration_s = 0.0
+        self.last_rebalance: RebalanceReport | None = None
+        self.last_error: SwitchError | None = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def state(self) -> HybridState:
+        """Current lifecycle state."""
+        return self._sm.state
+
+    @property
+    def state_machine(self) -> HybridStateMachine:
+        """The state machine (add listeners here for metrics/logs)."""
+        return self._sm
+
+    @property
+    def is_hybrid_active(self) -> bool:
+        """True in ``HYBRID_ACTIVE`` (hybrid replicas routable and generating)."""
+        return self._sm.is_hybrid_active
+
+    @property
+    def hybrid_ids(self) -> tuple[str, ...]:
+        """Ids of the hybrid replicas, sorted."""
+        return tuple(sorted(self._hybrid))
+
+    @property
+    def has_hybrid_replicas(self) -> bool:
+        """False when there is nothing to switch (every call is then a no-op)."""
+        return bool(self._hybrid)
+
+    @property
+    def hybrid_gpus(self) -> int:
+        """GPUs of the hybrid replicas (from their capabilities)."""
+        return sum(r.capabilities.num_gpus for r in self._hybrid.values())
+
+    @property
+    def hybrid_weights_version(self) -> int | None:
+        """Weight version last loaded into the hybrid replicas (None before any)."""
+        return self._hybrid_version
+
+    # ------------------------------------------------------------------ switches
+    async def activate(self, version: int, weights: Any = None, rebalance: bool = False) -> bool:
+        """Wake, sync weights, resume and route the hybrid replicas (optionally rebalance).
+
+        Idempotent: when already active with ``version`` nothing happens; when active with
+        older weights, the weights are refreshed in place (out of routing, abort, update,
+        resume, back in routing).
+
+        Returns:
+            True when a switch (or weight refresh) happened, False for a no-op.
+
+        Raises:
+            SwitchError: a step failed; the hybrid replicas are out of routing and the
+                state is ``STANDALONE_ONLY``.
+        """
+        if not self._hybrid:
+            return False
+        async with self._lock:
+            await self._recover_transitional()
+            if self._sm.state is _S.HYBRID_ACTIVE:
+                if self._hybrid_version == version:
+                    return False
+                await self._timed("hybrid_weight_sync", self._refresh_weights(version, weights))
+                return True
+            start = self._clock.now()
+            self._sm.transition(_S.ACTIVATING, reason=f"activate v{version}")
+            try:
+                await self._activation_steps(version, weights)
+                if rebalance:
+                    self.last_rebalance = await self._rebalance_steps()
+            except _StepFailed as failed:
+                raise await self._fail("activate", failed, start) from failed.cause
+            self._sm.transition(_S.HYBRID_ACTIVE, reason=f"activated v{version}")
+            self.activate_count += 1
+            end = self._clock.now()
+            self.last_activate_duration_s = end - start
+            self._emit_switch("activate", start, True, f"version={version}", end=end)
+            return True
+
+    async def deactivate(self) -> bool:
+        """Remove hybrid replicas from routing, abort their requests, put them to sleep.
+
+        Idempotent: a no-op unless hybrid replicas are active.
+
+        Returns:
+            True when a switch happened.
+
+        Raises:
+            SwitchError: a step failed; the hybrid replicas are out of routing and the
+                state is ``STANDALONE_ONLY``.
+        """
+        if not self._hybrid:
+            return False
+        async with self._lock:
+            await self._recover_transitional()
+            if self._sm.state is not _S.HYBRID_ACTIVE:
+                return False
+            start = self._clock.now()
+            self._sm.transition(_S.DEACTIVATING, reason="deactivate")
+            try:
+                await self._deactivation_steps()
+            except _StepFailed as failed:
+                raise await self._fail("deactivate", failed, start) from failed.cause
+            self._sm.transition(_S.STANDALONE_ONLY, reason="deactivated")
+            self.deactivate_count += 1
+            end = self._clock.now()
+            self.last_deactivate_duration_s = end - start
+            self._emit_switch("deactivate", start, True, end=end)
+            return True
+
+    async def sync_hybrid_weights(self, version: int, weights: Any = None) -> bool:
+        """Bring active hybrid replicas to ``version`` (verl's name for the hybrid sync).
+
+        Asleep hybrid replicas are not touched: their weights are synced by the next
+        `activate` (this is how the sync is skipped when the policy does not activate).
+
+        Returns:
+            True when weights were pushed.
+
+        Raises:
+            SwitchError: a step failed (safe state restored).
+        """
+        if not self._hybrid:
+            return False
+        async with self._lock:
+            await self._recover_transitional()
+            if self._sm.state is not _S.HYBRID_ACTIVE or self._hybrid_version == version:
+                return False
+            await self._timed("hybrid_weight_sync", self._refresh_weights(version, weights))
+            return True
+
+    async def rebalance(self) -> RebalanceReport:
+        """Clear sticky sessions and abort the excess in-flight requests of overloaded replicas.
+
+        A replica is overloaded when it holds more than ``ceil(total / routable)``
+        requests; only the excess is aborted (the retrying client resumes those requests
+        by least load, i.e. mostly on the replicas that just joined).
+
+        Raises:
+            SwitchError: a step failed (the safe state is restored first).
+        """
+        async with self._lock:
+            start = self._clock.now()
+            try:
+                report = await self._rebalance_steps()
+            except _StepFailed as failed:
+                raise await self._fail("rebalance", failed, start) from failed.cause
+            self.last_rebalance = report
+            return report
+
+    async def reconcile(self) -> list[str]:
+        """Make routing agree with the state; return the replica ids that were fixed.
+
+        In ``STANDALONE_ONLY`` no hybrid replica may be routable; in ``HYBRID_ACTIVE``
+        every hybrid replica must be. A transitional state left behind by a cancelled
+        switch is resolved to ``STANDALONE_ONLY`` first.
+        """
+        async with self._lock:
+            await self._recover_transitional()
+            routable = set(await self._bounded(self._router.routable()))
+            if self._sm.state is _S.HYBRID_ACTIVE:
+                fix = [rid for rid in self.hybrid_ids if rid not in routable]
+                if fix:
+                    await self._bounded(self._router.add_replicas(fix))
+            else:
+                fix = [rid for rid in self.hybrid_ids if rid in routable]
+                if fix:
+                    await self._bounded(self._router.remove_replicas(fix))
+            if fix:
+                logger.warning("reconcile: routing of %s disagreed with state %s", fix, self.state)
+            return fix
+
+    # ------------------------------------------------------------------ steps
+    async def _deactivation_steps(self) -> None:
+        ids = list(self.hybrid_ids)
+        await self._router_step("remove_from_routing", lambda: self._router.remove_replicas(ids))
+        await self._each("abort", lambda r: r.abort(None))
+        await self._each("sleep", lambda r: r.sleep())
+
+    async def _activation_steps(self, version: int, weights: Any) -> None:
+        ids = list(self.hybrid_ids)
+        await self._each("wake_up", lambda r: r.wake_up())
+        await self._each("update_weights", lambda r: r.update_weights(version, weights))
+        self._hybrid_version = version
+        await self._each("resume", lambda r: r.resume())
+        await self._router_step("add_to_routing", lambda: self._router.add_replicas(ids))
+
+    async def _refresh_weights(self, version: int, weights: Any) -> None:
+        ids = list(self.hybrid_ids)
+        try:
+            await self._router_step(
+                "remove_from_routing", lambda: self._router.remove_replicas(ids)
+            )
+            await self._each("abort", lambda r: r.abort(None))
+            await self._each("update_weights", lambda r: r.update_weights(version, weights))
+            self._hybrid_version = version
+            await self._each("resume", lambda r: r.resume())
+            await self._router_step("add_to_routing", lambda: self._router.add_replicas(ids))
+        except _StepFailed as failed:
+            start = self._clock.now()
+            raise await self._fail("sync_weights", failed, start) from failed.cause
+
+    async def _rebalance_steps(self) -> RebalanceReport:
+        start = self._clock.now()
+        try:
+            counts = dict(await self._bounded(self._router.in_flight_counts()))
+            await self._bounded(self._router.clear_sticky())
+        except Exception as exc:
+            raise _StepFailed("rebalance", None, exc) from exc
+        total = sum(counts.values())
+        share = math.ceil(total / len(counts)) if counts else 0
+        aborted: dict[str, int] = {}
+        for rid, count in sorted(counts.items()):
+            if count <= share:
+                continue
+            aborted[rid] = await self._abort_excess(rid, count - share)
+        report = RebalanceReport(
+            moved=sum(aborted.values()),
+            in_flight_before=counts,
+            target_share=share,
+            aborted=aborted,
+            start=start,
+            end=self._clock.now(),
+        )
+        self._emit_switch(
+            "rebalance", start, True, f"moved={report.moved} share={share} before={counts}"
+        )
+        logger.info(
+            "rebalance moved %d request(s) (share %d, before %s)", report.moved, share, counts
+        )
+        return report
+
+    async def _abort_excess(self, replica_id: str, excess: int) -> int:
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            logger.warning("rebalance: replica %s is routable but unknown; skipped", replica_id)
+            return 0
+        ids: list[str] | None = None
+        if isinstance(self._router, _ListsRequests):
+            ids = sorted(self._router.requests_on(replica_id))[-excess:]
+        try:
+            aborted = await self._bounded(replica.abort(ids))
+        except Exception as exc:
+            raise _StepFailed("rebalance", replica_id, exc) from exc
+        return int(aborted)
+
+    # ------------------------------------------------------------------ plumbing
+    async def _bounded(self, awaitable: Awaitable[T]) -> T:
+        return await asyncio.wait_for(awaitable, self.call_timeout_s)
+
+    async def _router_step(self, step: SwitchStep, call: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await self._bounded(call())
+        except Exception as exc:
+            raise _StepFailed(step, None, exc) from exc
+
+    async def _each(
+        self, step: SwitchStep, call: Callable[[RolloutReplica], Awaitable[Any]]
+    ) -> None:
+        """Run ``call`` on every hybrid replica concurrently; fail on the first error."""
+        ids = self.hybrid_ids
+        results = await asyncio.gather(
+            *(self._bounded(call(self._hybrid[rid])) for rid in ids), return_exceptions=True
+        )
+        for rid, result in zip(ids, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                raise _StepFailed(step, rid, result)
+
+    async def _fail(self, operation: str, failed: _StepFailed, start: float) -> SwitchError:
+        """Restore the safe state after ``failed`` and return the error to raise."""
+        await self._make_safe()
+        if self._sm.state is _S.HYBRID_ACTIVE:
+            self._sm.transition(_S.DEACTIVATING, reason=f"{operation} failed at {failed.step}")
+        if self._sm.state is not _S.STANDALONE_ONLY:
+            self._sm.transition(_S.STANDALONE_ONLY, reason=f"{operation} failed at {failed.step}")
+        self.failure_count += 1
+        error = SwitchError(operation, failed.step, failed.replica_id, failed.cause)
+        self.last_error = error
+        kind: Literal["activate", "deactivate", "rebalance", "hybrid_weight_sync"] = (
+            "hybrid_weight_sync" if operation == "sync_weights" else operation  # type: ignore[assignment]
+        )
+        self._emit_switch(kind, start, False, str(error))
+        logger.error("%s; hybrid replicas are out of routing (STANDALONE_ONLY)", error)
+        return error
+
+    async def _make_safe(self) -> None:
+        """Best effort: hybrid out of routing, aborted, asleep. Errors are logged only."""
+        ids = list(self.hybrid_ids)
+        try:
+            await self._bounded(self._router.remove_replicas(ids))
+        except Exception:
+            logger.exception("safe state: could not remove hybrid replicas %s from routing", ids)
+        for rid in ids:
+            replica = self._hybrid[rid]
+            for name, call in (
+                ("abort", lambda r=replica: r.abort(None)),
+                ("sleep", replica.sleep),
+            ):
+                try:
+                    await self._bounded(call())
+                except Exception as exc:
+                    logger.warning("safe state: %s on hybrid replica %s failed: %r", name, rid, exc)
+
+    async def _recover_transitional(self) -> None:
+        if self._sm.state in (_S.ACTIVATING, _S.DEACTIVATING):
+            logger.warning("hybrid state %s left behind by an interrupted switch", self.state)
+            await self._make_safe()
+            self._sm.transition(_S.STANDALONE_ONLY, reason="recovered interrupted switch")
+
+    async def _timed(self, kind: Literal["hybrid_weight_sync"], work: Awaitable[None]) -> None:
+        start = self._clock.now()
+        await work
+        self._emit_switch(kind, start, True)
+
+    def _emit_switch(
+        self,
+        kind: Literal["activate", "deactivate", "rebalance", "hybrid_weight_sync"],
+        start: float,
+        ok: bool,
+        detail: str = "",
+        *,
+        end: float | None = None,
+    ) -> None:
+        if self._events is not None:
+            stop = self._clock.now() if end is None else end
+            self._events.emit(SwitchEvent(kind, start, stop, ok, detail))
+
+    def _on_transition(self, tr: Transition) -> None:
+        if self._events is not None:
+            self._events.emit(TransitionEvent(tr.time, tr.source.name, tr.target.name, tr.reason))
+
+    def __repr__(self) -> str:
+        return (
+            f"DynamicResourceController(state={self.state}, hybrid={list(self.hybrid_ids)},"
+            f" activations={self.activate_count}, deactivations={self.deactivate_count})"
+        )
+
+
+def _as_mapping(
+    replicas: Mapping[str, RolloutReplica] | Sequence[RolloutReplica],
+) -> dict[str, RolloutReplica]:
+    if isinstance(replicas, Mapping):
+        return dict(replicas)
+    out: dict[str, RolloutReplica] = {}
+    for replica in replicas:
+        rid = replica.replica_id
+        if rid in out:
+            raise ValueError(f"duplicate hybrid replica id {rid!r}")
+        out[rid] = replica
+    return out

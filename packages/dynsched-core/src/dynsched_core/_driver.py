@@ -1,0 +1,516 @@
+"""`ScheduleDriver`: runs the policy call order around a host's training step.
+
+The embedding API for any RL stack is two awaits per micro-step plus one observation:
+
+1. ``await driver.before_train_step(global_steps)`` — before collecting samples:
+   ``should_deactivate`` -> ``deactivate_wait_samples`` -> wait (bounded by a timeout
+   and by end-of-stream) -> deactivate hybrid replicas;
+2. ``driver.record_collection(wait_s, waited_samples)`` — after the host collected a
+   batch (seconds waited, samples that had to be waited for);
+3. ``await driver.after_weight_sync(global_steps, version)`` — after the weight sync to
+   standalone replicas (once per ``T`` micro-steps): ``should_activate_after_step`` ->
+   activate with the hybrid weight sync, or skip that sync -> ``request_rebalance`` (after
+   an activation, when rebalance is enabled) -> ``update_after_step``, with one context
+   for both decisions of the cycle.
+
+Guard rails applied once for every policy: the wait target is clamped to the queue
+capacity; no activation on the last step or once the producer has finished; with no
+standalone replica (hybrid-only/colocated) hybrid replicas are activated even if the
+policy declines, and are deactivated only once the rest of the cycle's samples are
+buffered, since nothing else could produce them.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from dynsched_core._clock import Clock, LoopClock
+from dynsched_core._config import DynamicScheduleConfig
+from dynsched_core._context import DynamicScheduleContext
+from dynsched_core._controller import DynamicResourceController, RebalanceReport
+from dynsched_core._errors import SampleWaitTimeoutError, SwitchError
+from dynsched_core._events import EventBus
+from dynsched_core._policy import DynamicSchedulePolicyBase
+from dynsched_core._protocols import SampleQueue
+
+__all__ = ["AfterSyncResult", "BeforeStepResult", "ScheduleDriver"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_FORMAT = 1
+
+
+@attrs.frozen(kw_only=True)
+class BeforeStepResult:
+    """What `ScheduleDriver.before_train_step` did.
+
+    Attributes:
+        global_steps: The step passed in.
+        should_deactivate: The policy's decision.
+        wait_target: Samples waited for before deactivating (None when not deciding to).
+        buffered: Samples buffered when the wait ended (None without a wait).
+        wait_s: Seconds spent waiting (verl's ``wait_for_enough_samples``).
+        wait_timed_out: The wait hit ``wait_timeout_s`` (deactivation went ahead anyway).
+        deactivated: Hybrid replicas were switched off.
+        deactivate_s: Seconds the deactivation took.
+        error: The switch error, when deactivation failed (hybrid is then out anyway).
+        context: The context given to the policy (None when scheduling is disabled).
+    """
+
+    global_steps: int
+    should_deactivate: bool = False
+    wait_target: int | None = None
+    buffered: int | None = None
+    wait_s: float = 0.0
+    wait_timed_out: bool = False
+    deactivated: bool = False
+    deactivate_s: float = 0.0
+    error: SwitchError | None = attrs.field(default=None, eq=False)
+    context: DynamicScheduleContext | None = None
+
+
+@attrs.frozen(kw_only=True)
+class AfterSyncResult:
+    """What `ScheduleDriver.after_weight_sync` did.
+
+    Attributes:
+        global_steps: The step passed in.
+        version: The weight version synced.
+        should_activate: The policy's decision.
+        forced: A guard rail overrode the decision (see the module docstring).
+        activated: Hybrid replicas were woken, synced and routed.
+        hybrid_sync_skipped: The hybrid weight sync was skipped (no activation).
+        rebalance: The rebalance report, when one ran.
+        activate_s: Seconds the activation (with rebalance) took.
+        error: The switch error, when activation failed.
+        context: The context given to ``should_activate_after_step`` and
+            ``update_after_step`` (None when scheduling is disabled).
+    """
+
+    global_steps: int
+    version: int
+    should_activate: bool = False
+    forced: bool = False
+    activated: bool = False
+    hybrid_sync_skipped: bool = False
+    rebalance: RebalanceReport | None = None
+    activate_s: float = 0.0
+    error: SwitchError | None = attrs.field(default=None, eq=False)
+    context: DynamicScheduleContext | None = None
+
+
+class ScheduleDriver:
+    """Runs a `DynamicSchedulePolicyBase` against a `DynamicResourceController`.
+
+    Args:
+        policy: The scheduling policy.
+        controller: Switches the hybrid replicas.
+        queue: The sample queue the trainer reads (for sizes, counters, end-of-stream).
+        config: Scheduler settings (required samples, ``T``, staleness, rebalance, GPUs).
+        clock: Time source (default: the running loop).
+        events: Event bus (passed on for hosts; the controller emits the switch events).
+        wait_timeout_s: Bound of the wait before a deactivation (> 0). On timeout the
+            driver logs a warning and deactivates anyway (training must go on).
+        num_standalone_replicas: Standalone replicas serving (default: from the config).
+        on_switch_error: ``"continue"`` (log, count, go on in standalone mode — the
+            controller has restored a safe state) or ``"raise"``.
+
+    Example:
+        >>> import asyncio
+        >>> from dynsched_core import AsyncSampleQueue, DynamicScheduleConfig, LoadBalancer
+        >>> from dynsched_core import DynamicSchedulePolicyBase
+        >>> from dynsched_core.testing import InMemoryReplica
+        >>> class Always(DynamicSchedulePolicyBase):
+        ...     def should_deactivate(self, global_steps, is_hybrid_active, ctx): return True
+        ...     def deactivate_wait_samples(self, ctx): return 0
+        ...     def should_activate_after_step(self, global_steps, is_hybrid_active, ctx): return True
+        >>> async def demo() -> tuple[bool, bool]:
+        ...     router = LoadBalancer(["s0"])
+        ...     ctrl = DynamicResourceController(router, [InMemoryReplica("h0", role="hybrid")])
+        ...     cfg = DynamicScheduleConfig(use_dynamic_resource_scheduling=True,
+        ...                                 ppo_mini_batch_size=2)
+        ...     driver = ScheduleDriver(Always(), ctrl, AsyncSampleQueue(), cfg)
+        ...     after = await driver.after_weight_sync(1, version=1)
+        ...     before = await driver.before_train_step(2)
+        ...     return after.activated, before.deactivated
+        >>> asyncio.run(demo())
+        (True, True)
+    """
+
+    def __init__(
+        self,
+        policy: DynamicSchedulePolicyBase,
+        controller: DynamicResourceController,
+        queue: SampleQueue,
+        config: DynamicScheduleConfig,
+        *,
+        clock: Clock | None = None,
+        events: EventBus | None = None,
+        wait_timeout_s: float = 600.0,
+        num_standalone_replicas: int | None = None,
+        on_switch_error: Literal["continue", "raise"] = "continue",
+    ) -> None:
+        if not isinstance(policy, DynamicSchedulePolicyBase):
+            raise TypeError(f"policy must be a DynamicSchedulePolicyBase, got {policy!r}")
+        if isinstance(wait_timeout_s, bool) or not isinstance(wait_timeout_s, int | float):
+            raise TypeError(f"wait_timeout_s must be a number > 0, got {wait_timeout_s!r}")
+        if not wait_timeout_s > 0:
+            raise ValueError(f"wait_timeout_s must be > 0, got {wait_timeout_s}")
+        if on_switch_error not in ("continue", "raise"):
+            raise ValueError(
+                f"on_switch_error must be 'continue' or 'raise', got {on_switch_error!r}"
+            )
+        self.policy = policy
+        self.controller = controller
+        self.queue = queue
+        self.config = config
+        self.events = events
+        self.wait_timeout_s = float(wait_timeout_s)
+        self.on_switch_error = on_switch_error
+        self._clock: Clock = clock if clock is not None else LoopClock()
+        self.num_standalone_replicas = (
+            config.num_standalone_replicas
+            if num_standalone_replicas is None
+            else num_standalone_replicas
+        )
+        # Counters (checkpointed).
+        self.requested_samples = 0
+        self.param_version = 0
+        self.cycles = 0
+        self.activations = 0
+        self.deactivations = 0
+        self.skipped_hybrid_syncs = 0
+        self.switch_errors = 0
+        # Observations of the current cycle.
+        self._wait_times: list[float] = []
+        self._wait_samples: list[int] = []
+        self._cycle_activate_s = 0.0
+        self._cycle_deactivate_s = 0.0
+        self._cycle_requested = 0
+        self._warned_fallback = False
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def enabled(self) -> bool:
+        """Whether dynamic scheduling is on (otherwise the policy is never called)."""
+        return self.config.use_dynamic_resource_scheduling
+
+    @property
+    def only_hybrid(self) -> bool:
+        """No standalone replica: hybrid replicas are the only producers."""
+        return self.enabled and (self.config.only_hybrid or self.num_standalone_replicas == 0)
+
+    # ------------------------------------------------------------------ host API
+    async def before_train_step(
+        self, global_steps: int, *, is_last_step: bool = False
+    ) -> BeforeStepResult:
+        """Run ``should_deactivate`` -> ``deactivate_wait_samples`` -> wait -> deactivate.
+
+        Call before collecting the samples of a micro-step.
+        """
+        self.requested_samples += self.config.required_samples
+        self._cycle_requested += self.config.required_samples
+        if not self.enabled:
+            return BeforeStepResult(global_steps=global_steps)
+        ctx = await self.context(global_steps, is_last_step=is_last_step)
+        if not self.policy.should_deactivate(global_steps, self.controller.is_hybrid_active, ctx):
+            return BeforeStepResult(global_steps=global_steps, context=ctx)
+        target = self._wait_target(self.policy.deactivate_wait_samples(ctx))
+        buffered, wait_s, timed_out = await self._wait_for_samples(target)
+        switched, took, error = await self._switch(self.controller.deactivate)
+        if switched:
+            self.deactivations += 1
+            self._cycle_deactivate_s += took
+        return BeforeStepResult(
+            global_steps=global_steps,
+            should_deactivate=True,
+            wait_target=target,
+            buffered=buffered,
+            wait_s=wait_s,
+            wait_timed_out=timed_out,
+            deactivated=switched,
+            deactivate_s=took,
+            error=error,
+            context=ctx,
+        )
+
+    def record_collection(self, wait_s: float, waited_samples: int) -> None:
+        """Report one sample collection of the trainer.
+
+        Args:
+            wait_s: Seconds the trainer waited for the batch (>= 0).
+            waited_samples: Samples that were not buffered when the collection started
+                and had to be waited for (>= 0).
+        """
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not wait_s >= 0:
+            raise ValueError(f"wait_s must be a number >= 0, got {wait_s!r}")
+        if isinstance(waited_samples, bool) or not isinstance(waited_samples, int):
+            raise ValueError(f"waited_samples must be an int >= 0, got {waited_samples!r}")
+        if waited_samples < 0:
+            raise ValueError(f"waited_samples must be an int >= 0, got {waited_samples!r}")
+        self._wait_times.append(float(wait_s))
+        self._wait_samples.append(waited_samples)
+
+    async def after_weight_sync(
+        self,
+        global_steps: int,
+        version: int,
+        *,
+        weights: Any = None,
+        is_last_step: bool = False,
+    ) -> AfterSyncResult:
+        """Run ``should_activate_after_step`` -> activate (with hybrid weight sync) or skip
+        the hybrid sync -> ``request_rebalance`` -> ``update_after_step``.
+
+        Call after the weights of ``version`` reached the standalone replicas; ``weights``
+        is forwarded to the hybrid replicas' ``update_weights``.
+        """
+        self.param_version = version
+        if not self.enabled:
+            self._end_cycle(0.0)
+            return AfterSyncResult(global_steps=global_steps, version=version)
+        ctx = await self.context(global_steps, is_last_step=is_last_step)
+        wants = bool(
+            self.policy.should_activate_after_step(
+                global_steps, self.controller.is_hybrid_active, ctx
+            )
+        )
+        activate = self._guard_activation(wants, ctx)
+        result = AfterSyncResult(
+            global_steps=global_steps,
+            version=version,
+            should_activate=wants,
+            forced=activate != wants,
+            context=ctx,
+        )
+        if activate and self.controller.has_hybrid_replicas:
+            result = await self._activate(result, weights)
+        elif self.controller.has_hybrid_replicas:
+            self.skipped_hybrid_syncs += 1
+            result = attrs.evolve(result, hybrid_sync_skipped=True)
+            logger.debug("step %s: hybrid weight sync skipped (no activation)", global_steps)
+        self.policy.update_after_step(global_steps, ctx)
+        self._end_cycle(result.activate_s if result.activated else 0.0)
+        return result
+
+    async def initial_activation(self, version: int = 0, weights: Any = None) -> AfterSyncResult:
+        """Decide whether hybrid replicas generate before the first training step.
+
+        Calls only ``should_activate_after_step`` (there is no finished step to update
+        on), with the guard rails; the activation time counts for the first cycle.
+        """
+        self.param_version = version
+        if not self.enabled:
+            return AfterSyncResult(global_steps=0, version=version)
+        ctx = await self.context(0)
+        wants = bool(
+            self.policy.should_activate_after_step(0, self.controller.is_hybrid_active, ctx)
+        )
+        activate = self._guard_activation(wants, ctx)
+        result = AfterSyncResult(
+            global_steps=0,
+            version=version,
+            should_activate=wants,
+            forced=activate != wants,
+            context=ctx,
+        )
+        if activate and self.controller.has_hybrid_replicas:
+            result = await self._activate(result, weights, allow_rebalance=False)
+            self._cycle_activate_s = result.activate_s if result.activated else 0.0
+        return result
+
+    async def context(
+        self, global_steps: int = 0, *, is_last_step: bool = False
+    ) -> DynamicScheduleContext:
+        """Build the policy context from the config, the queue and the observations."""
+        stats = await self.queue.stats()
+        cfg = self.config
+        return DynamicScheduleContext(
+            required_samples=cfg.required_samples,
+            trigger_parameter_sync_step=cfg.trigger_parameter_sync_step,
+            total_generated_samples=stats.produced,
+            expected_samples=self.requested_samples,
+            buffer_samples=cfg.buffer_samples,
+            step_wait_times=tuple(self._wait_times),
+            step_wait_samples=tuple(self._wait_samples),
+            only_hybrid=self.only_hybrid,
+            last_activate_duration_s=self._cycle_activate_s,
+            last_deactivate_duration_s=self._cycle_deactivate_s,
+            queue_size=stats.size,
+            num_standalone_replicas=self.num_standalone_replicas,
+            num_hybrid_replicas=len(self.controller.hybrid_ids),
+            standalone_gpus=cfg.standalone_gpus,
+            hybrid_gpus=cfg.hybrid_gpus,
+            producer_finished=stats.closed,
+            is_last_step=is_last_step,
+            param_version=self.param_version,
+            now=self._clock.now(),
+        )
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """Policy state plus the driver's counters, as plain data."""
+        return {
+            "format": _STATE_FORMAT,
+            "policy": dict(self.policy.state_dict()),
+            "requested_samples": self.requested_samples,
+            "param_version": self.param_version,
+            "cycles": self.cycles,
+            "activations": self.activations,
+            "deactivations": self.deactivations,
+            "skipped_hybrid_syncs": self.skipped_hybrid_syncs,
+            "switch_errors": self.switch_errors,
+            "wait_times": list(self._wait_times),
+            "wait_samples": list(self._wait_samples),
+            "cycle_activate_s": self._cycle_activate_s,
+            "cycle_deactivate_s": self._cycle_deactivate_s,
+            "cycle_requested": self._cycle_requested,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned.
+
+        Raises:
+            ValueError: unknown format or missing keys.
+        """
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"unsupported ScheduleDriver state format {state.get('format')!r}")
+        missing = set(self.state_dict()) - set(state)
+        if missing:
+            raise ValueError(f"ScheduleDriver state lacks keys {sorted(missing)}")
+        self.policy.load_state_dict(state["policy"])
+        for key in (
+            "requested_samples",
+            "param_version",
+            "cycles",
+            "activations",
+            "deactivations",
+            "skipped_hybrid_syncs",
+            "switch_errors",
+        ):
+            setattr(self, key, int(state[key]))
+        self._wait_times = [float(x) for x in state["wait_times"]]
+        self._wait_samples = [int(x) for x in state["wait_samples"]]
+        self._cycle_activate_s = float(state["cycle_activate_s"])
+        self._cycle_deactivate_s = float(state["cycle_deactivate_s"])
+        self._cycle_requested = int(state["cycle_requested"])
+
+    # ------------------------------------------------------------------ internals
+    def _wait_target(self, raw: Any) -> int:
+        try:
+            target = operator.index(raw)
+        except TypeError:
+            raise TypeError(
+                f"{type(self.policy).__name__}.deactivate_wait_samples must return an int, "
+                f"got {raw!r}"
+            ) from None
+        if isinstance(raw, bool) or target < 0:
+            raise ValueError(
+                f"{type(self.policy).__name__}.deactivate_wait_samples must return an int >= 0, "
+                f"got {raw!r}"
+            )
+        if self.only_hybrid:
+            # Nothing produces once the hybrid replicas sleep: buffer the rest of the cycle.
+            remaining = (
+                self.config.step_required_samples
+                - self._cycle_requested
+                + self.config.required_samples
+            )
+            target = max(target, remaining)
+        capacity = getattr(self.queue, "capacity", None)
+        if isinstance(capacity, int) and target > capacity:
+            logger.warning(
+                "wait target %d exceeds the queue capacity %d; clamped", target, capacity
+            )
+            target = capacity
+        return target
+
+    async def _wait_for_samples(self, target: int) -> tuple[int, float, bool]:
+        """Wait until ``target`` samples are buffered, end-of-stream, or the timeout."""
+        start = self._clock.now()
+        timed_out = False
+        try:
+            buffered = await self.queue.wait_for(target, timeout=self.wait_timeout_s)
+        except SampleWaitTimeoutError as exc:
+            buffered, timed_out = exc.available, True
+            logger.warning(
+                "waited %.1f s for %d sample(s) before deactivating (%d buffered); deactivating",
+                self.wait_timeout_s,
+                target,
+                exc.available,
+            )
+        return buffered, self._clock.now() - start, timed_out
+
+    def _guard_activation(self, wants: bool, ctx: DynamicScheduleContext) -> bool:
+        if ctx.is_last_step or ctx.producer_finished:
+            return False
+        if not wants and self.only_hybrid:
+            if not self._warned_fallback:
+                logger.warning(
+                    "no standalone replica: activating hybrid replicas although the policy "
+                    "declined (hybrid replicas are the only producers; colocated fallback)"
+                )
+                self._warned_fallback = True
+            return True
+        return wants
+
+    async def _activate(
+        self, result: AfterSyncResult, weights: Any, *, allow_rebalance: bool = True
+    ) -> AfterSyncResult:
+        start = self._clock.now()
+        version = result.version
+        switched, _, error = await self._switch(lambda: self.controller.activate(version, weights))
+        report: RebalanceReport | None = None
+        if switched:
+            self.activations += 1
+            if allow_rebalance and self._wants_rebalance(result):
+                ok, _, rb_error = await self._switch(self.controller.rebalance)
+                report = ok if isinstance(ok, RebalanceReport) else None
+                error = error or rb_error
+        return attrs.evolve(
+            result,
+            activated=switched and self.controller.is_hybrid_active,
+            rebalance=report,
+            activate_s=self._clock.now() - start,
+            error=error,
+        )
+
+    def _wants_rebalance(self, result: AfterSyncResult) -> bool:
+        if not self.config.dynamic_schedule_enable_rebalance or result.context is None:
+            return False
+        decision = self.policy.request_rebalance(result.global_steps, result.context)
+        return decision is None or bool(decision)
+
+    async def _switch(
+        self, operation: Callable[[], Awaitable[Any]]
+    ) -> tuple[Any, float, SwitchError | None]:
+        """Run a controller operation, timing it; apply ``on_switch_error``."""
+        start = self._clock.now()
+        try:
+            outcome = await operation()
+        except SwitchError as exc:
+            self.switch_errors += 1
+            if self.on_switch_error == "raise":
+                raise
+            logger.error("%s; continuing with standalone replicas only", exc)
+            return False, self._clock.now() - start, exc
+        return outcome, self._clock.now() - start, None
+
+    def _end_cycle(self, next_activate_s: float) -> None:
+        self.cycles += 1
+        self._wait_times.clear()
+        self._wait_samples.clear()
+        self._cycle_deactivate_s = 0.0
+        self._cycle_requested = 0
+        self._cycle_activate_s = next_activate_s
+
+    def __repr__(self) -> str:
+        return (
+            f"ScheduleDriver(policy={type(self.policy).__name__}, cycles={self.cycles}, "
+            f"activations={self.activations}, deactivations={self.deactivations})"
+        )

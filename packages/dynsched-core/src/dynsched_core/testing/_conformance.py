@@ -1,0 +1,512 @@
+"""`check_policy`: hypothesis conformance properties for any scheduling policy.
+
+Usable from any project's pytest suite::
+
+    from dynsched_core.testing import check_policy
+
+    def test_my_policy_conforms():
+        check_policy(MyPolicy)                                  # a zero-argument factory
+        check_policy(lambda: MyPolicy(ratio=0.7), max_examples=200)
+
+A violated property raises `PolicyConformanceError` (an `AssertionError`) whose message
+names the property, the policy and the smallest input hypothesis found.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Flaky
+
+from dynsched_core._context import DynamicScheduleContext
+from dynsched_core._policy import DynamicSchedulePolicyBase
+from dynsched_core.testing._strategies import (
+    StepInput,
+    StepRecord,
+    colocated_contexts,
+    contexts,
+    drive_steps,
+    global_steps,
+    step_sequences,
+)
+
+__all__ = ["POLICY_PROPERTIES", "PolicyConformanceError", "check_policy"]
+
+logger = logging.getLogger(__name__)
+
+#: The properties `check_policy` verifies, by the name used in its failure messages.
+POLICY_PROPERTIES: Mapping[str, str] = {
+    "construct": "the factory returns a DynamicSchedulePolicyBase instance without raising",
+    "no_raise": "every policy call accepts every valid context (and any history) without raising",
+    "return_types": (
+        "should_deactivate/should_activate_after_step return bool, deactivate_wait_samples "
+        "returns int, request_rebalance returns bool or None, update_after_step returns None, "
+        "state_dict returns a mapping with str keys that can be deep-copied"
+    ),
+    "wait_threshold_bounds": (
+        "0 <= deactivate_wait_samples(ctx) <= ctx.step_required_samples + ctx.buffer_samples"
+    ),
+    "deterministic": "two policies from the factory fed the same calls make the same decisions",
+    "state_dict_round_trip": (
+        "state_dict() is a snapshot; a fresh policy loaded with it reports the same state and "
+        "then makes the same decisions as the original on the same inputs"
+    ),
+    "only_hybrid_no_deadlock": (
+        "with only_hybrid contexts (no standalone replica) a simulated colocated run never "
+        "needs samples that nothing can produce: the policy activates, or its schedule "
+        "keeps enough samples buffered"
+    ),
+}
+
+PolicyFactory = Callable[[], DynamicSchedulePolicyBase]
+
+
+class PolicyConformanceError(AssertionError):
+    """A policy violated one of the `POLICY_PROPERTIES`.
+
+    Attributes:
+        property_name: Key of the violated property in `POLICY_PROPERTIES`.
+        policy: Label of the policy under test.
+        detail: What happened.
+    """
+
+    def __init__(self, policy: str, property_name: str, detail: str) -> None:
+        super().__init__(
+            f"check_policy({policy}): property {property_name!r} failed: {detail}\n"
+            f"  property: {POLICY_PROPERTIES.get(property_name, property_name)}"
+        )
+        self.policy = policy
+        self.property_name = property_name
+        self.detail = detail
+
+
+# ----------------------------------------------------------------------------------
+# A checking proxy: every call is guarded and its result validated.
+# ----------------------------------------------------------------------------------
+def _short(ctx: DynamicScheduleContext) -> str:
+    return repr(ctx)
+
+
+class _Probe(DynamicSchedulePolicyBase):
+    """Wraps a policy; turns exceptions and bad results into `PolicyConformanceError`."""
+
+    def __init__(self, inner: DynamicSchedulePolicyBase, label: str) -> None:
+        self.inner = inner
+        self.label = label
+
+    def _fail(self, prop: str, detail: str) -> PolicyConformanceError:
+        return PolicyConformanceError(self.label, prop, detail)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self.inner, method)(*args)
+        except PolicyConformanceError:
+            raise
+        except Exception as exc:
+            shown = ", ".join(
+                _short(a) if isinstance(a, DynamicScheduleContext) else repr(a) for a in args
+            )
+            raise self._fail("no_raise", f"{method}({shown}) raised {exc!r}") from exc
+
+    def _bool(self, method: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self._fail(
+                "return_types", f"{method} returned {value!r} ({type(value).__name__}), not bool"
+            )
+        return value
+
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return self._bool(
+            "should_deactivate",
+            self._call("should_deactivate", global_steps, is_hybrid_active, ctx),
+        )
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        value = self._call("deactivate_wait_samples", ctx)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._fail(
+                "return_types",
+                f"deactivate_wait_samples returned {value!r} ({type(value).__name__}), not int",
+            )
+        hi = ctx.step_required_samples + ctx.buffer_samples
+        if not 0 <= value <= hi:
+            raise self._fail(
+                "wait_threshold_bounds",
+                f"deactivate_wait_samples returned {value}, outside [0, {hi}] "
+                f"(step_required_samples={ctx.step_required_samples}, "
+                f"buffer_samples={ctx.buffer_samples}) for {_short(ctx)}",
+            )
+        return value
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return self._bool(
+            "should_activate_after_step",
+            self._call("should_activate_after_step", global_steps, is_hybrid_active, ctx),
+        )
+
+    def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
+        value = self._call("request_rebalance", global_steps, ctx)
+        if value is not None and not isinstance(value, bool):
+            raise self._fail(
+                "return_types",
+                f"request_rebalance returned {value!r} ({type(value).__name__}), not bool/None",
+            )
+        return value
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
+        value = self._call("update_after_step", global_steps, ctx)
+        if value is not None:
+            raise self._fail("return_types", f"update_after_step returned {value!r}, not None")
+
+    def state_dict(self) -> dict[str, Any]:
+        value = self._call("state_dict")
+        if not isinstance(value, Mapping):
+            raise self._fail(
+                "return_types", f"state_dict returned {type(value).__name__}, not a mapping"
+            )
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise self._fail("return_types", f"state_dict has non-str keys {bad!r}")
+        try:
+            return dict(copy.deepcopy(value))
+        except Exception as exc:
+            raise self._fail(
+                "return_types", f"state_dict() cannot be deep-copied: {exc!r}"
+            ) from exc
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        try:
+            self.inner.load_state_dict(state)
+        except Exception as exc:
+            raise self._fail(
+                "state_dict_round_trip",
+                f"load_state_dict(state_dict()) raised {exc!r} for state {state!r}",
+            ) from exc
+
+
+def _make(factory: PolicyFactory, label: str) -> _Probe:
+    try:
+        policy = factory()
+    except Exception as exc:
+        raise PolicyConformanceError(label, "construct", f"the factory raised {exc!r}") from exc
+    if not isinstance(policy, DynamicSchedulePolicyBase):
+        raise PolicyConformanceError(
+            label, "construct", f"the factory returned {policy!r}, not a DynamicSchedulePolicyBase"
+        )
+    return _Probe(policy, label)
+
+
+def _first_difference(a: Sequence[StepRecord], b: Sequence[StepRecord]) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            return f"step #{i}: {x} vs {y}"
+    return "(no difference)"  # pragma: no cover - only called when a != b
+
+
+def _check_round_trip(
+    factory: PolicyFactory, label: str, steps: Sequence[StepInput], split: int, active: bool
+) -> None:
+    """Checkpoint after ``steps[:split]``, restore into a fresh policy, compare the rest."""
+    original = _make(factory, label)
+    head = drive_steps(original, steps[:split], active)
+    mid_active = head[-1].is_active_after if head else active
+    raw_state = original.inner.state_dict()
+    state = original.state_dict()
+    restored = _make(factory, label)
+    restored.load_state_dict(copy.deepcopy(state))
+    if restored.state_dict() != state:
+        raise restored._fail(
+            "state_dict_round_trip",
+            f"after load_state_dict(s) state_dict() is {restored.state_dict()!r}, s was {state!r}",
+        )
+    rest_o = drive_steps(original, steps[split:], mid_active)
+    rest_r = drive_steps(restored, steps[split:], mid_active)
+    if rest_o != rest_r:
+        raise restored._fail(
+            "state_dict_round_trip",
+            f"a policy restored after {split} step(s) decided differently from the original at "
+            + _first_difference(rest_o, rest_r),
+        )
+    if dict(raw_state) != state:
+        raise original._fail(
+            "state_dict_round_trip",
+            "state_dict() returned live objects that later steps changed (return a copy): "
+            f"{state!r} became {dict(raw_state)!r}",
+        )
+
+
+# ----------------------------------------------------------------------------------
+# Colocated run: an abstract model of the driver with hybrid replicas only.
+# ----------------------------------------------------------------------------------
+class _ColocatedRun:
+    """Counts-only model of the reference loop with hybrid replicas and no standalone one.
+
+    While active, hybrid replicas produce exactly what is waited for (the least a real
+    run produces), within the staleness window ``step_required + buffer`` per weight
+    version; while asleep nothing is produced. Each cycle: for every micro-step the
+    policy may deactivate (after buffering its threshold), then the trainer takes
+    ``required_samples``; after the weight sync the policy may activate.
+    """
+
+    SECONDS_PER_SAMPLE = 0.5
+    SWITCH_S = 2.0
+
+    def __init__(
+        self, probe: _Probe, base: DynamicScheduleContext, cycles: int, start_active: bool
+    ) -> None:
+        self.p = probe
+        self.base = base
+        self.cycles = cycles
+        self.R = base.required_samples
+        self.T = base.trigger_parameter_sync_step
+        self.window = base.step_required_samples + base.buffer_samples
+        self.active = start_active
+        self.queue = self.generated = self.consumed = self.admitted = self.version = 0
+        self.now = 0.0
+        self.waits: list[tuple[float, int]] = []
+        self.last_activate = self.last_deactivate = 0.0
+        self.trace: list[str] = []
+
+    def ctx(self, *, demand: int, last: bool) -> DynamicScheduleContext:
+        return DynamicScheduleContext(
+            required_samples=self.R,
+            trigger_parameter_sync_step=self.T,
+            total_generated_samples=self.generated,
+            expected_samples=self.consumed + demand,
+            buffer_samples=self.base.buffer_samples,
+            step_wait_times=tuple(t for t, _ in self.waits),
+            step_wait_samples=tuple(n for _, n in self.waits),
+            only_hybrid=True,
+            last_activate_duration_s=self.last_activate,
+            last_deactivate_duration_s=self.last_deactivate,
+            queue_size=self.queue,
+            num_standalone_replicas=0,
+            num_hybrid_replicas=max(1, self.base.num_hybrid_replicas),
+            standalone_gpus=0,
+            hybrid_gpus=self.base.hybrid_gpus,
+            producer_finished=False,
+            is_last_step=last,
+            param_version=self.version,
+            now=self.now,
+        )
+
+    def produce_until(self, target: int) -> int:
+        if not self.active or self.queue >= target:
+            return 0
+        n = max(0, min(target - self.queue, self.window - self.admitted))
+        self.queue += n
+        self.generated += n
+        self.admitted += n
+        self.now += n * self.SECONDS_PER_SAMPLE
+        return n
+
+    def deadlock(self, g: int, why: str) -> PolicyConformanceError:
+        trace = "; ".join(self.trace[-8:])
+        return self.p._fail(
+            "only_hybrid_no_deadlock",
+            f"colocated run (required_samples={self.R}, trigger_parameter_sync_step={self.T}, "
+            f"buffer_samples={self.base.buffer_samples}) deadlocks at global step {g}: {why}. "
+            f"Last decisions: {trace}",
+        )
+
+    def after_sync(self, g: int, last: bool) -> None:
+        ctx = self.ctx(demand=0, last=last)
+        activate = self.p.should_activate_after_step(g, self.active, ctx)
+        self.trace.append(f"g={g} after sync: activate={activate}")
+        if activate:
+            if not self.active:
+                self.active = True
+                self.last_activate = self.SWITCH_S
+            self.p.request_rebalance(g, ctx)
+        self.p.update_after_step(g, ctx)
+        self.waits = []
+
+    def run(self) -> None:
+        g = 0
+        if not self.active:  # the initial weight sync of the run
+            self.after_sync(0, last=False)
+        for cycle in range(self.cycles):
+            for micro in range(self.T):
+                g += 1
+                last = cycle == self.cycles - 1 and micro == self.T - 1
+                produced = 0
+                ctx = self.ctx(demand=self.R, last=last)
+                if self.p.should_deactivate(g, self.active, ctx):
+                    threshold = self.p.deactivate_wait_samples(ctx)
+                    produced += self.produce_until(threshold)
+                    self.trace.append(f"g={g} deactivate after {threshold} buffered")
+                    if self.queue < threshold:
+                        raise self.deadlock(
+                            g,
+                            f"deactivate_wait_samples={threshold} but only {self.queue} sample(s) "
+                            "can be buffered (hybrid replicas "
+                            + ("exhausted the staleness window)" if self.active else "asleep)"),
+                        )
+                    if self.active:
+                        self.active = False
+                        self.last_deactivate = self.SWITCH_S
+                produced += self.produce_until(self.R)
+                if self.queue < self.R:
+                    raise self.deadlock(
+                        g,
+                        f"the trainer needs {self.R} sample(s), {self.queue} buffered, and "
+                        + (
+                            "the staleness window is exhausted"
+                            if self.active
+                            else "the hybrid replicas are asleep (nothing else produces)"
+                        ),
+                    )
+                self.queue -= self.R
+                self.consumed += self.R
+                self.now += 1.0
+                self.waits.append((produced * self.SECONDS_PER_SAMPLE, produced))
+            self.version += 1
+            self.admitted = 0
+            self.after_sync(g, last=cycle == self.cycles - 1)
+
+
+# ----------------------------------------------------------------------------------
+# check_policy
+# ----------------------------------------------------------------------------------
+def _label(factory: Callable[..., Any]) -> str:
+    name = getattr(factory, "__qualname__", None) or getattr(factory, "__name__", None)
+    return str(name) if name else repr(factory)
+
+
+def check_policy(
+    factory: PolicyFactory,
+    *,
+    max_examples: int | None = None,
+    colocated_factory: PolicyFactory | None = None,
+    name: str | None = None,
+    shrink: bool = True,
+) -> None:
+    """Check a scheduling policy against the `POLICY_PROPERTIES` with hypothesis.
+
+    Runs three hypothesis searches, each with ``max_examples`` examples:
+
+    * single calls: after an arbitrary history, every method is called with an arbitrary
+      valid context (``no_raise``, ``return_types``, ``wait_threshold_bounds``);
+    * call sequences in the driver's order: two policies agree (``deterministic``); a
+      policy restored from ``state_dict()`` at any point keeps agreeing with the original
+      (``state_dict_round_trip``);
+    * colocated runs: a counts-only model of the reference loop with hybrid replicas only
+      (started asleep with an initial weight sync at step 0, or started active) must
+      never wait for samples that nothing can produce (``only_hybrid_no_deadlock``).
+
+    Call it from a plain test function (not from inside another ``@given`` test).
+
+    Args:
+        factory: Zero-argument callable returning a *fresh* policy each call, e.g. the
+            class itself, ``functools.partial(MyPolicy, ratio=0.5)`` or
+            ``lambda: build_policy("my_policy")``.
+        max_examples: Examples per search; default: the active hypothesis profile's
+            ``max_examples``.
+        colocated_factory: Optional factory of the policy as configured for a colocated
+            deployment (e.g. ``partial(MyPolicy, only_hybrid=True)``); it is checked in
+            the colocated runs in addition to ``factory``.
+        name: Label used in failure messages (default: the factory's name).
+        shrink: Let hypothesis shrink a failing input to a minimal one (the default).
+            Shrinking can take tens of seconds; with False the failure is reported at
+            once with the first failing input found.
+
+    Raises:
+        PolicyConformanceError: a property failed; the message names the property and
+            the smallest failing input.
+    """
+    label = name or _label(factory)
+    _make(factory, label)  # fail fast and clearly when the factory itself is broken
+    colocated_label = f"{label} [colocated_factory]"
+    if colocated_factory is not None:
+        _make(colocated_factory, colocated_label)
+    parent = settings()  # the active hypothesis profile
+    run_settings = settings(
+        parent,
+        max_examples=max_examples if max_examples is not None else parent.max_examples,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+        + ([Phase.shrink] if shrink else []),
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.filter_too_much,
+            HealthCheck.data_too_large,
+            HealthCheck.large_base_example,
+        ],
+    )
+
+    @run_settings
+    @given(
+        history=step_sequences(max_size=3, max_required_samples=64),
+        g=global_steps(),
+        active=st.booleans(),
+        ctx=contexts(),
+    )
+    def single_calls(
+        history: list[StepInput], g: int, active: bool, ctx: DynamicScheduleContext
+    ) -> None:
+        probe = _make(factory, label)
+        drive_steps(probe, history)
+        probe.state_dict()
+        probe.should_deactivate(g, active, ctx)
+        probe.deactivate_wait_samples(ctx)
+        probe.should_activate_after_step(g, active, ctx)
+        probe.request_rebalance(g, ctx)
+        probe.update_after_step(g, ctx)
+        probe.state_dict()
+
+    @run_settings
+    @given(steps=step_sequences(min_size=1, max_size=6), active=st.booleans())
+    def sequences(steps: list[StepInput], active: bool) -> None:
+        a, b = _make(factory, label), _make(factory, label)
+        ra, rb = drive_steps(a, steps, active), drive_steps(b, steps, active)
+        if ra != rb:
+            raise a._fail(
+                "deterministic",
+                "two fresh policies fed the same calls decided differently at "
+                + _first_difference(ra, rb),
+            )
+        if a.state_dict() != b.state_dict():
+            raise a._fail(
+                "deterministic",
+                f"two fresh policies fed the same calls ended in different states: "
+                f"{a.state_dict()!r} vs {b.state_dict()!r}",
+            )
+        for split in range(len(steps) + 1):
+            _check_round_trip(factory, label, steps, split, active)
+
+    colocated_factories = [(factory, label)]
+    if colocated_factory is not None:
+        colocated_factories.append((colocated_factory, colocated_label))
+
+    @run_settings
+    @given(
+        base=colocated_contexts(max_required_samples=64, max_sync_steps=4),
+        cycles=st.integers(1, 4),
+        start_active=st.booleans(),
+    )
+    def colocated(base: DynamicScheduleContext, cycles: int, start_active: bool) -> None:
+        for f, lab in colocated_factories:
+            _ColocatedRun(_make(f, lab), base, cycles, start_active).run()
+
+    for search in (single_calls, sequences, colocated):
+        try:
+            search()
+        except Flaky as exc:
+            raise PolicyConformanceError(
+                label,
+                "deterministic",
+                f"hypothesis saw the same example pass once and fail once ({exc!r}): the policy "
+                "does not decide deterministically",
+            ) from exc
+    logger.debug("check_policy(%s): all properties hold", label)

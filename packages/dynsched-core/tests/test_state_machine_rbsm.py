@@ -1,0 +1,270 @@
+"""Stateful test: random switches, failures, requests, aborts and completions.
+
+Each machine run owns one event loop whose clock is virtual (it jumps to the next
+timer instead of sleeping), so generation "takes time" without taking real time.
+
+Invariants:
+- no request is ever routed to a replica that is not routable and able to serve;
+- every accepted request ends exactly once (completed, possibly after retries, or
+  reported failed);
+- only legal transitions happen, chained, and routing agrees with the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import selectors
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from dynsched_core import (
+    LEGAL_TRANSITIONS,
+    DynamicResourceController,
+    GenerateRequest,
+    HybridState,
+    LoadBalancer,
+    NoRoutableReplicaError,
+    RequestFailedError,
+    RetryingClient,
+    RolloutOutcome,
+    SwitchError,
+    Transition,
+)
+from dynsched_core.testing import InMemoryReplica
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+STANDALONE = ("s0", "s1")
+HYBRID = ("h0", "h1")
+SWITCH_METHODS = ("wake_up", "update_weights", "resume", "abort", "sleep")
+FAILURES = [(h, m) for h in HYBRID for m in SWITCH_METHODS]
+FAILURES += [("router", "add"), ("router", "remove")]
+FAILURES += [(r, "generate") for r in STANDALONE + HYBRID]
+
+
+class _VirtualSelector:
+    """Selector that advances the loop's virtual clock instead of blocking."""
+
+    def __init__(self, loop: VirtualTimeLoop, inner: selectors.BaseSelector) -> None:
+        self._loop = loop
+        self._inner = inner
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        if timeout is None:
+            raise RuntimeError("virtual-time loop: nothing ready and no timer (deadlock)")
+        if timeout > 0:
+            self._loop.vtime += timeout
+        return self._inner.select(0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop on virtual time: ``time()`` jumps to the next due timer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vtime = 0.0
+        self._selector = _VirtualSelector(self, self._selector)  # type: ignore[has-type]
+
+    def time(self) -> float:
+        return self.vtime
+
+
+class CheckingRouter(LoadBalancer):
+    """LoadBalancer that checks every routing decision and can fail add/remove once."""
+
+    def __init__(self, ids: Sequence[str], replicas: dict[str, InMemoryReplica]) -> None:
+        super().__init__(ids)
+        self.replicas = replicas
+        self.violations: list[str] = []
+        self.fail: set[str] = set()
+        self.routed = 0
+
+    async def acquire(self, request_id: str, exclude: Sequence[str] = ()) -> str:
+        chosen = self.acquire_nowait(request_id, exclude)
+        self.routed += 1
+        if not self.is_routable(chosen):
+            self.violations.append(f"{request_id} -> {chosen}: not routable")
+        if not self.replicas[chosen].is_accepting:
+            self.violations.append(f"{request_id} -> {chosen}: routable but cannot serve")
+        return chosen
+
+    async def add_replicas(self, replica_ids: Sequence[str]) -> None:
+        if "add" in self.fail:
+            self.fail.discard("add")
+            raise RuntimeError("injected router add failure")
+        self.add_replicas_nowait(replica_ids)
+
+    async def remove_replicas(self, replica_ids: Sequence[str]) -> None:
+        if "remove" in self.fail:
+            self.fail.discard("remove")
+            raise RuntimeError("injected router remove failure")
+        self.remove_replicas_nowait(replica_ids)
+
+
+class ControllerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = VirtualTimeLoop()
+        self.replicas: dict[str, InMemoryReplica] = {}
+        for sid in STANDALONE:
+            self.replicas[sid] = InMemoryReplica(sid, tokens_per_s=100.0, chunk_tokens=4)
+        for hid in HYBRID:
+            self.replicas[hid] = InMemoryReplica(
+                hid,
+                role="hybrid",
+                tokens_per_s=100.0,
+                chunk_tokens=4,
+                wake_delay_s=0.05,
+                sleep_delay_s=0.05,
+                update_delay_s=0.02,
+            )
+        self.router = CheckingRouter(list(STANDALONE), self.replicas)
+        self.client = RetryingClient(
+            self.router,
+            self.replicas,
+            max_failures=2,
+            backoff_initial_s=0.01,
+            no_replica_timeout_s=30.0,
+        )
+        self.controller = DynamicResourceController(
+            self.router,
+            [self.replicas[h] for h in HYBRID],
+            replicas=self.replicas,
+            call_timeout_s=10.0,
+        )
+        self.transitions: list[Transition] = []
+        self.controller.state_machine.add_listener(self.transitions.append)
+        self.tasks: dict[str, asyncio.Task[RolloutOutcome]] = {}
+        self.ends: Counter[str] = Counter()
+        self.outcomes: dict[str, object] = {}
+        self.version = 0
+        self.next_id = 0
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    # ------------------------------------------------------------------ rules
+    @rule(rebalance=st.booleans())
+    def activate(self, rebalance: bool) -> None:
+        self.version += 1
+        try:
+            self.run(self.controller.activate(self.version, rebalance=rebalance))
+        except SwitchError as exc:
+            self.check_safe(exc)
+
+    @rule()
+    def deactivate(self) -> None:
+        try:
+            self.run(self.controller.deactivate())
+        except SwitchError as exc:
+            self.check_safe(exc)
+
+    @rule(failure=st.sampled_from(FAILURES))
+    def inject_failure(self, failure: tuple[str, str]) -> None:
+        who, method = failure
+        if who == "router":
+            self.router.fail.add(method)
+        else:
+            self.replicas[who].fail_next(method)
+
+    @rule(count=st.integers(1, 6), tokens=st.integers(1, 40))
+    def new_requests(self, count: int, tokens: int) -> None:
+        for _ in range(count):
+            rid = f"r{self.next_id}"
+            self.next_id += 1
+            request = GenerateRequest(request_id=rid, max_tokens=tokens, target_len=tokens)
+            task = self.loop.create_task(self.client.generate(request))
+            task.add_done_callback(lambda t, rid=rid: self.record_end(rid, t))
+            self.tasks[rid] = task
+
+    @precondition(lambda self: any(r.running for r in self.replicas.values()))
+    @rule(data=st.data())
+    def abort_one(self, data: st.DataObject) -> None:
+        busy = sorted(rid for rid, r in self.replicas.items() if r.running)
+        replica = self.replicas[data.draw(st.sampled_from(busy))]
+        request = data.draw(st.sampled_from(replica.running))
+        with contextlib.suppress(RuntimeError):  # an injected failure meant for a switch
+            self.run(replica.abort([request]))
+
+    @rule(dt=st.floats(0.005, 0.5))
+    def advance(self, dt: float) -> None:
+        self.run(asyncio.sleep(dt))
+
+    # ------------------------------------------------------------------ checks
+    def record_end(self, rid: str, task: asyncio.Task[RolloutOutcome]) -> None:
+        self.ends[rid] += 1
+        if task.cancelled():
+            self.outcomes[rid] = "cancelled"
+        else:
+            self.outcomes[rid] = task.exception() or task.result()
+
+    def check_safe(self, exc: SwitchError) -> None:
+        assert exc.step in (
+            "remove_from_routing",
+            "abort",
+            "sleep",
+            "wake_up",
+            "update_weights",
+            "resume",
+            "add_to_routing",
+            "rebalance",
+        )
+        assert self.controller.state is HybridState.STANDALONE_ONLY
+        assert not set(HYBRID) & set(self.router.routable_ids())
+
+    @invariant()
+    def nothing_routed_to_unroutable_replicas(self) -> None:
+        assert self.router.violations == []
+
+    @invariant()
+    def only_legal_chained_transitions(self) -> None:
+        previous = HybridState.STANDALONE_ONLY
+        for tr in self.transitions:
+            assert (tr.source, tr.target) in LEGAL_TRANSITIONS
+            assert tr.source is previous
+            previous = tr.target
+        assert previous is self.controller.state
+
+    @invariant()
+    def routing_agrees_with_state(self) -> None:
+        routable = set(self.router.routable_ids())
+        assert set(STANDALONE) <= routable
+        if self.controller.state is HybridState.HYBRID_ACTIVE:
+            assert set(HYBRID) <= routable
+        else:
+            assert not set(HYBRID) & routable
+
+    @invariant()
+    def requests_end_at_most_once(self) -> None:
+        assert all(count == 1 for count in self.ends.values())
+
+    def teardown(self) -> None:
+        try:
+            self.run(self.drain())
+            assert set(self.ends) == set(self.tasks)  # every accepted request ended ...
+            assert all(count == 1 for count in self.ends.values())  # ... exactly once
+            for rid, outcome in self.outcomes.items():
+                if isinstance(outcome, RolloutOutcome):
+                    tokens = self.tasks[rid].result().num_tokens
+                    assert list(outcome.output_tokens) == list(range(tokens))
+                else:
+                    assert isinstance(outcome, RequestFailedError | NoRoutableReplicaError), outcome
+            assert self.router.violations == []
+        finally:
+            self.loop.close()
+
+    async def drain(self) -> None:
+        pending = [t for t in self.tasks.values() if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=3600.0)
+        assert all(t.done() for t in self.tasks.values()), "requests still running"
+
+
+ControllerMachine.TestCase.settings = settings(stateful_step_count=40, deadline=None)
+TestControllerMachine = ControllerMachine.TestCase
