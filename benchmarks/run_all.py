@@ -21,7 +21,9 @@ def main() -> int:
     parser.add_argument("--only", default="", help="run only scripts whose name contains this")
     parser.add_argument("--out", default=None, help="folder for JSON results")
     args = parser.parse_args()
-    scripts = sorted(p for p in HERE.glob("*.py") if p.name != Path(__file__).name and args.only in p.name)
+    scripts = sorted(
+        p for p in HERE.glob("*.py") if p.name != Path(__file__).name and args.only in p.name
+    )
     failed = []
     for script in scripts:
         print(f"\n=== {script.name} ===", flush=True)

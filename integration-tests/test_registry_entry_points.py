@@ -15,7 +15,9 @@ def test_example_distribution_is_found_by_name() -> None:
     cls = get_policy_class("example_threshold")
     assert type(policy) is cls
     assert cls.__module__ == "dynsched_example_policy"
-    ctx = DynamicScheduleContext(required_samples=8, trigger_parameter_sync_step=2, total_generated_samples=3)
+    ctx = DynamicScheduleContext(
+        required_samples=8, trigger_parameter_sync_step=2, total_generated_samples=3
+    )
     assert policy.deactivate_wait_samples(ctx) == 4
     assert policy.should_activate_after_step(1, False, ctx) is True
 

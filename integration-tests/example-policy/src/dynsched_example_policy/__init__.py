@@ -24,7 +24,9 @@ class ThresholdPolicy(DynamicSchedulePolicyBase):
         self.only_hybrid = bool(only_hybrid)
         self.activations = 0
 
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
         return is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
