@@ -315,3 +315,17 @@ def test_constructor_validation_and_doctest() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         DynamicResourceController(LoadBalancer(), [InMemoryReplica("h"), InMemoryReplica("h")])
     assert doctest.testmod(controller_module).failed == 0
+
+
+async def test_removing_dead_hybrid_replicas() -> None:
+    ctrl, _router, _, _ = make()
+    await ctrl.activate(1)
+    assert ctrl.state is HybridState.HYBRID_ACTIVE
+    assert ctrl.remove_hybrid_replica("h0") is True
+    assert ctrl.remove_hybrid_replica("h0") is False
+    assert ctrl.hybrid_ids == ("h1",)
+    assert ctrl.state is HybridState.HYBRID_ACTIVE  # one survivor still serves
+    assert ctrl.remove_hybrid_replica("h1") is True
+    # the last one gone: the state machine no longer claims hybrid capacity
+    assert ctrl.state is HybridState.STANDALONE_ONLY
+    assert await ctrl.activate(2) is False  # no hybrid replicas: a no-op

@@ -32,3 +32,30 @@ def test_failing_subscriber_is_isolated() -> None:
     bus.subscribe(got.append)
     bus.emit("e")
     assert got == ["e"]
+
+
+def test_typed_errors_survive_pickling() -> None:
+    """Errors cross process boundaries (Ray actors) intact."""
+    import pickle
+
+    from dynsched_core import (
+        ConfigError,
+        HybridState,
+        IllegalTransitionError,
+        RequestFailedError,
+        SampleWaitTimeoutError,
+        SwitchError,
+    )
+
+    errors = [
+        ConfigError("bad key", key="a.b"),
+        IllegalTransitionError(HybridState.STANDALONE_ONLY, HybridState.DEACTIVATING),
+        SwitchError("activate", "wake_up", "h0", RuntimeError("x")),
+        RequestFailedError("r1", 3, None),
+        SampleWaitTimeoutError(4, 1, 2.5),
+    ]
+    for err in errors:
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err)
+        assert str(back) == str(err)
+        assert back.__dict__.keys() == err.__dict__.keys()

@@ -340,3 +340,44 @@ def test_runs_on_a_virtual_time_loop_deterministically() -> None:
 
 def test_doctest() -> None:
     assert doctest.testmod(loop_module).failed == 0
+
+
+def test_colocated_loop_bounds_the_wait_for_a_replica_by_the_sample_timeout() -> None:
+    class _Never:
+        async def train_step(self, samples):  # type: ignore[no-untyped-def]
+            return {}
+
+        async def sync_weights(self, version):  # type: ignore[no-untyped-def]
+            return None
+
+    cfg = DynamicScheduleConfig(ppo_mini_batch_size=2)
+
+    class _P(DynamicSchedulePolicyBase):
+        def should_deactivate(self, g, a, c):  # type: ignore[no-untyped-def]
+            return a
+
+        def deactivate_wait_samples(self, c):  # type: ignore[no-untyped-def]
+            return 0
+
+        def should_activate_after_step(self, g, a, c):  # type: ignore[no-untyped-def]
+            return True
+
+    colocated = FullyAsyncLoop(
+        cfg,
+        _P(),
+        _Never(),
+        prompts=range(4),
+        hybrid=[InMemoryReplica("h0", role="hybrid")],
+        wait_timeout_s=1234.0,
+    )
+    assert colocated.client.no_replica_timeout_s == 1234.0  # type: ignore[attr-defined]
+    mixed = FullyAsyncLoop(
+        cfg,
+        _P(),
+        _Never(),
+        prompts=range(4),
+        standalone=[InMemoryReplica("s0")],
+        hybrid=[InMemoryReplica("h0", role="hybrid")],
+        wait_timeout_s=1234.0,
+    )
+    assert mixed.client.no_replica_timeout_s != 1234.0  # type: ignore[attr-defined]

@@ -337,6 +337,23 @@ class DynamicResourceController:
         await self._each("abort", lambda r: r.abort(None))
         await self._each("sleep", lambda r: r.sleep())
 
+    def remove_hybrid_replica(self, replica_id: str) -> bool:
+        """Forget a hybrid replica that died (call between switches, not during one).
+
+        The caller takes it out of routing (the Ray runtime does so when it detects the
+        death). When the last hybrid replica of an active set goes, the state returns to
+        ``STANDALONE_ONLY`` so the state machine never claims capacity that is gone.
+
+        Returns:
+            True when the replica was known.
+        """
+        if self._hybrid.pop(replica_id, None) is None:
+            return False
+        if not self._hybrid and self._sm.state is _S.HYBRID_ACTIVE:
+            self._sm.transition(_S.DEACTIVATING, reason=f"last hybrid replica {replica_id} lost")
+            self._sm.transition(_S.STANDALONE_ONLY, reason=f"last hybrid replica {replica_id} lost")
+        return True
+
     async def _activation_steps(self, version: int, weights: Any) -> None:
         ids = list(self.hybrid_ids)
         await self._each("wake_up", lambda r: r.wake_up())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ConfigError",
     "DynschedError",
@@ -29,6 +31,9 @@ class ConfigError(DynschedError, ValueError):
         super().__init__(message)
         self.key = key
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.key))
+
 
 class PolicyRegistryError(DynschedError, LookupError):
     """A policy name is unknown, registered twice, or points at a non-policy object."""
@@ -41,6 +46,9 @@ class IllegalTransitionError(DynschedError, RuntimeError):
         super().__init__(f"illegal hybrid state transition {source} -> {target}")
         self.source = source
         self.target = target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.source, self.target))
 
 
 class SwitchError(DynschedError, RuntimeError):
@@ -70,6 +78,9 @@ class SwitchError(DynschedError, RuntimeError):
         self.replica_id = replica_id
         self.cause = cause
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.operation, self.step, self.replica_id, self.cause))
+
 
 class NoRoutableReplicaError(DynschedError, RuntimeError):
     """No replica is routable, so a request cannot be placed."""
@@ -84,6 +95,9 @@ class RequestFailedError(DynschedError, RuntimeError):
         self.attempts = attempts
         self.cause = cause
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.request_id, self.attempts, self.cause))
+
 
 class SampleWaitTimeoutError(DynschedError, TimeoutError):
     """Waiting for samples in the `SampleQueue` exceeded its timeout."""
@@ -95,3 +109,6 @@ class SampleWaitTimeoutError(DynschedError, TimeoutError):
         self.wanted = wanted
         self.available = available
         self.timeout_s = timeout_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.wanted, self.available, self.timeout_s))

@@ -234,7 +234,7 @@ class FullyAsyncLoop:
                 self.replicas,
                 partial_rollout=config.partial_rollout,
                 clock=self.clock,
-                **dict(client_kwargs or {}),
+                **self._client_defaults(client_kwargs),
             )
         )
         self.controller = DynamicResourceController(
@@ -266,6 +266,15 @@ class FullyAsyncLoop:
             num_standalone_replicas=len(self.standalone),
         )
         self._mode: GroupMode | None = None
+
+    def _client_defaults(self, client_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Client arguments; without standalone replicas (colocated mode) an aborted
+        request waits a whole training phase for a routable replica, so the wait for one
+        is bounded by the loop's sample-wait timeout instead of the client's default."""
+        kwargs = dict(client_kwargs or {})
+        if not self.standalone:
+            kwargs.setdefault("no_replica_timeout_s", self.wait_timeout_s)
+        return kwargs
 
     # ------------------------------------------------------------------ run
     async def run(self, num_steps: int | None = None) -> LoopResult:
