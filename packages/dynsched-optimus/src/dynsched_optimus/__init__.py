@@ -1,7 +1,98 @@
-"""dynsched-optimus: Optimus-style cluster scheduling: convergence and speed models, allocation, placement, PAA and a cluster simulator."""
+"""dynsched-optimus: Optimus-style cluster scheduling.
+
+Convergence and speed models, greedy allocation by marginal gain per dominant share,
+fewest-servers placement (Theorem 1), the parameter assignment algorithm (PAA) and, in
+:mod:`dynsched_optimus.cluster`, a cluster simulator.
+"""
 
 from __future__ import annotations
 
+from dynsched_optimus._allocation import (
+    RESOURCES,
+    Allocation,
+    AllocationJob,
+    allocate,
+    allocate_reference,
+    dominant_share,
+)
+from dynsched_optimus._convergence import (
+    ConvergenceConfig,
+    ConvergenceEstimator,
+    ConvergenceFit,
+    RemainingStepsInterval,
+    detect_lr_decay,
+    filter_outliers,
+    fit_convergence,
+    remaining_steps_interval,
+)
+from dynsched_optimus._errors import InsufficientDataError, OptimusError
+from dynsched_optimus._io import InputFileError
+from dynsched_optimus._models_zoo import MODEL_ZOO, ParameterBlock, model_blocks
+from dynsched_optimus._paa import (
+    PARAMETER_ASSIGNMENTS,
+    ParameterAssignment,
+    assign_mxnet_default,
+    assign_paa,
+    assign_parameters,
+    assign_round_robin,
+)
+from dynsched_optimus._placement import (
+    JobPlacement,
+    PlacementRequest,
+    PlacementResult,
+    even_split,
+    place,
+    place_reference,
+)
+from dynsched_optimus._speed import (
+    AllReduceSpeedModel,
+    PSSpeedModel,
+    StepTimeModel,
+    fit_speed,
+    placement_shape,
+    plan_sampling,
+)
+
 __version__ = "0.1.0"
 
-__all__: list[str] = []
+__all__ = [
+    "MODEL_ZOO",
+    "PARAMETER_ASSIGNMENTS",
+    "RESOURCES",
+    "AllReduceSpeedModel",
+    "Allocation",
+    "AllocationJob",
+    "ConvergenceConfig",
+    "ConvergenceEstimator",
+    "ConvergenceFit",
+    "InputFileError",
+    "InsufficientDataError",
+    "JobPlacement",
+    "OptimusError",
+    "PSSpeedModel",
+    "ParameterAssignment",
+    "ParameterBlock",
+    "PlacementRequest",
+    "PlacementResult",
+    "RemainingStepsInterval",
+    "StepTimeModel",
+    "__version__",
+    "allocate",
+    "allocate_reference",
+    "assign_mxnet_default",
+    "assign_paa",
+    "assign_parameters",
+    "assign_round_robin",
+    "detect_lr_decay",
+    "dominant_share",
+    "even_split",
+    "filter_outliers",
+    "fit_convergence",
+    "fit_speed",
+    "model_blocks",
+    "place",
+    "place_reference",
+    "placement_shape",
+    "plan_sampling",
+    "remaining_steps_interval",
+]

@@ -1,7 +1,63 @@
-"""dynsched-sim: Discrete-event simulation of a fully-async RL cluster on virtual time, running the real dynsched core."""
+"""dynsched-sim: a fully-async RL cluster simulated on virtual time, running the real core.
+
+The simulator drives dynsched-core's reference loop (rollouter, load balancer, retrying
+client, dynamic resource controller, schedule driver) and any registered policy on a
+virtual-time asyncio event loop, with simulated inference replicas and a simulated
+trainer. See the package README.
+"""
 
 from __future__ import annotations
 
+from dynsched_sim._accounting import MODES, GroupAccountant, GroupUsage
+from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound
+from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerModel
+from dynsched_sim._replica import ReplicaNotServingError, SimReplica
+from dynsched_sim._report import compare, format_table, write_outputs
+from dynsched_sim._scenario import (
+    Configuration,
+    Scenario,
+    ScenarioError,
+    builtin_scenarios,
+    load_scenario,
+    scenario_from_dict,
+)
+from dynsched_sim._sim import RunResult, run_configuration
+from dynsched_sim._trainer import SimTrainer
+from dynsched_sim._vloop import SimulationDeadlockError, VirtualTimeEventLoop, run_virtual
+from dynsched_sim._workload import LengthDistribution, PromptGroup, Workload, WorkloadModel
+
 __version__ = "0.1.0"
 
-__all__: list[str] = []
+__all__ = [
+    "MODES",
+    "Configuration",
+    "EngineModel",
+    "GroupAccountant",
+    "GroupUsage",
+    "HardwareModel",
+    "LLMModel",
+    "LengthDistribution",
+    "LowerBound",
+    "PromptGroup",
+    "ReplicaNotServingError",
+    "RunResult",
+    "Scenario",
+    "ScenarioError",
+    "SimReplica",
+    "SimTrainer",
+    "SimulationDeadlockError",
+    "TrainerModel",
+    "VirtualTimeEventLoop",
+    "Workload",
+    "WorkloadModel",
+    "admissible_prompts",
+    "builtin_scenarios",
+    "compare",
+    "format_table",
+    "load_scenario",
+    "lower_bound",
+    "run_configuration",
+    "run_virtual",
+    "scenario_from_dict",
+    "write_outputs",
+]

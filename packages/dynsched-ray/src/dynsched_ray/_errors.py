@@ -1,0 +1,69 @@
+"""Typed errors raised by dynsched-ray."""
+
+from __future__ import annotations
+
+from dynsched_core import DynschedError
+
+__all__ = [
+    "ActorUnavailableError",
+    "AllReplicasLostError",
+    "RemoteCallTimeoutError",
+    "ReplicaActorDiedError",
+]
+
+
+class ActorUnavailableError(DynschedError, RuntimeError):
+    """A Ray actor died, was killed, or cannot be reached.
+
+    Attributes:
+        what: The call that failed (``"<actor>.<method>"``).
+        cause: The Ray exception, when there is one.
+    """
+
+    def __init__(self, what: str, cause: BaseException | None = None) -> None:
+        why = f": {type(cause).__name__}" if cause is not None else ""
+        super().__init__(f"actor call {what} failed, the actor is gone{why}")
+        self.what = what
+        self.cause = cause
+
+
+class ReplicaActorDiedError(ActorUnavailableError):
+    """The actor hosting a rollout replica died (the replica is out of the run).
+
+    Attributes:
+        replica_id: Id of the dead replica.
+    """
+
+    def __init__(self, replica_id: str, what: str, cause: BaseException | None = None) -> None:
+        super().__init__(what, cause)
+        self.replica_id = replica_id
+        self.args = (f"replica {replica_id!r} is dead ({what})",)
+
+
+class RemoteCallTimeoutError(DynschedError, TimeoutError):
+    """A remote actor call did not answer within its timeout.
+
+    Attributes:
+        what: The call (``"<actor>.<method>"``).
+        timeout_s: The timeout in seconds.
+    """
+
+    def __init__(self, what: str, timeout_s: float) -> None:
+        super().__init__(f"actor call {what} did not answer within {timeout_s:g} s")
+        self.what = what
+        self.timeout_s = timeout_s
+
+
+class AllReplicasLostError(DynschedError, RuntimeError):
+    """Every rollout replica of the run is dead: the run cannot produce samples.
+
+    Attributes:
+        dead: Ids of the dead replicas.
+    """
+
+    def __init__(self, dead: list[str]) -> None:
+        super().__init__(
+            f"all rollout replicas are gone ({', '.join(sorted(dead)) or 'none were started'});"
+            " the run cannot continue. Check the replica actors' logs (ray logs) for the cause."
+        )
+        self.dead = sorted(dead)

@@ -1,0 +1,628 @@
+"""`RayRunner`: the core's reference fully-async loop over Ray actors, from one config.
+
+The controller, `ScheduleDriver`, rollouter and retrying client run in the driver
+process on one asyncio loop; replicas, router, queue and trainer workers are actors
+(see `RayFleet`). The runner adds what a distributed run needs:
+
+- failure handling: a replica actor found dead (failed call or health-check ping) is
+  taken out of routing and out of the run; its in-flight requests are retried elsewhere
+  by the core `RetryingClient`, continuing after the tokens it already holds; a hybrid
+  replica dying during activation leaves the controller in ``STANDALONE_ONLY`` (the
+  driver goes on with the survivors and activates the remaining hybrid replicas at later
+  cycles); when every replica is gone the run stops with `AllReplicasLostError`;
+- checkpoints: after every weight sync (and at the end) the driver state (policy
+  ``state_dict``, parameter version, counters) and the consumed sample ids are written
+  as JSON; ``resume=True`` restores them and continues at the saved version, reusing the
+  named router actor when it is still alive (rebuilding it otherwise);
+- progress lines and the ``dynamic_resource/*`` metrics as JSON lines (dynsched-metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from dynsched_core import (
+    AfterSyncResult,
+    BeforeStepResult,
+    DynamicScheduleConfig,
+    DynamicSchedulePolicyBase,
+    EventBus,
+    FullyAsyncLoop,
+    LoopResult,
+    Prompt,
+    ScheduleDriver,
+    SwitchEvent,
+    TrainStepEvent,
+)
+
+from dynsched_ray._errors import AllReplicasLostError
+from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory
+from dynsched_ray._trainer import RayTrainerBackend
+
+__all__ = [
+    "RayRunOptions",
+    "RayRunResult",
+    "RayRunner",
+    "load_checkpoint",
+    "run_ray",
+    "synthetic_prompts",
+]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = 1
+
+
+def _pos(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{attr.name} must be a number > 0, got {value!r}")
+
+
+def _opt_int(minimum: int) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{attr.name} must be None or an int >= {minimum}, got {value!r}")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class RayRunOptions:
+    """Ray-side settings of a run (the scheduler settings are the core config).
+
+    Attributes:
+        name: Run name: prefix of actor and placement group names; the router actor is
+            ``<name>-router``.
+        namespace: Ray namespace of the named actors.
+        num_steps: Trainer micro-steps (default: ``config.total_training_steps`` or 8).
+        num_prompts: Prompts of the synthetic source (default: enough for the steps
+            twice over, so the producer does not finish before the trainer).
+        max_tokens: Response budget per request.
+        prompt_len: Prompt length in tokens.
+        min_response_len: Shortest natural response length of the synthetic prompts.
+        max_response_len: Longest natural response length (<= max_tokens).
+        tokens_per_s: Decoding speed of the in-memory replicas (real time in the actors).
+        chunk_tokens: Tokens per decoding chunk of the in-memory replicas.
+        switch_delay_s: Duration of sleep/wake_up/update_weights of hybrid replicas.
+        stream_tokens: Replicas stream their output in segments of this many tokens, so
+            the tokens of a replica that dies mid-generation are kept (None: off).
+        trainer_workers: Trainer worker actors (None: one per trainer GPU; 0: none).
+        trainer_step_time_s: Time of one stand-in training step.
+        hybrid_gpu_fraction: Share of a trainer GPU declared by a hybrid replica.
+        replica_factory: Builds each hosted replica (default: `InMemoryReplica`).
+        metrics_path: Write ``dynamic_resource/*`` metrics as JSON lines here.
+        checkpoint_path: Write the driver checkpoint here after each weight sync.
+        resume: Restore from ``checkpoint_path`` before running.
+        keep_router: Leave the router actor alive at the end (for a later resume).
+        detached_router: Give the router a detached lifetime (outlives the driver).
+        batch_router_calls: Coalesce concurrent router calls.
+        health_check_interval_s: Period of the liveness pings of replica actors.
+        call_timeout_s: Timeout of control calls to actors.
+        generate_timeout_s: Timeout of one generation attempt.
+        wait_timeout_s: Bound of every wait for samples.
+        no_replica_timeout_s: How long a request waits for a routable replica.
+        max_failures: Failed attempts tolerated per request (retrying client).
+    """
+
+    name: str = "dynsched"
+    namespace: str | None = None
+    num_steps: int | None = attrs.field(default=None, validator=_opt_int(1))
+    num_prompts: int | None = attrs.field(default=None, validator=_opt_int(1))
+    max_tokens: int = 64
+    prompt_len: int = 16
+    min_response_len: int = 16
+    max_response_len: int = 48
+    tokens_per_s: float = attrs.field(default=2000.0, validator=_pos)
+    chunk_tokens: int = 8
+    switch_delay_s: float = 0.0
+    stream_tokens: int | None = 16
+    trainer_workers: int | None = None
+    trainer_step_time_s: float = 0.05
+    hybrid_gpu_fraction: float = 0.5
+    replica_factory: ReplicaFactory | None = None
+    metrics_path: str | None = None
+    checkpoint_path: str | None = None
+    resume: bool = False
+    keep_router: bool = False
+    detached_router: bool = False
+    batch_router_calls: bool = True
+    health_check_interval_s: float = attrs.field(default=0.5, validator=_pos)
+    call_timeout_s: float = attrs.field(default=60.0, validator=_pos)
+    generate_timeout_s: float = attrs.field(default=600.0, validator=_pos)
+    wait_timeout_s: float = attrs.field(default=600.0, validator=_pos)
+    no_replica_timeout_s: float = attrs.field(default=30.0, validator=_pos)
+    max_failures: int = 3
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= self.min_response_len <= self.max_response_len <= self.max_tokens:
+            raise ValueError(
+                "need 1 <= min_response_len <= max_response_len <= max_tokens, got"
+                f" {self.min_response_len}, {self.max_response_len}, {self.max_tokens}"
+            )
+        if self.resume and not self.checkpoint_path:
+            raise ValueError("resume=True needs checkpoint_path (the checkpoint to restore)")
+
+
+@attrs.frozen(kw_only=True)
+class RayRunResult:
+    """Outcome of `RayRunner.run`.
+
+    Attributes:
+        loop: The core loop's result (this run's steps and sample counters).
+        first_step: Global step number of this run's first step (1 unless resumed).
+        final_version: Parameter version at the end.
+        switches: Successful switches in order (``"activate"``/``"deactivate"``).
+        failed_switches: Failed switches in order.
+        transitions: Hybrid state transitions ``(source, target)`` in order.
+        dead_replicas: Replicas that died during the run, in order of detection.
+        router_reused: An existing named router actor was reused.
+        resumed: The run started from a checkpoint.
+        metrics: The ``dynamic_resource/*`` records (one dict per sync cycle).
+        consumed_sample_ids: Sample ids consumed, over every run of a resumed chain.
+        interrupted: ``(replica_id, request_id, tokens kept)`` of each generation attempt
+            cut short by its replica's death (the request was resumed elsewhere).
+    """
+
+    loop: LoopResult
+    first_step: int
+    final_version: int
+    switches: tuple[str, ...]
+    failed_switches: tuple[str, ...]
+    transitions: tuple[tuple[str, str], ...]
+    dead_replicas: tuple[str, ...]
+    router_reused: bool
+    resumed: bool
+    metrics: tuple[dict[str, Any], ...]
+    consumed_sample_ids: tuple[str, ...]
+    interrupted: tuple[tuple[str, str, int], ...] = ()
+
+
+def synthetic_prompts(
+    num_prompts: int,
+    *,
+    max_tokens: int,
+    prompt_len: int,
+    n: int,
+    min_len: int,
+    max_len: int,
+    skip: frozenset[str] = frozenset(),
+) -> Iterator[Prompt]:
+    """Deterministic prompts ``p0, p1, ...`` with varied natural response lengths."""
+    span = max_len - min_len + 1
+    for i in range(num_prompts):
+        pid = f"p{i}"
+        if pid in skip:
+            continue
+        lens = tuple(min_len + (i * 7 + j * 13) % span for j in range(n))
+        yield Prompt(prompt_id=pid, prompt_len=prompt_len, max_tokens=max_tokens, target_lens=lens)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a checkpoint written by `RayRunner`.
+
+    Raises:
+        ValueError: not a dynsched-ray checkpoint, or an unknown format.
+    """
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{os.fspath(path)!r} is not a dynsched-ray checkpoint (format {CHECKPOINT_FORMAT})"
+        )
+    return data
+
+
+class _RayScheduleDriver(ScheduleDriver):
+    """`ScheduleDriver` that starts at a restored version and reaps dead replicas first."""
+
+    def __init__(self, *args: Any, reap: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reap = reap
+
+    async def before_train_step(
+        self, global_steps: int, *, is_last_step: bool = False
+    ) -> BeforeStepResult:
+        self._reap()
+        return await super().before_train_step(global_steps, is_last_step=is_last_step)
+
+    async def after_weight_sync(
+        self, global_steps: int, version: int, *, weights: Any = None, is_last_step: bool = False
+    ) -> AfterSyncResult:
+        self._reap()
+        return await super().after_weight_sync(
+            global_steps, version, weights=weights, is_last_step=is_last_step
+        )
+
+    async def initial_activation(self, version: int = 0, weights: Any = None) -> AfterSyncResult:
+        self._reap()
+        return await super().initial_activation(max(version, self.param_version), weights)
+
+
+class RayRunner:
+    """Runs the reference fully-async loop on a Ray cluster.
+
+    Args:
+        config: Scheduler settings (verl keys accepted through
+            `DynamicScheduleConfig.from_dict`/`from_yaml`).
+        options: Ray-side settings.
+        policy: The policy (default: ``config.build_policy()``).
+        prompts: Prompt source (default: `synthetic_prompts`).
+        progress: Called with one human-readable line per step, switch and failure.
+        on_transition: Called with each hybrid state `Transition` (e.g. for drills).
+        keep_samples: Keep every consumed sample in `consumed_samples` (for checks).
+
+    Ray must be initialised (``ray.init()`` or ``ray.init(address="auto")``).
+    """
+
+    def __init__(
+        self,
+        config: DynamicScheduleConfig,
+        options: RayRunOptions | None = None,
+        *,
+        policy: DynamicSchedulePolicyBase | None = None,
+        prompts: Any = None,
+        progress: Callable[[str], None] | None = None,
+        on_transition: Callable[[Any], None] | None = None,
+        keep_samples: bool = False,
+    ) -> None:
+        self.config = config
+        self._on_transition = on_transition
+        self.keep_samples = keep_samples
+        self.consumed_samples: list[Any] = []
+        self.options = options if options is not None else RayRunOptions()
+        self.policy = policy if policy is not None else config.build_policy()
+        self._prompts = prompts
+        self._progress = progress
+        self.fleet: RayFleet | None = None
+        self.loop: FullyAsyncLoop | None = None
+        self._dead: list[str] = []
+        self._to_reap: list[str] = []
+        self._fatal: asyncio.Event | None = None
+        self._consumed: list[str] = []
+        self._step_offset = 0
+        self._switches: list[str] = []
+        self._failed_switches: list[str] = []
+        self._fleet_ready: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def num_steps(self) -> int:
+        """Micro-steps this run trains."""
+        return self.options.num_steps or self.config.total_training_steps or 8
+
+    def _say(self, line: str) -> None:
+        logger.info(line)
+        if self._progress is not None:
+            try:
+                self._progress(line)
+            except Exception:
+                logger.exception("progress callback failed")
+
+    def fleet_spec(self) -> FleetSpec:
+        """The actors this run starts, derived from the config and the options."""
+        cfg, opt = self.config, self.options
+        replica_kw = {"tokens_per_s": opt.tokens_per_s, "chunk_tokens": opt.chunk_tokens}
+        hybrid_kw = dict(replica_kw)
+        if opt.switch_delay_s:
+            hybrid_kw.update(
+                sleep_delay_s=opt.switch_delay_s,
+                wake_delay_s=opt.switch_delay_s,
+                update_delay_s=opt.switch_delay_s,
+            )
+        return FleetSpec(
+            name=opt.name,
+            namespace=opt.namespace,
+            trainer_gpus=cfg.hybrid_gpus,
+            standalone_replicas=cfg.num_standalone_replicas,
+            hybrid_replicas=cfg.num_hybrid_replicas,
+            gpus_per_replica=cfg.rollout_tensor_parallel_size,
+            trainer_workers=opt.trainer_workers,
+            hybrid_gpu_fraction=opt.hybrid_gpu_fraction,
+            replica_factory=opt.replica_factory,
+            standalone_kwargs=replica_kw,
+            hybrid_kwargs=hybrid_kw,
+            queue_capacity=cfg.max_queue_size,
+            detached_router=opt.detached_router,
+            batch_router_calls=opt.batch_router_calls,
+            call_timeout_s=opt.call_timeout_s,
+            generate_timeout_s=opt.generate_timeout_s,
+            trainer_step_time_s=opt.trainer_step_time_s,
+            stream_tokens=opt.stream_tokens,
+        )
+
+    # ------------------------------------------------------------------ failures
+    def _on_death(self, replica_id: str, exc: BaseException) -> None:
+        """A replica proxy found its actor dead (called once per replica)."""
+        if replica_id in self._dead:
+            return
+        self._dead.append(replica_id)
+        self._to_reap.append(replica_id)
+        self._say(f"replica {replica_id} is dead ({type(exc).__name__}); removing it from the run")
+        fleet, loop = self.fleet, self.loop
+        if loop is not None:
+            loop.replicas.pop(replica_id, None)
+            if replica_id in loop.standalone:
+                loop.standalone.pop(replica_id, None)
+                loop.driver.num_standalone_replicas = len(loop.standalone)
+        if fleet is not None:
+            task = asyncio.ensure_future(self._unroute(replica_id))
+            task.add_done_callback(_log_task_error)
+            alive = [r for r in fleet.replicas.values() if not r.is_dead]
+            if not alive and self._fatal is not None:
+                self._fatal.set()
+
+    async def _unroute(self, replica_id: str) -> None:
+        assert self.fleet is not None
+        try:
+            await self.fleet.router.remove_replicas([replica_id])
+        except Exception as exc:
+            logger.warning("could not remove dead replica %s from routing: %r", replica_id, exc)
+
+    def _reap(self) -> None:
+        """Drop dead hybrid replicas from the controller (called between switches)."""
+        loop = self.loop
+        if loop is None or not self._to_reap:
+            return
+        ids, self._to_reap = self._to_reap, []
+        ctrl = loop.controller
+        for rid in ids:
+            if rid in ctrl.hybrid_ids:
+                remove = getattr(ctrl, "remove_hybrid_replica", None)
+                if callable(remove):
+                    remove(rid)
+                else:  # the core controller has no public removal yet
+                    ctrl._hybrid.pop(rid, None)
+                loop.hybrid.pop(rid, None)
+                logger.info("hybrid replica %s dropped from the controller", rid)
+
+    async def _health_checks(self) -> None:
+        assert self.fleet is not None
+        interval = self.options.health_check_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            replicas = [r for r in self.fleet.replicas.values() if not r.is_dead]
+            await asyncio.gather(
+                *(r.ping(timeout_s=max(interval * 4, 1.0)) for r in replicas),
+                return_exceptions=True,
+            )
+
+    # ------------------------------------------------------------------ events
+    def _on_event(self, event: Any) -> None:
+        if isinstance(event, TrainStepEvent):
+            step = event.step + self._step_offset
+            loop = self.loop
+            version = loop.driver.param_version if loop is not None else 0
+            state = loop.controller.state if loop is not None else None
+            self._say(
+                f"step {step}/{self._step_offset + self.num_steps} v{version} mq={event.mq_size}"
+                f" wait={event.timings.get('gen', 0.0):.3f}s hybrid={state}"
+                + (" [sync]" if event.is_sync_step else "")
+            )
+            if event.is_sync_step:
+                self._write_checkpoint()
+        elif isinstance(event, SwitchEvent) and event.kind in ("activate", "deactivate"):
+            (self._switches if event.ok else self._failed_switches).append(event.kind)
+            status = "ok" if event.ok else f"FAILED: {event.detail}"
+            self._say(f"{event.kind} took {event.duration_s * 1e3:.1f} ms ({status})")
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_state(self) -> dict[str, Any]:
+        assert self.loop is not None
+        driver = self.loop.driver
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "name": self.options.name,
+            "driver": driver.state_dict(),
+            "param_version": driver.param_version,
+            "steps_done": self._step_offset + len(self._consumed_steps),
+            "consumed_sample_ids": list(self._consumed),
+            "config": self.config.to_dict(),
+        }
+
+    def _write_checkpoint(self) -> None:
+        path = self.options.checkpoint_path
+        if not path or self.loop is None:
+            return
+        tmp = f"{path}.tmp"
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(self._checkpoint_state(), fh)
+        os.replace(tmp, path)
+
+    def _record_step(self, samples: Sequence[Any]) -> None:
+        self._consumed_steps.append(len(samples))
+        self._consumed.extend(str(getattr(s, "sample_id", "")) for s in samples)
+        if self.keep_samples:
+            self.consumed_samples.extend(samples)
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> RayRunResult:
+        """Launch the fleet, run the loop, write metrics/checkpoint, release the fleet.
+
+        Raises:
+            AllReplicasLostError: every replica died; the run cannot continue.
+            SampleWaitTimeoutError: the trainer waited longer than ``wait_timeout_s``.
+        """
+        opt, cfg = self.options, self.config
+        self._fatal = asyncio.Event()
+        self._consumed_steps: list[int] = []
+        restored: dict[str, Any] | None = None
+        if opt.resume:
+            assert opt.checkpoint_path is not None
+            restored = load_checkpoint(opt.checkpoint_path)
+            self._consumed = list(restored["consumed_sample_ids"])
+            self._step_offset = int(restored["steps_done"])
+        self.fleet = fleet = await RayFleet.launch(self.fleet_spec(), on_death=self._on_death)
+        self._say(
+            f"fleet {opt.name}: {len(fleet.standalone)} standalone + {len(fleet.hybrid)} hybrid"
+            f" replica(s), {len(fleet.trainer_workers)} trainer worker(s), router"
+            f" {'reused' if fleet.router_reused else 'created'}"
+        )
+        bus = EventBus()
+        aggregator, sink = self._metrics(bus)
+        transitions: list[tuple[str, str]] = []
+        health: asyncio.Task[None] | None = None
+        try:
+            trainer = RayTrainerBackend(
+                fleet.trainer_workers,
+                fleet.standalone,
+                call_timeout_s=opt.call_timeout_s,
+                step_time_s=opt.trainer_step_time_s,
+                on_step=self._record_step,
+            )
+            source = self._prompts
+            if source is None:
+                source = synthetic_prompts(
+                    opt.num_prompts
+                    or 2 * (self._step_offset + self.num_steps) * cfg.required_samples + 8,
+                    max_tokens=opt.max_tokens,
+                    prompt_len=opt.prompt_len,
+                    n=cfg.n,
+                    min_len=opt.min_response_len,
+                    max_len=opt.max_response_len,
+                    skip=frozenset(self._consumed),
+                )
+            self.loop = loop = FullyAsyncLoop(
+                cfg,
+                self.policy,
+                trainer,
+                prompts=source,
+                standalone=fleet.standalone,
+                hybrid=fleet.hybrid,
+                router=fleet.router,
+                queue=fleet.queue,
+                events=bus,
+                wait_timeout_s=opt.wait_timeout_s,
+                max_tokens=opt.max_tokens,
+                client_kwargs={
+                    "no_replica_timeout_s": opt.no_replica_timeout_s,
+                    "max_failures": opt.max_failures,
+                },
+                controller_kwargs={"call_timeout_s": opt.call_timeout_s},
+            )
+            loop.driver = _RayScheduleDriver(
+                self.policy,
+                loop.controller,
+                loop.queue,
+                cfg,
+                events=bus,
+                wait_timeout_s=opt.wait_timeout_s,
+                num_standalone_replicas=len(loop.standalone),
+                reap=self._reap,
+            )
+            loop.controller.state_machine.add_listener(
+                lambda tr: transitions.append((tr.source.name, tr.target.name))
+            )
+            if self._on_transition is not None:
+                loop.controller.state_machine.add_listener(self._on_transition)
+            if restored is not None:
+                loop.driver.load_state_dict(restored["driver"])
+                await loop.rollouter.reset_staleness(loop.driver.param_version)
+                self._say(
+                    f"resumed from {opt.checkpoint_path}: version {loop.driver.param_version},"
+                    f" {self._step_offset} step(s) and {len(self._consumed)} sample(s) done"
+                )
+            bus.subscribe(self._on_event)
+            health = asyncio.ensure_future(self._health_checks())
+            result = await self._run_loop(loop)
+            if aggregator is not None:
+                aggregator.finish(loop.clock.now())
+            self._write_checkpoint()
+        finally:
+            if health is not None:
+                health.cancel()
+                await asyncio.gather(health, return_exceptions=True)
+            await fleet.router.drain(timeout_s=5.0)
+            if sink is not None:
+                sink.close()
+            fleet.shutdown(keep_router=opt.keep_router)
+        self._say(
+            f"done: {result.steps} step(s), {result.samples_consumed} sample(s) consumed,"
+            f" {result.samples_left} left, version {result.final_version},"
+            f" {result.activations} activation(s), {result.deactivations} deactivation(s),"
+            f" dead replicas: {self._dead or 'none'}"
+        )
+        return RayRunResult(
+            loop=result,
+            first_step=self._step_offset + 1,
+            final_version=result.final_version,
+            switches=tuple(self._switches),
+            failed_switches=tuple(self._failed_switches),
+            transitions=tuple(transitions),
+            dead_replicas=tuple(self._dead),
+            router_reused=fleet.router_reused,
+            resumed=restored is not None,
+            metrics=tuple(r.as_dict() for r in aggregator.records)
+            if aggregator is not None
+            else (),
+            consumed_sample_ids=tuple(self._consumed),
+            interrupted=tuple(
+                (rid, req, kept)
+                for rid, replica in fleet.replicas.items()
+                for req, kept in replica.interrupted
+            ),
+        )
+
+    async def _run_loop(self, loop: FullyAsyncLoop) -> LoopResult:
+        assert self._fatal is not None and self.fleet is not None
+        run = asyncio.ensure_future(loop.run(self.num_steps))
+        fatal = asyncio.ensure_future(self._fatal.wait())
+        try:
+            await asyncio.wait({run, fatal}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            fatal.cancel()
+        if run.done():
+            return run.result()
+        # Every replica is gone: stop the loop (bounded), then report.
+        run.cancel()
+        await asyncio.wait({run}, timeout=self.options.call_timeout_s)
+        raise AllReplicasLostError(list(self._dead))
+
+    def _metrics(self, bus: EventBus) -> tuple[Any, Any]:
+        try:
+            from dynsched_metrics import JsonLinesSink, MetricsAggregator
+        except ImportError:  # pragma: no cover - dynsched-metrics is a dependency
+            logger.warning("dynsched-metrics is not installed: no dynamic_resource/* metrics")
+            return None, None
+        sink = (
+            JsonLinesSink(self.options.metrics_path, append=self.options.resume)
+            if self.options.metrics_path
+            else None
+        )
+        aggregator = MetricsAggregator(
+            hybrid_gpus=self.config.hybrid_gpus
+            if self.config.use_dynamic_resource_scheduling
+            else 0,
+            standalone_gpus=self.config.standalone_gpus,
+            bus=bus,
+            sinks=[sink] if sink is not None else [],
+        )
+        return aggregator, sink
+
+
+def _log_task_error(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("background task failed: %r", task.exception())
+
+
+def run_ray(
+    config: DynamicScheduleConfig | Mapping[str, Any],
+    options: RayRunOptions | None = None,
+    **kwargs: Any,
+) -> RayRunResult:
+    """Synchronous convenience: build a `RayRunner` and run it with ``asyncio.run``."""
+    cfg = (
+        config
+        if isinstance(config, DynamicScheduleConfig)
+        else DynamicScheduleConfig.from_dict(config)
+    )
+    return asyncio.run(RayRunner(cfg, options, **kwargs).run())

@@ -1,0 +1,62 @@
+"""Deterministic policies for the end-to-end tests (decisions never depend on timing)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dynsched_core import DynamicScheduleContext, DynamicSchedulePolicyBase
+
+
+class ScriptedPolicy(DynamicSchedulePolicyBase):
+    """Deactivates on even micro-steps, activates after syncs of versions not divisible by 3.
+
+    Keeps a call counter as its learned state, to check checkpoint/restore.
+    """
+
+    name = "scripted-test"
+
+    def __init__(self) -> None:
+        self.updates = 0
+
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        step = ctx.expected_samples // ctx.required_samples
+        return is_hybrid_active and step % 2 == 0
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        return 0
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return ctx.param_version % 3 != 0
+
+    def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
+        self.updates += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.updates = int(state["updates"])
+
+
+class AlwaysSwitchPolicy(DynamicSchedulePolicyBase):
+    """Activates after every sync and deactivates before every step while active."""
+
+    name = "always-switch-test"
+
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        return 0
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return True

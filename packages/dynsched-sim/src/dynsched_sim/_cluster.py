@@ -1,0 +1,122 @@
+"""Assemble the simulated cluster of one configuration: replicas, trainer, accounting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import attrs
+from dynsched_core import DynamicScheduleConfig, EventBus, Prompt, RolloutSample
+
+from dynsched_sim._accounting import GroupAccountant
+from dynsched_sim._bound import admissible_prompts
+from dynsched_sim._replica import SimReplica
+from dynsched_sim._scenario import Configuration, Scenario
+from dynsched_sim._trainer import SimTrainer
+from dynsched_sim._workload import Workload
+
+__all__ = ["SimCluster", "build_cluster", "prompt_source"]
+
+
+@attrs.define
+class SimCluster:
+    """Everything simulated in one run (the core objects are built by the loop)."""
+
+    scenario: Scenario
+    conf: Configuration
+    config: DynamicScheduleConfig
+    workload: Workload
+    accountant: GroupAccountant
+    standalone: list[SimReplica]
+    hybrid: list[SimReplica]
+    trainer: SimTrainer
+    trainer_groups: list[str]
+
+    @property
+    def replicas(self) -> dict[str, SimReplica]:
+        """All replicas by id (standalone first)."""
+        return {r.replica_id: r for r in (*self.standalone, *self.hybrid)}
+
+
+def _tokens_of(n: int) -> Callable[[RolloutSample], int]:
+    """Training tokens of a sample: ``n * prompt_len + response tokens``."""
+
+    def tokens(sample: RolloutSample) -> int:
+        return n * sample.prompt.prompt_len + sample.num_tokens
+
+    return tokens
+
+
+def build_cluster(
+    scenario: Scenario,
+    conf: Configuration,
+    *,
+    seed: int,
+    events: EventBus,
+    clock: Callable[[], float],
+) -> SimCluster:
+    """Build the replicas, trainer and accountant of ``conf`` (call inside the loop)."""
+    cfg = scenario.schedule_config(conf)
+    eng, hw, llm = scenario.engine, scenario.hardware, scenario.model
+    workload = scenario.workload.generate(admissible_prompts(scenario, conf), seed)
+    acct = GroupAccountant(clock, events)
+    ledger: dict[str, int] = {}
+    g = eng.gpus_per_replica
+    if conf.trainer_gpus % g == 0:
+        trainer_groups = [f"trainer-{i}" for i in range(conf.trainer_gpus // g)]
+        for name in trainer_groups:
+            acct.add_group(name, g, "trainer")
+    else:
+        trainer_groups = ["trainer"]
+        acct.add_group("trainer", conf.trainer_gpus, "trainer")
+    standalone = []
+    for i in range(conf.rollout_gpus // g):
+        rid = f"standalone-{i}"
+        acct.add_group(rid, g, "standalone")
+        standalone.append(
+            SimReplica(rid, eng, hw, llm, role="standalone", accountant=acct, ledger=ledger)
+        )
+    hybrid = []
+    if conf.hybrid:
+        off = scenario.trainer.offload_s(hw, llm, conf.trainer_gpus)
+        on = scenario.trainer.onload_s(hw, llm, conf.trainer_gpus)
+        for i, grp in enumerate(trainer_groups):
+            hybrid.append(
+                SimReplica(
+                    f"hybrid-{i}",
+                    eng,
+                    hw,
+                    llm,
+                    role="hybrid",
+                    group=grp,
+                    accountant=acct,
+                    extra_wake_s=off,
+                    extra_sleep_s=on,
+                    ledger=ledger,
+                )
+            )
+    trainer = SimTrainer(
+        scenario.trainer,
+        conf.trainer_gpus,
+        standalone=standalone,
+        hybrid=hybrid,
+        groups=trainer_groups,
+        accountant=acct,
+        tokens_of=_tokens_of(scenario.workload.n),
+        ledger=ledger,
+    )
+    return SimCluster(
+        scenario, conf, cfg, workload, acct, standalone, hybrid, trainer, trainer_groups
+    )
+
+
+def prompt_source(workload: Workload, max_tokens: int) -> Iterator[Prompt]:
+    """The workload's prompt groups as core `Prompt` objects, in order."""
+    plens = workload.prompt_lens.tolist()
+    rlens = workload.response_lens.tolist()
+    for i in range(len(plens)):
+        yield Prompt(
+            prompt_id=f"p{i}",
+            prompt_len=plens[i],
+            max_tokens=max_tokens,
+            target_lens=tuple(rlens[i]),
+        )

@@ -1,0 +1,218 @@
+"""Cost models of the simulated cluster: hardware, model, inference engine, trainer.
+
+Every formula the simulator uses lives here, as a method of a frozen attrs class, so the
+README can point at one place and the lower bound can reuse the exact same numbers.
+
+Units: seconds, tokens, bytes, GiB/s for bandwidths (``1 GiB = 2**30`` bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+__all__ = ["EngineModel", "HardwareModel", "LLMModel", "TrainerModel"]
+
+_GIB = float(2**30)
+
+
+def _pos(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{attribute.name} must be a number > 0, got {value!r}")
+
+
+def _nonneg(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        raise ValueError(f"{attribute.name} must be a number >= 0, got {value!r}")
+
+
+def _frac(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
+        raise ValueError(f"{attribute.name} must be a number in (0, 1], got {value!r}")
+
+
+def _posint(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class HardwareModel:
+    """GPUs and links.
+
+    Attributes:
+        gpu_memory_gib: Memory of one GPU.
+        h2d_bandwidth_gib_s: Host<->device copy bandwidth per GPU (offload / onload).
+        network_bandwidth_gib_s: Trainer -> standalone replica broadcast bandwidth.
+        network_latency_s: Fixed latency of one broadcast (collective set-up, barriers).
+        local_sync_bandwidth_gib_s: Trainer -> colocated (hybrid) engine bandwidth per GPU
+            (same device, CUDA IPC).
+    """
+
+    gpu_memory_gib: float = attrs.field(default=80.0, validator=_pos)
+    h2d_bandwidth_gib_s: float = attrs.field(default=20.0, validator=_pos)
+    network_bandwidth_gib_s: float = attrs.field(default=10.0, validator=_pos)
+    network_latency_s: float = attrs.field(default=2.0, validator=_nonneg)
+    local_sync_bandwidth_gib_s: float = attrs.field(default=100.0, validator=_pos)
+
+
+@attrs.frozen(kw_only=True)
+class LLMModel:
+    """The policy model being trained and served.
+
+    Attributes:
+        params_b: Parameters, in billions.
+        bytes_per_param: Bytes per served weight (2 for bf16).
+        kv_bytes_per_token: KV-cache bytes per token of context, whole model.
+        trainer_state_bytes_per_param: Bytes per parameter the trainer keeps on GPU
+            besides the weights (gradients + optimizer moments, e.g. 12 for fp32 Adam
+            moments and master weights); offloaded to host when hybrid engines wake up.
+    """
+
+    params_b: float = attrs.field(default=35.0, validator=_pos)
+    bytes_per_param: float = attrs.field(default=2.0, validator=_pos)
+    kv_bytes_per_token: float = attrs.field(default=65536.0, validator=_pos)
+    trainer_state_bytes_per_param: float = attrs.field(default=12.0, validator=_nonneg)
+
+    @property
+    def weight_bytes(self) -> float:
+        """``params_b * 1e9 * bytes_per_param``."""
+        return self.params_b * 1e9 * self.bytes_per_param
+
+    @property
+    def trainer_state_bytes(self) -> float:
+        """``params_b * 1e9 * trainer_state_bytes_per_param``."""
+        return self.params_b * 1e9 * self.trainer_state_bytes_per_param
+
+
+@attrs.frozen(kw_only=True)
+class EngineModel:
+    """Continuous-batching inference engine (one replica).
+
+    Decode: every engine iteration produces one token for every running sequence and
+    takes ``decode_base_s + decode_per_seq_s * n`` seconds with ``n`` sequences running,
+    so each sequence decodes at ``r(n) = 1 / (decode_base_s + decode_per_seq_s * n)``
+    tokens/s and the replica at ``n * r(n)``.
+
+    KV capacity: a replica of ``g`` GPUs with memory fraction ``f`` holds
+    ``kv_tokens = (g * gpu_memory * f - weight_bytes) / kv_bytes_per_token`` tokens of
+    KV cache; each running sequence reserves ``kv_tokens_per_seq``, so at most
+    ``min(max_num_seqs, floor(kv_tokens / kv_tokens_per_seq))`` sequences run; others wait.
+
+    Prefill: ``prefill_s_per_token`` per prompt (and, after an abort, per re-prefilled
+    output) token, one request at a time, overlapped with decoding (chunked prefill).
+
+    Attributes:
+        gpus_per_replica: GPUs of one replica (tensor parallel size).
+        decode_base_s: Fixed part of one decode iteration.
+        decode_per_seq_s: Added per running sequence.
+        prefill_s_per_token: Prefill cost per token.
+        max_num_seqs: Engine cap on running sequences.
+        kv_tokens_per_seq: KV reservation per running sequence (mean context).
+        standalone_memory_fraction: GPU memory fraction of standalone replicas.
+        hybrid_memory_fraction: GPU memory fraction of hybrid replicas (they share the
+            GPUs with the trainer, so they get less).
+        sleep_overhead_s: Fixed cost of a sleep besides the weight offload.
+        wake_overhead_s: Fixed cost of a wake-up besides the weight reload (KV
+            allocation, graph capture).
+    """
+
+    gpus_per_replica: int = attrs.field(default=8, validator=_posint)
+    decode_base_s: float = attrs.field(default=0.02, validator=_pos)
+    decode_per_seq_s: float = attrs.field(default=0.0002, validator=_nonneg)
+    prefill_s_per_token: float = attrs.field(default=2e-6, validator=_nonneg)
+    max_num_seqs: int = attrs.field(default=256, validator=_posint)
+    kv_tokens_per_seq: float = attrs.field(default=16384.0, validator=_pos)
+    standalone_memory_fraction: float = attrs.field(default=0.9, validator=_frac)
+    hybrid_memory_fraction: float = attrs.field(default=0.5, validator=_frac)
+    sleep_overhead_s: float = attrs.field(default=2.0, validator=_nonneg)
+    wake_overhead_s: float = attrs.field(default=5.0, validator=_nonneg)
+
+    def per_seq_rate(self, n: int) -> float:
+        """Tokens/s of one sequence when ``n >= 1`` sequences run: ``1/(base + per_seq*n)``."""
+        return 1.0 / (self.decode_base_s + self.decode_per_seq_s * n)
+
+    def max_running(self, role: str, hw: HardwareModel, llm: LLMModel) -> int:
+        """Largest number of sequences that run at once on a replica of ``role``."""
+        frac = self.hybrid_memory_fraction if role == "hybrid" else self.standalone_memory_fraction
+        free = self.gpus_per_replica * hw.gpu_memory_gib * _GIB * frac - llm.weight_bytes
+        if free <= 0:
+            raise ValueError(
+                f"a {role} replica of {self.gpus_per_replica} GPU(s) with memory fraction {frac} "
+                f"cannot even hold the weights ({llm.weight_bytes / _GIB:.1f} GiB)"
+            )
+        seqs = math.floor(free / llm.kv_bytes_per_token / self.kv_tokens_per_seq)
+        return max(1, min(self.max_num_seqs, seqs))
+
+    def peak_throughput(self, role: str, hw: HardwareModel, llm: LLMModel) -> float:
+        """Highest decode throughput of one replica, tokens/s: ``m * r(m)``, ``m = max_running``.
+
+        ``n * r(n)`` increases with ``n``, so the peak is at the KV-capacity limit.
+        """
+        m = self.max_running(role, hw, llm)
+        return m * self.per_seq_rate(m)
+
+    def sleep_s(self, hw: HardwareModel, llm: LLMModel) -> float:
+        """Sleep: offload the weight shard to host: ``weight_bytes/g / h2d + sleep_overhead_s``."""
+        shard = llm.weight_bytes / self.gpus_per_replica
+        return shard / (hw.h2d_bandwidth_gib_s * _GIB) + self.sleep_overhead_s
+
+    def wake_s(self, hw: HardwareModel, llm: LLMModel) -> float:
+        """Wake-up: reload the weight shard: ``weight_bytes/g / h2d + wake_overhead_s``."""
+        shard = llm.weight_bytes / self.gpus_per_replica
+        return shard / (hw.h2d_bandwidth_gib_s * _GIB) + self.wake_overhead_s
+
+    def broadcast_sync_s(self, hw: HardwareModel, llm: LLMModel) -> float:
+        """Weight sync to a standalone replica: ``weight_bytes / network_bw + latency``."""
+        return llm.weight_bytes / (hw.network_bandwidth_gib_s * _GIB) + hw.network_latency_s
+
+    def local_sync_s(self, hw: HardwareModel, llm: LLMModel) -> float:
+        """Weight sync to a hybrid replica (same GPUs): ``weight_bytes/g / local_bw``."""
+        shard = llm.weight_bytes / self.gpus_per_replica
+        return shard / (hw.local_sync_bandwidth_gib_s * _GIB)
+
+
+@attrs.frozen(kw_only=True)
+class TrainerModel:
+    """The trainer (actor update + log-prob passes).
+
+    A micro-step over ``tokens`` tokens (prompt + response tokens of all responses of
+    its samples) on ``g`` trainer GPUs takes
+    ``step_overhead_s + gpu_s_per_token * tokens / g`` seconds, split into verl's timing
+    keys by the fixed ``phase_shares``.
+
+    Attributes:
+        gpu_s_per_token: GPU-seconds of training compute per token.
+        step_overhead_s: Fixed, non-scaling part of a micro-step.
+        phase_shares: Share of a step per timing key (sums to 1).
+    """
+
+    gpu_s_per_token: float = attrs.field(default=0.002, validator=_pos)
+    step_overhead_s: float = attrs.field(default=5.0, validator=_nonneg)
+    phase_shares: tuple[tuple[str, float], ...] = (
+        ("reward", 0.02),
+        ("old_log_prob", 0.18),
+        ("ref", 0.15),
+        ("adv", 0.01),
+        ("update_actor", 0.64),
+    )
+
+    def step_s(self, tokens: int, gpus: int) -> float:
+        """Duration of one micro-step."""
+        return self.step_overhead_s + self.gpu_s_per_token * tokens / gpus
+
+    def timings(self, tokens: int, gpus: int) -> dict[str, float]:
+        """The step's duration split into verl's ``timing_raw`` keys."""
+        total = self.step_s(tokens, gpus)
+        return {k: total * share for k, share in self.phase_shares}
+
+    def offload_s(self, hw: HardwareModel, llm: LLMModel, gpus: int) -> float:
+        """Move the trainer's state (weights + optimizer) off ``gpus`` GPUs (hybrid wake)."""
+        per_gpu = (llm.trainer_state_bytes + llm.weight_bytes) / gpus
+        return per_gpu / (hw.h2d_bandwidth_gib_s * _GIB)
+
+    def onload_s(self, hw: HardwareModel, llm: LLMModel, gpus: int) -> float:
+        """Bring the trainer's state back (hybrid sleep): same bytes as `offload_s`."""
+        return self.offload_s(hw, llm, gpus)

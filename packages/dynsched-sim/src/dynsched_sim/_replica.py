@@ -1,0 +1,404 @@
+"""`SimReplica`: a simulated continuous-batching inference engine.
+
+Processor-sharing bookkeeping: all decoding sequences of a replica advance at the same
+per-sequence rate ``r(n)`` (see `EngineModel`), so the replica keeps one *virtual
+service clock* ``V`` (tokens each running sequence has produced since the replica
+started) and a heap of finish points ``V_start + tokens_to_generate``. An arrival or a
+departure changes ``n``; ``V`` is advanced lazily to "now" and the single departure timer
+is re-armed for the heap head. Each arrival, departure or abort therefore costs
+``O(log n)``; nothing iterates over the running sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from dynsched_core import DynschedError, GenerateRequest, GenerateResult, ReplicaCapabilities
+
+from dynsched_sim._accounting import GroupAccountant
+from dynsched_sim._models import EngineModel, HardwareModel, LLMModel
+
+__all__ = ["ReplicaNotServingError", "SimReplica"]
+
+_WAITING, _PREFILL, _DECODE, _DONE = 0, 1, 2, 3
+
+
+class ReplicaNotServingError(DynschedError, RuntimeError):
+    """``generate`` was called on a replica that is asleep or not resumed."""
+
+
+class _Seq:
+    __slots__ = ("finish", "fut", "handle", "req", "state", "todo", "v_start")
+
+    def __init__(
+        self, req: GenerateRequest, fut: asyncio.Future[GenerateResult], todo: int, finish: str
+    ):
+        self.req = req
+        self.fut = fut
+        self.todo = todo
+        self.finish = finish
+        self.state = _WAITING
+        self.v_start = 0.0
+        self.handle: asyncio.TimerHandle | None = None
+
+
+class SimReplica:
+    """A simulated inference replica implementing `dynsched_core.RolloutReplica`.
+
+    Args:
+        replica_id: Unique id.
+        engine: Engine cost model.
+        hardware: Hardware model.
+        llm: Served model.
+        role: ``"standalone"`` (serving from the start) or ``"hybrid"`` (asleep at start,
+            lives on trainer GPUs, runs with the smaller hybrid memory fraction).
+        group: Accounting group of its GPUs (defaults to ``replica_id``).
+        accountant: Ground-truth accountant (optional).
+        extra_wake_s: Added to every wake-up (hybrid: trainer state offload).
+        extra_sleep_s: Added to every sleep (hybrid: trainer state onload).
+        ledger: Shared ``request_id -> tokens decoded`` over every attempt on every
+            replica (conservation checks: a response's attempts must add up to its length).
+
+    Attributes:
+        tokens_generated: Decode tokens produced, aborted attempts included.
+        prefill_tokens: Tokens prefilled (prompt + re-prefilled partial outputs).
+        requests_finished: Attempts that ended by ``stop`` or ``length``.
+        requests_aborted: Attempts that ended by ``abort``.
+        requests_while_paused: Requests received awake but before `resume` (queued
+            until then; a router that exposes a replica before resuming it shows up here).
+    """
+
+    def __init__(
+        self,
+        replica_id: str,
+        engine: EngineModel,
+        hardware: HardwareModel,
+        llm: LLMModel,
+        *,
+        role: str = "standalone",
+        group: str | None = None,
+        accountant: GroupAccountant | None = None,
+        extra_wake_s: float = 0.0,
+        extra_sleep_s: float = 0.0,
+        ledger: dict[str, int] | None = None,
+    ) -> None:
+        if role not in ("standalone", "hybrid"):
+            raise ValueError(f"role must be 'standalone' or 'hybrid', got {role!r}")
+        self._id = replica_id
+        self._engine = engine
+        self._caps = ReplicaCapabilities(role=role, num_gpus=engine.gpus_per_replica)  # type: ignore[arg-type]
+        self.max_running = engine.max_running(role, hardware, llm)
+        self._rate = [0.0] + [engine.per_seq_rate(n) for n in range(1, self.max_running + 1)]
+        self._prefill_c = engine.prefill_s_per_token
+        self._sync_s = (
+            engine.local_sync_s(hardware, llm)
+            if role == "hybrid"
+            else engine.broadcast_sync_s(hardware, llm)
+        )
+        self._sleep_s = engine.sleep_s(hardware, llm) + extra_sleep_s
+        self._wake_s = engine.wake_s(hardware, llm) + extra_wake_s
+        self._group = group or replica_id
+        self._acct = accountant
+        self._state = "serving" if role == "standalone" else "asleep"
+        self._switching = False
+        self._frozen = 0
+        self._waiting: deque[_Seq] = deque()
+        self._slots = 0
+        self._n = 0
+        self._v = 0.0
+        self._vt = 0.0
+        self._heap: list[tuple[float, int, _Seq]] = []
+        self._dead = 0
+        self._seqno = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._prefill_free_at = 0.0
+        self._seqs: dict[str, _Seq] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ledger = ledger
+        self.version = 0
+        self.tokens_generated = 0
+        self.prefill_tokens = 0
+        self.requests_finished = 0
+        self.requests_aborted = 0
+        self.requests_while_paused = 0
+
+    # --- protocol ------------------------------------------------------------------
+    @property
+    def replica_id(self) -> str:
+        return self._id
+
+    @property
+    def capabilities(self) -> ReplicaCapabilities:
+        return self._caps
+
+    @property
+    def state(self) -> str:
+        """``serving``, ``paused`` (awake, not accepting) or ``asleep``."""
+        return self._state
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self._state == "asleep":
+            raise ReplicaNotServingError(f"replica {self._id!r} is asleep, cannot generate")
+        if self._state == "paused":
+            # awake but not resumed: the engine queues the request until `resume`
+            self.requests_while_paused += 1
+        if request.request_id in self._seqs:
+            raise ValueError(f"request {request.request_id!r} already running on {self._id!r}")
+        loop = self._get_loop()
+        if request.target_len is not None:
+            left = max(0, request.target_len - request.partial_len)
+            todo, finish = (
+                (left, "stop") if left <= request.max_tokens else (request.max_tokens, "length")
+            )
+        else:
+            todo, finish = request.max_tokens, "length"
+        if todo <= 0:
+            return GenerateResult(
+                request_id=request.request_id,
+                replica_id=self._id,
+                finish_reason=finish,  # type: ignore[arg-type]
+                param_version=self.version,
+            )
+        fut: asyncio.Future[GenerateResult] = loop.create_future()
+        seq = _Seq(request, fut, todo, finish)
+        self._seqs[request.request_id] = seq
+        self._waiting.append(seq)
+        self._admit()
+        self._activity()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if seq.state != _DONE:
+                self._abort_seq(seq, notify=False)
+                self._reschedule()
+                self._activity()
+            raise
+
+    async def abort(self, request_ids: Sequence[str] | None = None) -> int:
+        seqs = (
+            list(self._seqs.values())
+            if request_ids is None
+            else [self._seqs[r] for r in request_ids if r in self._seqs]
+        )
+        for seq in seqs:
+            self._abort_seq(seq, notify=True)
+        if seqs:
+            self._admit()
+            self._reschedule()
+            self._activity()
+        return len(seqs)
+
+    async def sleep(self) -> None:
+        if self._state == "asleep":
+            return
+        await self.abort()
+        self._state = "asleep"
+        await self._switch(self._sleep_s)
+
+    async def wake_up(self) -> None:
+        if self._state != "asleep":
+            return
+        await self._switch(self._wake_s)
+        self._state = "paused"
+
+    async def resume(self) -> None:
+        if self._state == "asleep":
+            raise ReplicaNotServingError(f"replica {self._id!r} is asleep; wake_up before resume")
+        self._state = "serving"
+        if self._waiting:
+            self._get_loop()
+            self._admit()
+            self._reschedule()
+            self._activity()
+
+    async def update_weights(self, version: int, weights: Any = None) -> None:
+        self.freeze()
+        try:
+            await asyncio.sleep(self._sync_s)
+        finally:
+            self.unfreeze()
+        self.version = max(self.version, version)
+
+    async def in_flight(self) -> int:
+        return len(self._seqs)
+
+    def freeze(self) -> None:
+        """Stop decoding until `unfreeze` (the GPUs are busy with something else)."""
+        self._get_loop()
+        self._advance()
+        self._frozen += 1
+        self._reschedule()
+        self._activity()
+
+    def unfreeze(self) -> None:
+        """Undo one `freeze`."""
+        self._advance()
+        self._frozen -= 1
+        self._reschedule()
+        self._activity()
+
+    # --- introspection ---------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        """Sequences decoding now."""
+        return self._n
+
+    @property
+    def sync_s(self) -> float:
+        """Duration of one `update_weights`."""
+        return self._sync_s
+
+    # --- internals -------------------------------------------------------------------
+    def _get_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._vt = self._loop.time()
+        return self._loop
+
+    async def _switch(self, seconds: float) -> None:
+        self._switching = True
+        self._activity()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._switching = False
+            self._activity()
+
+    def _activity(self) -> None:
+        if self._acct is None:
+            return
+        if self._switching:
+            act = "switching"
+        elif self._frozen:
+            act = "weight_sync"
+        elif self._slots:
+            act = "rollout"
+        else:
+            act = "idle"
+        self._acct.set_engine(self._group, act)
+
+    def _advance(self) -> None:
+        now = self._loop.time()  # type: ignore[union-attr]
+        if self._n and not self._frozen:
+            self._v += (now - self._vt) * self._rate[self._n]
+        self._vt = now
+
+    def _admit(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        while self._waiting and self._slots < self.max_running and self._state == "serving":
+            seq = self._waiting.popleft()
+            if seq.state != _WAITING:
+                continue
+            self._slots += 1
+            ptoks = seq.req.prompt_len + seq.req.partial_len
+            self.prefill_tokens += ptoks
+            dur = ptoks * self._prefill_c
+            if dur > 0:
+                now = loop.time()
+                start = max(now, self._prefill_free_at)
+                self._prefill_free_at = start + dur
+                seq.state = _PREFILL
+                seq.handle = loop.call_at(self._prefill_free_at, self._start_decode, seq)
+            else:
+                self._start_decode(seq)
+
+    def _start_decode(self, seq: _Seq) -> None:
+        seq.handle = None
+        self._advance()
+        seq.state = _DECODE
+        seq.v_start = self._v
+        heapq.heappush(self._heap, (self._v + seq.todo, next(self._seqno), seq))
+        self._n += 1
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        heap = self._heap
+        while heap and heap[0][2].state != _DECODE:
+            heapq.heappop(heap)
+            self._dead -= 1
+        if heap and self._n and not self._frozen:
+            loop = self._loop
+            assert loop is not None
+            dt = (heap[0][0] - self._v) / self._rate[self._n]
+            self._timer = loop.call_at(self._vt + max(0.0, dt), self._on_departure)
+
+    def _on_departure(self) -> None:
+        self._timer = None
+        self._advance()
+        heap = self._heap
+        while heap and heap[0][2].state != _DECODE:
+            heapq.heappop(heap)
+            self._dead -= 1
+        if heap and heap[0][0] > self._v:
+            self._v = heap[0][0]  # the timer was armed for the head: absorb rounding
+        limit = self._v + 1e-9 * max(1.0, abs(self._v))
+        while heap and heap[0][0] <= limit:
+            _, _, seq = heapq.heappop(heap)
+            if seq.state != _DECODE:
+                self._dead -= 1
+                continue
+            seq.state = _DONE
+            self._n -= 1
+            self._slots -= 1
+            del self._seqs[seq.req.request_id]
+            self.tokens_generated += seq.todo
+            self.requests_finished += 1
+            if self._ledger is not None:
+                rid = seq.req.request_id
+                self._ledger[rid] = self._ledger.get(rid, 0) + seq.todo
+            seq.fut.set_result(
+                GenerateResult(
+                    request_id=seq.req.request_id,
+                    replica_id=self._id,
+                    num_tokens=seq.todo,
+                    finish_reason=seq.finish,  # type: ignore[arg-type]
+                    param_version=self.version,
+                )
+            )
+        self._admit()
+        self._reschedule()
+        self._activity()
+
+    def _abort_seq(self, seq: _Seq, *, notify: bool) -> None:
+        tokens = 0
+        if seq.state == _PREFILL:
+            if seq.handle is not None:
+                seq.handle.cancel()
+            self._slots -= 1
+        elif seq.state == _DECODE:
+            self._advance()
+            tokens = min(seq.todo, math.floor(self._v - seq.v_start + 1e-9))
+            self._n -= 1
+            self._slots -= 1
+            self._dead += 1
+        seq.state = _DONE
+        self._seqs.pop(seq.req.request_id, None)
+        self.tokens_generated += tokens
+        self.requests_aborted += 1
+        if self._ledger is not None and tokens:
+            rid = seq.req.request_id
+            self._ledger[rid] = self._ledger.get(rid, 0) + tokens
+        if self._dead > 64 and self._dead * 2 > len(self._heap):
+            self._heap = [e for e in self._heap if e[2].state == _DECODE]
+            heapq.heapify(self._heap)
+            self._dead = 0
+        if notify and not seq.fut.done():
+            seq.fut.set_result(
+                GenerateResult(
+                    request_id=seq.req.request_id,
+                    replica_id=self._id,
+                    num_tokens=tokens,
+                    finish_reason="abort",
+                    param_version=self.version,
+                )
+            )

@@ -1,0 +1,290 @@
+"""Scenario files: one cluster, one workload, several configurations to compare.
+
+A scenario is a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file validated into frozen
+attrs classes. Unknown keys and bad values fail with `ScenarioError` naming the full key
+path (``engine.decode_base_s``) and what is allowed. Built-in scenarios ship in
+``dynsched_sim/scenarios/`` and are loaded by name (`load_scenario("seed-qwen35")`).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import attrs
+from dynsched_core import ConfigError, DynamicScheduleConfig
+
+from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerModel
+from dynsched_sim._workload import LengthDistribution, WorkloadModel
+
+__all__ = [
+    "Configuration",
+    "Scenario",
+    "ScenarioError",
+    "builtin_scenarios",
+    "load_scenario",
+    "scenario_from_dict",
+]
+
+
+class ScenarioError(ValueError):
+    """A scenario file or mapping is invalid; the message names the key."""
+
+
+@attrs.frozen(kw_only=True)
+class Configuration:
+    """One way of splitting the cluster.
+
+    Attributes:
+        name: Name shown in tables and ``result.json`` (e.g. ``static-16-16``).
+        trainer_gpus: GPUs of the trainer pool (>= 1).
+        rollout_gpus: GPUs of the standalone rollout pool (>= 0).
+        hybrid: True to run hybrid replicas on the trainer GPUs (dynamic scheduling);
+            False for a static split (no hybrid replicas; run once with
+            ``static_fully_async``).
+    """
+
+    name: str
+    trainer_gpus: int
+    rollout_gpus: int
+    hybrid: bool = False
+
+    @property
+    def total_gpus(self) -> int:
+        """``trainer_gpus + rollout_gpus``."""
+        return self.trainer_gpus + self.rollout_gpus
+
+
+@attrs.frozen(kw_only=True)
+class Scenario:
+    """A complete simulation scenario.
+
+    Attributes:
+        name: Scenario name.
+        description: One paragraph.
+        seed: Default seed (workload draw).
+        steps: Trainer micro-steps to run.
+        hardware: GPUs and links.
+        model: The model trained and served.
+        engine: Inference engine cost model.
+        trainer: Trainer cost model.
+        workload: Prompts and response lengths.
+        schedule: Flat `dynsched_core.DynamicScheduleConfig` keys (verl names:
+            ``staleness_threshold``, ``trigger_parameter_sync_step``,
+            ``ppo_mini_batch_size``, ...). Node counts, ``n``, tensor parallel size and
+            ``use_dynamic_resource_scheduling`` are filled in per configuration.
+        configurations: The splits to compare.
+        published: Optional published wall-clock seconds per configuration name.
+    """
+
+    name: str
+    description: str = ""
+    seed: int = 0
+    steps: int
+    hardware: HardwareModel = attrs.field(factory=HardwareModel)
+    model: LLMModel = attrs.field(factory=LLMModel)
+    engine: EngineModel = attrs.field(factory=EngineModel)
+    trainer: TrainerModel = attrs.field(factory=TrainerModel)
+    workload: WorkloadModel = attrs.field(factory=WorkloadModel)
+    schedule: Mapping[str, Any] = attrs.field(factory=dict)
+    configurations: tuple[Configuration, ...] = ()
+    published: Mapping[str, float] = attrs.field(factory=dict)
+
+    def configuration(self, name: str) -> Configuration:
+        """The configuration called ``name``.
+
+        Raises:
+            ScenarioError: unknown name (lists the known ones).
+        """
+        for c in self.configurations:
+            if c.name == name:
+                return c
+        raise ScenarioError(
+            f"scenario {self.name!r} has no configuration {name!r}; "
+            f"known: {[c.name for c in self.configurations]}"
+        )
+
+    def schedule_config(self, conf: Configuration) -> DynamicScheduleConfig:
+        """The core's `DynamicScheduleConfig` of ``conf`` (validated by the core)."""
+        flat = dict(self.schedule)
+        flat.update(
+            use_dynamic_resource_scheduling=conf.hybrid,
+            n=self.workload.n,
+            rollout_tensor_parallel_size=self.engine.gpus_per_replica,
+            trainer_nnodes=1,
+            trainer_n_gpus_per_node=conf.trainer_gpus,
+            rollout_nnodes=1 if conf.rollout_gpus else 0,
+            rollout_n_gpus_per_node=conf.rollout_gpus,
+            total_training_steps=self.steps,
+        )
+        try:
+            return DynamicScheduleConfig.from_dict(flat)
+        except ConfigError as e:
+            raise ScenarioError(f"scenario {self.name!r}, configuration {conf.name!r}: {e}") from e
+
+    def with_steps(self, steps: int) -> Scenario:
+        """A copy running ``steps`` micro-steps (shortened variants for tests)."""
+        return attrs.evolve(self, steps=steps)
+
+
+# ------------------------------------------------------------------------------ parsing
+def _build(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{path}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in attrs.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ScenarioError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(fields)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        sub = f"{path}.{key}" if path else key
+        if cls is WorkloadModel and key in ("prompt_len", "response_len"):
+            value = _build(LengthDistribution, value, sub)
+        elif cls is TrainerModel and key == "phase_shares":
+            if not isinstance(value, Mapping):
+                raise ScenarioError(f"{sub}: expected a mapping of timing key -> share")
+            value = tuple((str(k), float(v)) for k, v in value.items())
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ScenarioError(f"{path or cls.__name__}: {e}") from e
+
+
+_SECTIONS: dict[str, type] = {
+    "hardware": HardwareModel,
+    "model": LLMModel,
+    "engine": EngineModel,
+    "trainer": TrainerModel,
+    "workload": WorkloadModel,
+}
+
+
+def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
+    """Validate a scenario mapping (as read from YAML/TOML).
+
+    Raises:
+        ScenarioError: a key is unknown, missing or has a bad value (named in the message).
+    """
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"scenario: expected a mapping, got {type(data).__name__}")
+    allowed = {f.name for f in attrs.fields(Scenario)}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ScenarioError(f"scenario: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    for req in ("name", "steps", "configurations"):
+        if req not in data:
+            raise ScenarioError(f"scenario: missing required key {req!r}")
+    kw: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            kw[key] = _build(_SECTIONS[key], value, key)
+        elif key == "configurations":
+            if not isinstance(value, list | tuple) or not value:
+                raise ScenarioError("configurations: expected a non-empty list")
+            confs = tuple(
+                _build(Configuration, c, f"configurations[{i}]") for i, c in enumerate(value)
+            )
+            for i, c in enumerate(confs):
+                where = f"configurations[{i}]"
+                if not isinstance(c.name, str) or not c.name:
+                    raise ScenarioError(f"{where}.name: expected a non-empty string")
+                if not isinstance(c.trainer_gpus, int) or c.trainer_gpus < 1:
+                    raise ScenarioError(
+                        f"{where}.trainer_gpus: expected an integer >= 1, got {c.trainer_gpus!r}"
+                    )
+                if not isinstance(c.rollout_gpus, int) or c.rollout_gpus < 0:
+                    raise ScenarioError(
+                        f"{where}.rollout_gpus: expected an integer >= 0, got {c.rollout_gpus!r}"
+                    )
+                if not isinstance(c.hybrid, bool):
+                    raise ScenarioError(f"{where}.hybrid: expected true or false, got {c.hybrid!r}")
+                if c.rollout_gpus == 0 and not c.hybrid:
+                    raise ScenarioError(
+                        f"{where}: rollout_gpus is 0 and hybrid is false: nothing would generate"
+                    )
+            names = [c.name for c in confs]
+            if len(set(names)) != len(names):
+                raise ScenarioError(f"configurations: duplicate names in {names}")
+            kw[key] = confs
+        elif key == "schedule":
+            if not isinstance(value, Mapping):
+                raise ScenarioError("schedule: expected a mapping of DynamicScheduleConfig keys")
+            kw[key] = dict(value)
+        elif key == "published":
+            if not isinstance(value, Mapping):
+                raise ScenarioError("published: expected a mapping configuration -> seconds")
+            kw[key] = {str(k): float(v) for k, v in value.items()}
+        else:
+            kw[key] = value
+    if not isinstance(kw["name"], str) or not kw["name"]:
+        raise ScenarioError("name: expected a non-empty string")
+    if not isinstance(kw["steps"], int) or isinstance(kw["steps"], bool) or kw["steps"] < 1:
+        raise ScenarioError(f"steps: expected an integer >= 1, got {kw['steps']!r}")
+    if not isinstance(kw.get("seed", 0), int):
+        raise ScenarioError(f"seed: expected an integer, got {kw['seed']!r}")
+    sc = Scenario(**kw)
+    for c in sc.configurations:
+        if c.trainer_gpus % sc.engine.gpus_per_replica and c.hybrid:
+            raise ScenarioError(
+                f"configurations: {c.name}.trainer_gpus ({c.trainer_gpus}) must be a multiple of "
+                f"engine.gpus_per_replica ({sc.engine.gpus_per_replica}) to host hybrid replicas"
+            )
+        if c.rollout_gpus % sc.engine.gpus_per_replica:
+            raise ScenarioError(
+                f"configurations: {c.name}.rollout_gpus ({c.rollout_gpus}) must be a multiple of "
+                f"engine.gpus_per_replica ({sc.engine.gpus_per_replica})"
+            )
+        sc.schedule_config(c)  # validated by the core
+    return sc
+
+
+def _read(path: Path) -> Any:
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    if suffix in (".yaml", ".yml"):
+        import yaml
+
+        with path.open() as f:
+            return yaml.safe_load(f)
+    raise ScenarioError(
+        f"{path}: unsupported scenario file type {suffix!r}; use .yaml, .yml or .toml"
+    )
+
+
+def builtin_scenarios() -> list[str]:
+    """Names of the scenarios shipped with the package."""
+    root = resources.files("dynsched_sim") / "scenarios"
+    return sorted(p.name.rsplit(".", 1)[0] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
+    """Load a built-in scenario by name, or a scenario file by path.
+
+    Raises:
+        ScenarioError: unknown name (lists the built-ins), unreadable or invalid file.
+    """
+    s = os.fspath(name_or_path)
+    p = Path(s)
+    if p.suffix.lower() in (".yaml", ".yml", ".toml") or os.sep in s:
+        if not p.is_file():
+            raise ScenarioError(f"scenario file {s!r} does not exist")
+        try:
+            return scenario_from_dict(_read(p))
+        except ScenarioError as e:
+            raise ScenarioError(f"{s}: {e}") from e
+    names = builtin_scenarios()
+    if s not in names:
+        raise ScenarioError(
+            f"unknown scenario {s!r}; built-in scenarios: {names} (or give a .yaml/.toml path)"
+        )
+    res = resources.files("dynsched_sim") / "scenarios" / f"{s}.yaml"
+    import yaml
+
+    return scenario_from_dict(yaml.safe_load(res.read_text()))

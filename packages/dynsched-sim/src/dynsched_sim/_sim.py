@@ -1,0 +1,312 @@
+"""Run one configuration of a scenario with one policy through the core's reference loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from dynsched_core import (
+    EventBus,
+    FullyAsyncLoop,
+    LoopResult,
+    ReplicaModeEvent,
+    RetryingClient,
+    RolloutSample,
+    TrainStepEvent,
+    TransitionEvent,
+)
+from dynsched_metrics import CycleMetrics, MetricsAggregator
+
+from dynsched_sim._bound import LowerBound, lower_bound
+from dynsched_sim._cluster import SimCluster, build_cluster, prompt_source
+from dynsched_sim._scenario import Configuration, Scenario
+from dynsched_sim._vloop import VirtualTimeEventLoop
+
+__all__ = ["STATIC_POLICY", "RunResult", "policy_for", "run_configuration"]
+
+logger = logging.getLogger(__name__)
+
+STATIC_POLICY = "static_fully_async"
+PROXY_KEYS = (
+    "dynamic_resource/train_resource_utilization",
+    "dynamic_resource/rollout_resource_utilization",
+    "dynamic_resource/resource_utilization",
+    "dynamic_resource/mq_size",
+)
+
+_FOREVER_S = 30 * 24 * 3600.0
+"""Bound of every wait in a simulated run (30 simulated days: a stuck pipeline, not a slow one)."""
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+@attrs.frozen(kw_only=True)
+class RunResult:
+    """Everything measured in one simulated run (deterministic for a given seed).
+
+    Attributes:
+        scenario: Scenario name.
+        configuration: Configuration name.
+        policy: Policy name.
+        seed: Workload seed.
+        wall_clock_s: Simulated wall-clock of the training run.
+        lower_bound_s: `dynsched_sim.lower_bound` of the configuration.
+        efficiency: ``lower_bound_s / wall_clock_s``.
+        summary: Counters (samples, switches, aborts, re-routed requests, ...).
+        true_utilization: Ground truth per pool (``trainer``, ``standalone``,
+            ``cluster``): fraction of GPU-time per mode.
+        proxy_metrics: Mean over sync cycles of each ``dynamic_resource/*`` metric.
+        cycles: Per-cycle ``dynamic_resource/*`` metrics (dicts with ``step``).
+        steps: Per micro-step: ``[step, end time, mq_size, collect wait s]``.
+        conservation: Conservation checks (all must be True).
+        events: Callbacks the virtual loop scheduled.
+        mode_events: Ground-truth mode changes (for the layout plot; not serialised).
+        state_events: Hybrid state transitions (for the layout plot; not serialised).
+        queue_capacity: Capacity of the sample queue.
+    """
+
+    scenario: str
+    configuration: str
+    policy: str
+    seed: int
+    wall_clock_s: float
+    lower_bound_s: float
+    efficiency: float
+    summary: Mapping[str, Any]
+    true_utilization: Mapping[str, Mapping[str, float]]
+    proxy_metrics: Mapping[str, float]
+    cycles: tuple[Mapping[str, float], ...]
+    steps: tuple[tuple[int, float, int, float], ...]
+    conservation: Mapping[str, bool]
+    events: int
+    mode_events: tuple[ReplicaModeEvent, ...] = attrs.field(default=(), repr=False, eq=False)
+    state_events: tuple[TransitionEvent, ...] = attrs.field(default=(), repr=False, eq=False)
+    queue_capacity: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (the ``runs`` entries of ``result.json``)."""
+        return {
+            "scenario": self.scenario,
+            "configuration": self.configuration,
+            "policy": self.policy,
+            "seed": self.seed,
+            "wall_clock_s": self.wall_clock_s,
+            "wall_clock_h": self.wall_clock_s / 3600.0,
+            "lower_bound_s": self.lower_bound_s,
+            "efficiency": self.efficiency,
+            "summary": dict(self.summary),
+            "true_utilization": {k: dict(v) for k, v in self.true_utilization.items()},
+            "proxy_metrics": dict(self.proxy_metrics),
+            "cycles": [dict(c) for c in self.cycles],
+            "steps": [list(s) for s in self.steps],
+            "conservation": dict(self.conservation),
+            "events": self.events,
+        }
+
+
+def policy_for(conf: Configuration, policy: str) -> str:
+    """The policy a configuration runs with: static splits always use `STATIC_POLICY`."""
+    return policy if conf.hybrid else STATIC_POLICY
+
+
+@attrs.frozen
+class _Outcome:
+    cluster: SimCluster
+    result: LoopResult
+    cycles: list[CycleMetrics]
+    left: list[RolloutSample]
+    mode_events: list[ReplicaModeEvent]
+    bound: LowerBound
+    floop: FullyAsyncLoop
+    state_events: list[TransitionEvent]
+    blocked: list[int]
+
+
+async def _run(
+    scenario: Scenario, conf: Configuration, policy: str, seed: int, progress: ProgressFn | None
+) -> _Outcome:
+    loop = asyncio.get_running_loop()
+    bus = EventBus()
+    truth_bus = EventBus()
+    mode_events: list[ReplicaModeEvent] = []
+    truth_bus.subscribe(mode_events.append)
+    cluster = build_cluster(scenario, conf, seed=seed, events=truth_bus, clock=loop.time)
+    cfg = cluster.config.evolve(dynamic_schedule_policy=policy)
+    pol = cfg.build_policy()
+    agg = MetricsAggregator(
+        hybrid_gpus=conf.trainer_gpus, standalone_gpus=conf.rollout_gpus, bus=bus
+    )
+    blocked: list[int] = [0, 0, 0]
+    state_events: list[TransitionEvent] = []
+    bus.subscribe(state_events.append, TransitionEvent)
+    if progress is not None:
+        total = scenario.steps
+
+        def on_step(e: TrainStepEvent) -> None:
+            progress(e.step, total, e.time)
+
+        bus.subscribe(on_step, TrainStepEvent)
+    floop = FullyAsyncLoop(
+        cfg,
+        pol,
+        cluster.trainer,
+        prompts=prompt_source(cluster.workload, scenario.workload.max_response_len),
+        standalone=cluster.standalone,
+        hybrid=cluster.hybrid,
+        events=bus,
+        wait_timeout_s=_FOREVER_S,
+        max_tokens=scenario.workload.max_response_len,
+        # With no standalone replica (colocated) a request aborted by a deactivation waits
+        # for the next activation, a whole training phase: far more than the client's
+        # default 60 s.
+        client_kwargs={"no_replica_timeout_s": _FOREVER_S},
+    )
+    sampler = loop.create_task(_sample_admission(floop, blocked))
+    try:
+        result = await floop.run(scenario.steps)
+    finally:
+        sampler.cancel()
+    agg.finish(result.end)
+    cycles = list(agg.records)
+    left = (
+        await floop.queue.get(await floop.queue.size(), timeout=0.0) if result.samples_left else []
+    )
+    bound = lower_bound(scenario, conf, cluster.workload)
+    return _Outcome(cluster, result, cycles, left, mode_events, bound, floop, state_events, blocked)
+
+
+async def _sample_admission(floop: FullyAsyncLoop, out: list[int], period_s: float = 30.0) -> None:
+    """Ground truth on what limits the rollouter: [samples, staleness-bound, concurrency-bound]."""
+    while True:
+        await asyncio.sleep(period_s)
+        st = floop.rollouter.stats()
+        out[0] += 1
+        if st.window_admitted >= st.max_required_samples:
+            out[1] += 1
+        elif st.active >= st.capacity:
+            out[2] += 1
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def run_configuration(
+    scenario: Scenario,
+    conf: Configuration | str,
+    policy: str = "default",
+    *,
+    seed: int | None = None,
+    progress: ProgressFn | None = None,
+) -> RunResult:
+    """Simulate ``conf`` of ``scenario`` with ``policy`` on a fresh virtual-time loop.
+
+    Args:
+        scenario: The scenario.
+        conf: A configuration or its name.
+        policy: Registered policy name (static configurations always use
+            ``static_fully_async``).
+        seed: Workload seed (default: the scenario's).
+        progress: Called ``(step, total_steps, simulated_time)`` after each micro-step.
+
+    Returns:
+        The `RunResult`.
+    """
+    if isinstance(conf, str):
+        conf = scenario.configuration(conf)
+    seed = scenario.seed if seed is None else seed
+    policy = policy_for(conf, policy)
+    loop = VirtualTimeEventLoop()
+    try:
+        asyncio.set_event_loop(loop)
+        out = loop.run_until_complete(_run(scenario, conf, policy, seed, progress))
+        events = loop.callbacks_scheduled
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+    cluster, res, cycles, left = out.cluster, out.result, out.cycles, out.left
+    bound, floop, blocked = out.bound, out.floop, out.blocked
+    wall = res.duration_s
+    client = floop.client
+    assert isinstance(client, RetryingClient)
+    consumed_ids = res.consumed_sample_ids
+    left_ids = [s.sample_id for s in left]
+    # conservation: tokens of every produced sample equal the workload's lengths
+    rl = cluster.workload.response_lens
+    exact = all(
+        tuple(o.num_tokens for o in s.responses) == tuple(int(x) for x in rl[int(s.sample_id[1:])])
+        for s in left
+    )
+    for s in left:  # the ledger check of the samples the trainer did not consume
+        cluster.trainer.check_sample(s)
+    consumed_set = set(consumed_ids)
+    checks = {
+        "produced_equals_consumed_plus_left": res.samples_produced
+        == res.samples_consumed + res.samples_left,
+        "no_sample_consumed_twice": len(consumed_set) == len(consumed_ids),
+        "consumed_and_left_disjoint": not (consumed_set & set(left_ids)),
+        "left_count_matches_queue": len(left_ids) == res.samples_left,
+        "no_sample_failed": res.samples_failed == 0,
+        "consumed_all_steps": res.steps == scenario.steps,
+        "responses_complete_and_exact": exact and cluster.trainer.tokens_exact,
+        "no_replica_failure_or_truncation": client.total_failures == 0 and client.truncated == 0,
+        "every_request_ended_once": client.completed + client.failed
+        == res.rollouter.admitted * scenario.workload.n,
+        "cancelled_only_in_flight_at_end": client.failed
+        <= res.samples_cancelled * scenario.workload.n,
+    }
+    rep_stats = list(cluster.replicas.values())
+    summary = {
+        "steps": res.steps,
+        "samples_produced": res.samples_produced,
+        "samples_consumed": res.samples_consumed,
+        "samples_left_in_queue": res.samples_left,
+        "samples_in_flight_cancelled": res.samples_cancelled,
+        "activations": res.activations,
+        "deactivations": res.deactivations,
+        "switches": res.activations + res.deactivations,
+        "skipped_hybrid_syncs": res.skipped_hybrid_syncs,
+        "switch_errors": res.switch_errors,
+        "aborted_requests": client.total_aborts,
+        "rerouted_requests": res.moved_requests,
+        "reprefill_tokens": client.total_reprefill_tokens,
+        "requests_completed": client.completed,
+        "tokens_generated": sum(r.tokens_generated for r in rep_stats),
+        "tokens_trained": cluster.trainer.tokens_trained,
+        "train_s": cluster.trainer.train_s,
+        "sync_s": cluster.trainer.sync_s,
+        "train_overlap_steps": cluster.trainer.overlap_steps,
+        "mismatched_responses": cluster.trainer.mismatched_responses,
+        "requests_routed_before_resume": sum(r.requests_while_paused for r in rep_stats),
+        "final_deactivate_ratio": getattr(floop.driver.policy, "deactivate_ratio", None),
+        "mq_size_mean": _mean([float(r.mq_size) for r in res.records]),
+        "queue_capacity": cluster.config.max_queue_size,
+        "staleness_bound_fraction": blocked[1] / blocked[0] if blocked[0] else 0.0,
+        "concurrency_bound_fraction": blocked[2] / blocked[0] if blocked[0] else 0.0,
+    }
+    rows = [c.as_dict() for c in cycles]
+    proxy = {k: _mean([float(r[k]) for r in rows if k in r]) for k in PROXY_KEYS}
+    steps = tuple((r.step, r.time - res.start, r.mq_size, r.collect_wait_s) for r in res.records)
+    return RunResult(
+        scenario=scenario.name,
+        configuration=conf.name,
+        policy=policy,
+        seed=seed,
+        wall_clock_s=wall,
+        lower_bound_s=bound.seconds,
+        efficiency=bound.seconds / wall if wall > 0 else 0.0,
+        summary=summary,
+        true_utilization=cluster.accountant.pool_fractions(),
+        proxy_metrics=proxy,
+        cycles=tuple(rows),
+        steps=steps,
+        conservation=checks,
+        events=events,
+        mode_events=tuple(out.mode_events),
+        state_events=tuple(out.state_events),
+        queue_capacity=cluster.config.max_queue_size,
+    )

@@ -1,0 +1,97 @@
+"""``dynsched simulate``: the plug-in registered under the ``dynsched.cli`` entry points."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["main", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``simulate`` sub-command to the ``dynsched`` dispatcher."""
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate a fully-async RL cluster on virtual time (default: the published experiment)",
+        description=(
+            "Run every configuration of a scenario with the real dynsched core on a virtual-time "
+            "event loop; print a comparison table and write result.json, table.txt and plots."
+        ),
+    )
+    _add_arguments(p)
+    p.set_defaults(func=_handler)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scenario",
+        default="seed-qwen35",
+        help="built-in scenario name or a .yaml/.toml file (default: seed-qwen35)",
+    )
+    p.add_argument(
+        "--policy",
+        nargs="+",
+        default=["default"],
+        metavar="NAME",
+        help="registered policies to run on the dynamic configurations (default: default)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="workload seed (default: the scenario's)")
+    p.add_argument("--out", default="dynsched-out", help="output folder (default: ./dynsched-out)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="override the number of training micro-steps"
+    )
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list built-in scenarios and registered policies, then exit",
+    )
+
+
+def _handler(args: argparse.Namespace) -> int:
+    from dynsched_core import PolicyRegistryError, available_policies
+
+    from dynsched_sim._report import ProgressBar, compare, format_table, write_outputs
+    from dynsched_sim._scenario import ScenarioError, builtin_scenarios, load_scenario
+
+    if args.list:
+        print("scenarios:", ", ".join(builtin_scenarios()))
+        print("policies:", ", ".join(available_policies()))
+        return 0
+    try:
+        scenario = load_scenario(args.scenario)
+        if args.steps is not None:
+            if args.steps < 1:
+                raise ScenarioError(f"--steps must be >= 1, got {args.steps}")
+            scenario = scenario.with_steps(args.steps)
+        known = available_policies()
+        for name in args.policy:
+            if name not in known:
+                from dynsched_core import get_policy_class
+
+                get_policy_class(name)  # raises with the list and a close match
+    except (ScenarioError, PolicyRegistryError) as e:
+        print(f"dynsched simulate: error: {e}", file=sys.stderr)
+        return 2
+    seed = scenario.seed if args.seed is None else args.seed
+    runs = compare(scenario, args.policy, seed=seed, progress=None if args.quiet else ProgressBar())
+    print(f"scenario {scenario.name}: {scenario.description}".strip())
+    print(format_table(scenario, runs))
+    paths = write_outputs(
+        scenario, runs, args.out, policies=args.policy, seed=seed, plots=not args.no_plots
+    )
+    print(f"wrote {', '.join(sorted(set(paths.values())))}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``simulate`` without the dispatcher (``python -m dynsched_sim.cli``)."""
+    p = argparse.ArgumentParser(prog="dynsched simulate")
+    _add_arguments(p)
+    return _handler(p.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Scenario files: built-ins, YAML/TOML loading, clear errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dynsched_sim import ScenarioError, builtin_scenarios, load_scenario, scenario_from_dict
+
+FAMILY = {"rollout-bound", "training-bound", "balanced", "heavy-tailed", "colocated", "large"}
+
+
+def _minimal() -> dict:
+    return {
+        "name": "tiny",
+        "steps": 4,
+        "engine": {"gpus_per_replica": 8},
+        "schedule": {"ppo_mini_batch_size": 4, "trigger_parameter_sync_step": 2},
+        "configurations": [{"name": "s", "trainer_gpus": 8, "rollout_gpus": 8}],
+    }
+
+
+def test_builtins_include_seed_and_family() -> None:
+    names = set(builtin_scenarios())
+    assert {"seed-qwen35", *FAMILY} <= names
+    for name in names:
+        assert load_scenario(name).name == name
+
+
+def test_seed_qwen35_has_the_published_settings() -> None:
+    sc = load_scenario("seed-qwen35")
+    assert [c.name for c in sc.configurations] == ["static-16-16", "static-8-24", "dynamic-16-16"]
+    dyn = sc.schedule_config(sc.configuration("dynamic-16-16"))
+    assert dyn.trigger_parameter_sync_step == 4
+    assert dyn.ppo_mini_batch_size == 16 and dyn.require_batches == 1 and dyn.n == 8
+    assert dyn.staleness_threshold == 0.5 and dyn.dynamic_schedule_deactivate_ratio == 0.6
+    assert dyn.dynamic_schedule_enable_rebalance and dyn.partial_rollout
+    assert dyn.use_dynamic_resource_scheduling and dyn.rollout_tensor_parallel_size == 8
+    assert sc.workload.max_response_len == 64000
+    assert all(c.total_gpus == 32 for c in sc.configurations)
+
+
+def test_family_shapes() -> None:
+    assert max(c.total_gpus for c in load_scenario("large").configurations) >= 256
+    col = load_scenario("colocated")
+    assert all(c.rollout_gpus == 0 and c.hybrid for c in col.configurations)
+
+
+def test_unknown_key_is_named_with_allowed_keys() -> None:
+    d = _minimal()
+    d["engine"]["decode_speed"] = 3
+    with pytest.raises(
+        ScenarioError, match=r"engine: unknown key\(s\) \['decode_speed'\].*allowed"
+    ):
+        scenario_from_dict(d)
+
+
+def test_bad_value_names_the_field() -> None:
+    d = _minimal()
+    d["engine"]["decode_base_s"] = -1
+    with pytest.raises(ScenarioError, match="engine.*decode_base_s must be a number > 0"):
+        scenario_from_dict(d)
+    d = _minimal()
+    d["workload"] = {"response_len": {"kind": "pareto"}}
+    with pytest.raises(ScenarioError, match=r"workload.response_len.*kind must be one of"):
+        scenario_from_dict(d)
+    d = _minimal()
+    d["configurations"][0]["rollout_gpus"] = 12
+    with pytest.raises(ScenarioError, match="multiple of engine.gpus_per_replica"):
+        scenario_from_dict(d)
+
+
+def test_core_config_errors_are_reported_with_the_configuration() -> None:
+    d = _minimal()
+    d["schedule"]["staleness_threshold"] = -1
+    with pytest.raises(ScenarioError, match="staleness_threshold"):
+        scenario_from_dict(d)
+
+
+def test_unknown_builtin_lists_the_names() -> None:
+    with pytest.raises(ScenarioError, match="seed-qwen35"):
+        load_scenario("no-such-scenario")
+
+
+def test_yaml_and_toml_files(tmp_path: Path) -> None:
+    y = tmp_path / "s.yaml"
+    y.write_text(
+        "name: tiny\nsteps: 4\nschedule: {ppo_mini_batch_size: 4}\n"
+        "configurations:\n  - {name: s, trainer_gpus: 8, rollout_gpus: 8}\n"
+    )
+    t = tmp_path / "s.toml"
+    t.write_text(
+        'name = "tiny"\nsteps = 4\n[schedule]\nppo_mini_batch_size = 4\n'
+        '[[configurations]]\nname = "s"\ntrainer_gpus = 8\nrollout_gpus = 8\n'
+    )
+    assert load_scenario(y) == load_scenario(t)
+    bad = tmp_path / "s.json"
+    bad.write_text("{}")
+    with pytest.raises(ScenarioError, match="unsupported scenario file type"):
+        load_scenario(bad)
+    with pytest.raises(ScenarioError, match="does not exist"):
+        load_scenario(tmp_path / "missing.yaml")
