@@ -34,12 +34,8 @@ def test_published_queue_behaviour(seed_runs: dict[str, RunResult]) -> None:
     cap = seed_runs["static-16-16"].summary["queue_capacity"]
     # 16+16 is production-bound: the queue is drained to near zero
     assert mq["static-16-16"] <= 0.1 * cap
-    # 8+24 is consumption-bound: the rollouter runs into its admission ceiling (staleness)
-    # far more often than the others, and its queue is the fullest
-    stale = {k: r.summary["staleness_bound_fraction"] for k, r in seed_runs.items()}
-    assert stale["static-8-24"] >= 0.35
-    assert stale["static-16-16"] <= 0.1
-    assert stale["static-16-16"] < stale["dynamic-16-16"] < stale["static-8-24"]
+    # 8+24 is consumption-bound: samples back up and the queue sits at its capacity
+    assert mq["static-8-24"] >= 0.8 * cap
     # dynamic stays in between
     assert mq["static-16-16"] < mq["dynamic-16-16"] < mq["static-8-24"]
 

@@ -182,7 +182,9 @@ class RetryingClient:
         self._clock: Clock = clock if clock is not None else LoopClock()
         # Woken whenever the router's routable set changes.
         self._routable_version = 0
-        self._waiters: set[asyncio.Future[None]] = set()
+        # insertion-ordered (a dict, not a set): waiters wake in arrival order, so runs
+        # on a virtual-time loop are reproducible bit for bit
+        self._waiters: dict[asyncio.Future[None], None] = {}
         router.add_listener(self._on_routable_change)
         # Counters over every request.
         self._in_flight = 0
@@ -438,18 +440,18 @@ class RetryingClient:
 
     async def _wait_routable_change(self, limit_s: float) -> bool:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(fut)
+        self._waiters[fut] = None
         try:
             await asyncio.wait_for(fut, limit_s)
             return True
         except TimeoutError:
             return False
         finally:
-            self._waiters.discard(fut)
+            self._waiters.pop(fut, None)
 
     def _on_routable_change(self, routable_ids: Sequence[str]) -> None:
         self._routable_version += 1
-        waiters, self._waiters = self._waiters, set()
+        waiters, self._waiters = self._waiters, {}
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)

@@ -59,7 +59,9 @@ class AsyncSampleQueue:
         self._produced = 0
         self._consumed = 0
         self._dropped = 0
-        self._waiters: set[asyncio.Future[None]] = set()
+        # insertion-ordered (a dict, not a set): waiters wake in arrival order, so runs
+        # on a virtual-time loop are reproducible bit for bit
+        self._waiters: dict[asyncio.Future[None], None] = {}
 
     # ------------------------------------------------------------------ producer side
     async def put(self, sample: Any, timeout: float | None = None) -> None:
@@ -235,7 +237,7 @@ class AsyncSampleQueue:
         self._wake()
 
     def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, set()
+        waiters, self._waiters = self._waiters, {}
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -255,14 +257,14 @@ class AsyncSampleQueue:
             if remaining is not None and remaining <= 0:
                 raise on_timeout()
             fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.add(fut)
+            self._waiters[fut] = None
             try:
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:
                 if not ready():
                     raise on_timeout() from None
             finally:
-                self._waiters.discard(fut)
+                self._waiters.pop(fut, None)
 
 
 def _t(timeout: float | None) -> float:

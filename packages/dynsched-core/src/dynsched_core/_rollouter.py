@@ -364,8 +364,10 @@ class Rollouter:
     async def reset_staleness(self, version: int) -> StalenessResetEvent:
         """Open the admission window of ``version`` (call at each weight sync).
 
-        The new window starts with the samples in flight plus those in the queue, as in
-        verl. Emits a ``reset`` `RolloutEvent` (closing the window) and a
+        The new window starts with the samples still in flight (admitted under an older
+        version, still counted against the budget, as verl's buffer-resident count);
+        samples already in the queue do not count, so a rollout-rich configuration fills
+        the queue up to its capacity, where `put` applies backpressure. Emits a ``reset`` `RolloutEvent` (closing the window) and a
         `StalenessResetEvent` carrying the samples generated during the closed window.
         """
         queued = await self._queue.size()
@@ -373,7 +375,7 @@ class Rollouter:
         self._emit("reset")
         self._param_version = version
         self._step_generated = 0
-        self._window_admitted = self.active + queued
+        self._window_admitted = self.active
         if self._events is not None:
             self._events.emit(event)
         logger.debug(
@@ -518,7 +520,8 @@ class Rollouter:
             except TimeoutError:
                 if self._stopping:
                     raise
-                logger.warning(
+                # backpressure is the steady state of a training-bound run
+                logger.info(
                     "queue full for %.0f s; still waiting to queue %s",
                     self.put_timeout_s,
                     sample.sample_id,
