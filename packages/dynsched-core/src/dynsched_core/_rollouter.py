@@ -367,10 +367,10 @@ class Rollouter:
         The new window starts with the samples still in flight (admitted under an older
         version, still counted against the budget, as verl's buffer-resident count);
         samples already in the queue do not count, so a rollout-rich configuration fills
-        the queue up to its capacity, where `put` applies backpressure. Emits a ``reset`` `RolloutEvent` (closing the window) and a
-        `StalenessResetEvent` carrying the samples generated during the closed window.
+        the queue up to its capacity, where `put` applies backpressure. Emits a ``reset``
+        `RolloutEvent` (closing the window) and a `StalenessResetEvent` carrying the
+        samples generated during the closed window.
         """
-        queued = await self._queue.size()
         event = StalenessResetEvent(self._clock.now(), version, self._step_generated)
         self._emit("reset")
         self._param_version = version
