@@ -224,3 +224,12 @@ def test_counters_and_order_match_a_model(
         )
         assert s.produced - s.consumed == s.size
         assert capacity is None or s.size <= capacity
+
+
+async def test_calling_the_protocol_builds_the_in_process_queue() -> None:
+    q = SampleQueue(capacity=2)
+    assert isinstance(q, AsyncSampleQueue)
+    assert isinstance(q, SampleQueue)
+    await q.put("a")
+    await q.close()
+    assert await q.wait_for(2, timeout=1.0) == 1  # end-of-stream ends the wait

@@ -216,9 +216,24 @@ class QueueStats:
     capacity: int | None
 
 
+class _SampleQueueMeta(type(Protocol)):  # type: ignore[misc]
+    """Lets ``SampleQueue(capacity=...)`` build the in-process implementation."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls.__dict__.get("_is_protocol", False):
+            from dynsched_core._queue import AsyncSampleQueue
+
+            return AsyncSampleQueue(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
 @runtime_checkable
-class SampleQueue(Protocol):
-    """Bounded queue of finished samples between the rollouter and the trainer."""
+class SampleQueue(Protocol, metaclass=_SampleQueueMeta):
+    """Bounded queue of finished samples between the rollouter and the trainer.
+
+    A protocol (Ray's queue actor proxy and the simulator implement it too); calling
+    ``SampleQueue(capacity=None)`` builds the in-process `AsyncSampleQueue`.
+    """
 
     async def put(self, sample: Any, timeout: float | None = None) -> None:
         """Append a sample, waiting for room when full (bounded by ``timeout``).
