@@ -33,6 +33,7 @@ from dynsched_optimus._paa import (
     ParameterAssignment,
     assign_mxnet_default,
     assign_paa,
+    assign_paa_rules,
     assign_parameters,
     assign_round_robin,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "allocate_reference",
     "assign_mxnet_default",
     "assign_paa",
+    "assign_paa_rules",
     "assign_parameters",
     "assign_round_robin",
     "detect_lr_decay",
