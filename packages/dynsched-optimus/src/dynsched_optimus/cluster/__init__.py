@@ -1,0 +1,86 @@
+"""Cluster simulator for Optimus-style scheduling (see ``docs/cluster.md``).
+
+Discrete-time simulation of parameter-server jobs (synthetic, the Optimus paper's
+step-time model) and all-reduce GPU jobs (the vendored Pollux workloads and profiles)
+under FIFO, DRF, Tetris, SRTF, Tiresias, Optimus, Optimus+Oracle and ``optimus+``.
+"""
+
+from __future__ import annotations
+
+from ._data import (
+    POLLUX_ENV_VAR,
+    GpuJobSpec,
+    ModelProfile,
+    PolluxDataError,
+    find_pollux_data,
+    load_profiles,
+    load_workload,
+)
+from ._jobs import GpuJob, PSJob, PSJobType, SimJob
+from ._report import format_table, plot_results, result_to_dict, write_result
+from ._run import (
+    PS_JOB_BLOCKS,
+    PS_JOB_TYPES,
+    gpu_jobs,
+    paper_ps_workload,
+    ps_imbalance,
+    run_pollux,
+    run_ps,
+    simulate,
+)
+from ._schedulers import (
+    SCHEDULERS,
+    DRFScheduler,
+    FIFOScheduler,
+    OptimusScheduler,
+    SRTFScheduler,
+    TetrisScheduler,
+    TiresiasScheduler,
+    make_scheduler,
+)
+from ._sim import ClusterScheduler, ClusterState, OverCommitError, SimResult, Simulator
+from ._spec import RESOURCES, ClusterSpec, NodeSpec, Placement, SimConfig
+
+__all__ = [
+    "POLLUX_ENV_VAR",
+    "PS_JOB_BLOCKS",
+    "PS_JOB_TYPES",
+    "RESOURCES",
+    "SCHEDULERS",
+    "ClusterScheduler",
+    "ClusterSpec",
+    "ClusterState",
+    "DRFScheduler",
+    "FIFOScheduler",
+    "GpuJob",
+    "GpuJobSpec",
+    "ModelProfile",
+    "NodeSpec",
+    "OptimusScheduler",
+    "OverCommitError",
+    "PSJob",
+    "PSJobType",
+    "Placement",
+    "PolluxDataError",
+    "SRTFScheduler",
+    "SimConfig",
+    "SimJob",
+    "SimResult",
+    "Simulator",
+    "TetrisScheduler",
+    "TiresiasScheduler",
+    "find_pollux_data",
+    "format_table",
+    "gpu_jobs",
+    "load_profiles",
+    "load_workload",
+    "make_scheduler",
+    "paper_ps_workload",
+    "plot_results",
+    "ps_imbalance",
+    "result_to_dict",
+    "run_pollux",
+    "run_ps",
+    "simulate",
+    "write_result",
+]

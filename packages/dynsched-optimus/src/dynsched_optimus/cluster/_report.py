@@ -1,0 +1,114 @@
+"""Tables, JSON and plots of simulation results."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ._sim import SimResult
+
+__all__ = ["format_table", "plot_results", "result_to_dict", "write_result"]
+
+
+def result_to_dict(result: SimResult) -> dict[str, object]:
+    """JSON-serialisable form of a result (summary, per-job JCT, timelines)."""
+    return {
+        "summary": {
+            k: (float(v) if isinstance(v, (np.floating, float)) else v)
+            for k, v in result.summary().items()
+        },
+        "jct": {k: float(v) for k, v in result.jct.items()},
+        "restarts": result.restarts,
+        "unfinished": list(result.unfinished),
+        "timeline": [list(map(float, t)) for t in result.timeline],
+        "allocations": {k: [list(map(float, a)) for a in v] for k, v in result.allocations.items()},
+        "prediction_errors": [list(map(float, e)) for e in result.prediction_errors],
+    }
+
+
+def write_result(result: SimResult, path: Path) -> None:
+    """Write :func:`result_to_dict` as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result_to_dict(result), indent=1))
+
+
+def format_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:
+    """A plain-text (Markdown) table."""
+    head = "| " + " | ".join(columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    lines = [head, sep]
+    for r in rows:
+        cells = []
+        for c in columns:
+            v = r.get(c, "")
+            cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_results(
+    results: Sequence[SimResult], out_dir: Path, *, job: str | None = None, title: str = ""
+) -> list[Path]:
+    """JCT CDF, running jobs over time and one job's allocation over time (PNG files)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        v = np.sort(np.array(list(r.jct.values())))
+        if len(v):
+            ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=r.scheduler)
+    ax.set_xscale("log")
+    ax.set_xlabel("JCT (s)")
+    ax.set_ylabel("CDF")
+    ax.set_title(f"JCT CDF {title}")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "jct_cdf.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        t = np.array([x[0] for x in r.timeline]) / 3600
+        ax.plot(t, [x[1] for x in r.timeline], label=r.scheduler, lw=0.8)
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel("running jobs")
+    ax.set_title(f"Running jobs {title}")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "running_jobs.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    if results:
+        if job is None:
+            # the job with the most allocation changes under the first scheduler
+            allocs = results[0].allocations
+            job = max(sorted(allocs), key=lambda k: len(allocs[k])) if allocs else None
+        if job is not None:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for r in results:
+                a = r.allocations.get(job, [])
+                if not a:
+                    continue
+                end = r.makespan
+                t = [x[0] / 3600 for x in a] + [end / 3600]
+                w = [x[1] + x[2] for x in a] + [a[-1][1] + a[-1][2]]
+                ax.step(t, w, where="post", label=r.scheduler)
+            ax.set_xlabel("time (h)")
+            ax.set_ylabel("tasks (workers + PS)")
+            ax.set_title(f"Allocation of {job}")
+            ax.legend()
+            fig.tight_layout()
+            paths.append(out_dir / "allocation_job.png")
+            fig.savefig(paths[-1], dpi=100)
+            plt.close(fig)
+    return paths
