@@ -376,11 +376,7 @@ class RayRunner:
         ctrl = loop.controller
         for rid in ids:
             if rid in ctrl.hybrid_ids:
-                remove = getattr(ctrl, "remove_hybrid_replica", None)
-                if callable(remove):
-                    remove(rid)
-                else:  # the core controller has no public removal yet
-                    ctrl._hybrid.pop(rid, None)
+                ctrl.remove_hybrid_replica(rid)
                 loop.hybrid.pop(rid, None)
                 logger.info("hybrid replica %s dropped from the controller", rid)
 
