@@ -39,7 +39,13 @@ def place_fewest(
     *,
     compact: bool = False,
 ) -> Placement | None:
-    """Optimus placement: the fewest servers, tasks spread evenly (Theorem 1).
+    """Fewest-servers placement with an even spread, and a fill fallback.
+
+    ``optimus`` and ``optimus-oracle`` place their PS jobs with dynsched-optimus' own
+    ``place`` (Theorem 1); this variant stays for the all-reduce (GPU) jobs, ``optimus+``
+    and the baselines: it also accepts an in-order fill of ``k`` servers when the even
+    spread does not fit (fragmented GPUs), and the ``compact`` rule below, which the
+    package's placement does not have.
 
     Servers by descending free capacity; for ``k = 1..N`` the ``k`` first servers get an
     even share of workers and of PS; if the even spread does not fit, a fill of those
@@ -147,6 +153,7 @@ def place_requests(
     mode: str = "fewest",
     keep: bool = True,
     order: Sequence[str] | None = None,
+    free: np.ndarray | None = None,
 ) -> dict[str, Placement]:
     """Place every requested ``(workers, ps)``; jobs with unchanged counts keep their placement.
 
@@ -158,12 +165,14 @@ def place_requests(
             empty cluster needs) or ``"spread"`` (load balancing).
         keep: keep the current placement of jobs whose counts did not change.
         order: order in which new placements are made (default: ascending demand).
+        free: ``(num_nodes, 4)`` capacity still free (default: all of ``capacity``), for
+            placing after other jobs.
 
     Returns:
         Placements of the jobs that could be placed.
     """
     by_name = {j.name: j for j in jobs}
-    free = capacity.astype(float).copy()
+    free = (capacity if free is None else free).astype(float).copy()
     out: dict[str, Placement] = {}
     todo = []
     for name, (w, p) in requests.items():

@@ -18,7 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from dynsched_optimus import ConvergenceConfig, OptimusError, fit_speed, plan_sampling
+from dynsched_optimus import (
+    AllocationJob,
+    ConvergenceConfig,
+    JobPlacement,
+    OptimusError,
+    PlacementRequest,
+    PSSpeedModel,
+    allocate,
+    fit_speed,
+    place,
+    plan_sampling,
+)
 from dynsched_optimus import fit_convergence as opt_fit_convergence
 from dynsched_optimus import remaining_steps_interval as opt_remaining_interval
 
@@ -424,6 +435,7 @@ class OptimusScheduler(_Base):
         self._conv_cache: dict[str, tuple[int, tuple[float, float, float] | None]] = {}
         self._speed_cache: dict[str, tuple[int, Any]] = {}
         self._memo: dict[tuple[object, ...], float] = {}
+        self._empty_pl: dict[tuple[object, ...], Placement | None] = {}
         self._tick = 0
         self._capacity = np.zeros((1, 4))
 
@@ -446,7 +458,10 @@ class OptimusScheduler(_Base):
             combos = [(w, p) for p, w in _planned(n, float(job.batch_size))]
         out = []
         for w, p in combos:
-            pl = place_fewest(w, p, job.worker_demand, job.ps_demand, capacity, capacity)
+            if isinstance(job, PSJob):
+                pl = self._ps_empty_placement(job, w, p, capacity)
+            else:
+                pl = place_fewest(w, p, job.worker_demand, job.ps_demand, capacity, capacity)
             if pl is not None:
                 out.append(pl)
         return out
@@ -635,8 +650,7 @@ class OptimusScheduler(_Base):
                 return m0 * self._prior_shape(job, w) / self._prior_shape(job, n0)
             return 1.0 / predict_allreduce_time(coef, w, len(shape), b)
         if self.oracle:
-            cap = self._capacity
-            pl = place_fewest(w, p, job.worker_demand, job.ps_demand, cap, cap)
+            pl = self._ps_empty_placement(job, w, p, self._capacity)
             if pl is None:
                 return 1e-9
             return job.true_speed(pl)
@@ -740,10 +754,35 @@ class OptimusScheduler(_Base):
         if self.plus:
             counts = self._allocate_plus(jobs, by_name, t_of, free, tot_safe, cluster)
         else:
-            self._allocate_optimus(jobs, by_name, t_of, free, tot_safe, fitted, counts)
+            # PS jobs: the package's allocator; all-reduce (GPU) jobs have no PS, which it
+            # does not model, so they keep the simulator's greedy. In a mixed job list
+            # (none of the workload runners builds one) the PS jobs are served first.
+            ps_jobs = [j for j in jobs if isinstance(j, PSJob)]
+            others = [j for j in jobs if not isinstance(j, PSJob)]
+            if ps_jobs:
+                self._allocate_ps_package(ps_jobs, rem, fitted, per_node, free, counts)
+            if others:
+                self._allocate_optimus(others, by_name, t_of, free, tot_safe, fitted, counts)
         requests = {k: (v[0], v[1]) for k, v in counts.items()}
         if self.plus and self.placement_mode == "aware":
             out = self._place_aware(requests, jobs, cap, per_node)
+        elif self.placement_mode == "fewest":
+            # parameter-server jobs: dynsched-optimus' ``place`` (Theorem 1); all-reduce
+            # jobs have no PS and keep the simulator's placement (with its fill fallback),
+            # on the capacity the PS jobs left
+            ps_req = {n: r for n, r in requests.items() if isinstance(by_name[n], PSJob)}
+            rest = {n: r for n, r in requests.items() if n not in ps_req}
+            out = self._place_ps_package(ps_req, by_name, cap) if ps_req else {}
+            if rest:
+                left = cap - sum(
+                    (
+                        pl.usage(by_name[n].worker_demand, by_name[n].ps_demand)
+                        for n, pl in out.items()
+                    ),
+                    np.zeros_like(cap, dtype=float),
+                )
+                out.update(place_requests(rest, jobs, cap, mode="fewest", free=left))
+                out = _shrink_unplaced(rest, out, jobs, cluster, "fewest")
         else:
             out = place_requests(requests, jobs, cap, mode=self.placement_mode)
             out = _shrink_unplaced(requests, out, jobs, cluster, self.placement_mode)
@@ -756,6 +795,113 @@ class OptimusScheduler(_Base):
                         out[name] = Placement(pl.workers, pl.ps, batch_size=b)
         return out
 
+    def _allocate_ps_package(
+        self,
+        jobs: Sequence[SimJob],
+        rem: dict[str, float],
+        fitted: dict[str, bool],
+        per_node: int,
+        free: np.ndarray,
+        counts: dict[str, list[int]],
+    ) -> None:
+        """The paper's greedy for parameter-server jobs: dynsched-optimus' ``allocate``.
+
+        One :class:`AllocationJob` per job: the estimated remaining steps, the fitted
+        :class:`PSSpeedModel` (vectorised path) or, before a fit exists and for the
+        oracle, a callable on this scheduler's speed estimate (true speed on the
+        fewest-servers placement for the oracle), damped while the convergence fit is
+        missing. Starter tasks go in the package's order (ascending dominant share of the
+        1 PS + 1 worker bundle, ties by name). ``free`` and ``counts`` are updated.
+        """
+        ajobs = []
+        for job in jobs:
+            coef = None if self.oracle else self._speed_fit(job)
+            if isinstance(coef, PSSpeedModel):
+                speed: PSSpeedModel | Callable[[int, int], float] = coef
+            else:
+                speed = functools.partial(self._speed_pw, job, per_node)
+            ajobs.append(
+                AllocationJob(
+                    job_id=job.name,
+                    remaining_steps=rem[job.name],
+                    speed=speed,
+                    ps_demand=tuple(job.ps_demand),
+                    worker_demand=tuple(job.worker_demand),
+                    damped=not fitted[job.name],
+                    max_ps=max(job.max_ps, 1),
+                    max_workers=max(job.max_workers, 1),
+                )
+            )
+        res = allocate(ajobs, tuple(free), damping=self.damping)
+        for job in jobs:
+            p, w = res.tasks[job.name]
+            if w > 0 and p > 0:
+                counts[job.name] = [w, p]
+                free -= _demand(job, w, p)
+
+    def _speed_pw(self, job: SimJob, per_node: int, p: int, w: int) -> float:
+        """:meth:`_speed` with the allocator's argument order ``f(p, w)``."""
+        return self._speed(job, w, p, per_node)
+
+    def _place_ps_package(
+        self,
+        requests: dict[str, tuple[int, int]],
+        by_name: dict[str, SimJob],
+        cap: np.ndarray,
+        *,
+        keep: bool = True,
+    ) -> dict[str, Placement]:
+        """Fewest-servers even placement of PS jobs by dynsched-optimus' ``place``.
+
+        Jobs with unchanged task counts keep their placement when it still fits; a job
+        that fits nowhere is retried with one task fewer at a time (``shrink=True``).
+        """
+        n_nodes = cap.shape[0]
+        reqs = []
+        previous: dict[str, JobPlacement] = {}
+        for name, (w, p) in requests.items():
+            job = by_name[name]
+            reqs.append(
+                PlacementRequest(
+                    job_id=name,
+                    ps=p,
+                    workers=w,
+                    ps_demand=tuple(job.ps_demand),
+                    worker_demand=tuple(job.worker_demand),
+                )
+            )
+            cur = job.placement
+            if keep and cur is not None:
+                nodes = tuple(i for i in range(n_nodes) if cur.workers[i] or cur.ps[i])
+                previous[name] = JobPlacement(
+                    job_id=name,
+                    nodes=nodes,
+                    ps_per_node=tuple(cur.ps[i] for i in nodes),
+                    workers_per_node=tuple(cur.workers[i] for i in nodes),
+                )
+        res = place(reqs, cap, previous=previous, shrink=True)
+        out: dict[str, Placement] = {}
+        for name, jp in res.placements.items():
+            cur = by_name[name].placement
+            if keep and name in res.kept and cur is not None:
+                out[name] = cur
+                continue
+            ws = [0] * n_nodes
+            ps = [0] * n_nodes
+            for nd, pp, ww in zip(jp.nodes, jp.ps_per_node, jp.workers_per_node, strict=True):
+                ws[nd] += ww
+                ps[nd] += pp
+            out[name] = Placement(ws, ps)
+        return out
+
+    def _ps_empty_placement(self, job: SimJob, w: int, p: int, cap: np.ndarray) -> Placement | None:
+        """Where Optimus places ``w`` workers and ``p`` PS on an empty cluster (cached)."""
+        key = (w, p, tuple(job.worker_demand), tuple(job.ps_demand), cap.shape, cap.tobytes())
+        if key not in self._empty_pl:
+            out = self._place_ps_package({job.name: (w, p)}, {job.name: job}, cap, keep=False)
+            self._empty_pl[key] = out.get(job.name)
+        return self._empty_pl[key]
+
     def _allocate_optimus(
         self,
         jobs: Sequence[SimJob],
@@ -766,7 +912,14 @@ class OptimusScheduler(_Base):
         fitted: dict[str, bool],
         counts: dict[str, list[int]],
     ) -> None:
-        """The paper's greedy: 1 worker (+1 PS) each, then largest marginal gain first."""
+        """The paper's greedy for GPU all-reduce jobs: 1 GPU each, then largest gain first.
+
+        Kept separate from dynsched-optimus' ``allocate`` (used for PS jobs): that
+        allocator models parameter-server jobs only (every job gets a ``1 PS + 1 worker``
+        starter bundle with a positive PS demand), while an all-reduce job has no PS. Its
+        starter order is submission order (the Pollux artifact's Optimus), not the
+        package's ascending dominant share.
+        """
         first = sorted(jobs, key=lambda j: (j.submit_time, j.name))
         for job in first:
             w0, p0 = _min_tasks(job)

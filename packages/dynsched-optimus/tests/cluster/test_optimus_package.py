@@ -1,0 +1,135 @@
+"""``optimus`` / ``optimus-oracle`` allocate and place PS jobs with the package's own code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from dynsched_optimus import Allocation, PSSpeedModel, allocate_reference
+from dynsched_optimus.cluster import (
+    ClusterSpec,
+    ClusterState,
+    GpuJob,
+    GpuJobSpec,
+    NodeSpec,
+    OptimusScheduler,
+    PSJob,
+)
+from dynsched_optimus.cluster import _schedulers as sched_mod
+from dynsched_optimus.cluster._run import PS_JOB_TYPES
+
+
+def _state(spec: ClusterSpec) -> ClusterState:
+    return ClusterState(spec=spec, capacity=spec.capacity(), interval_s=60.0, restart_delay_s=30.0)
+
+
+def _job(name: str, submit: float, jtype: str, steps: float) -> PSJob:
+    j = PSJob(
+        name,
+        submit,
+        PS_JOB_TYPES[jtype],
+        np.random.default_rng(0),
+        b0=1e-3,
+        b1=1.0,
+        b2=0.05,
+        steps_per_epoch=100,
+        requested_workers=4,
+        requested_ps=2,
+    )
+    j.total_steps = steps
+    return j
+
+
+class _Spy:
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any], Any]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.real(*args, **kwargs)
+        self.calls.append((args, kwargs, out))
+        return out
+
+
+def _jobs() -> list[PSJob]:
+    types = ["cnn-rand", "resnet-50", "vgg-16", "seq2seq", "inception-bn"]
+    return [_job(f"j{i}", float(i), types[i % 5], 1e4 * (i + 1)) for i in range(5)]
+
+
+@pytest.mark.parametrize("oracle", [True, False])
+def test_ps_jobs_use_package_allocate_and_place(
+    monkeypatch: pytest.MonkeyPatch, oracle: bool
+) -> None:
+    spec = ClusterSpec.homogeneous(3, NodeSpec(cpu=32, mem_gb=128, gpu=0))
+    jobs = _jobs()
+    sched = OptimusScheduler(oracle=oracle)
+    for j in jobs:
+        for pl in sched.prerun_configs(j, spec.capacity()):
+            j.record_speed(pl, j.true_speed(pl))
+    alloc_spy = _Spy(sched_mod.allocate)
+    place_spy = _Spy(sched_mod.place)
+    monkeypatch.setattr(sched_mod, "allocate", alloc_spy)
+    monkeypatch.setattr(sched_mod, "place", place_spy)
+    out = sched.schedule(0.0, jobs, _state(spec))
+
+    assert len(alloc_spy.calls) == 1
+    args, kwargs, res = alloc_spy.calls[0]
+    ajobs, capacity = args
+    assert [a.job_id for a in ajobs] == [j.name for j in jobs]
+    assert capacity == tuple(spec.capacity().sum(axis=0))
+    for a, j in zip(ajobs, jobs, strict=True):
+        assert a.ps_demand == tuple(j.ps_demand) and a.worker_demand == tuple(j.worker_demand)
+        assert (a.max_ps, a.max_workers) == (j.max_ps, j.max_workers)
+        # the fitted speed model is handed over as is (the allocator's vectorised path)
+        assert isinstance(a.speed, PSSpeedModel) != oracle
+    # same answer as the package's executable specification on the same inputs
+    ref = allocate_reference(ajobs, capacity, damping=kwargs.get("damping", 0.95))
+    assert isinstance(res, Allocation) and dict(res.tasks) == dict(ref.tasks)
+    assert res.total_tasks > 2 * len(jobs)  # grew beyond the 1 + 1 starters
+
+    # placement: every placed job is where the package's ``place`` put it
+    assert place_spy.calls
+    placed = place_spy.calls[-1][2]
+    assert set(out) == set(placed.placements)
+    for name, pl in out.items():
+        jp = placed.placements[name]
+        ps_alloc, w_alloc = res.tasks[name]
+        assert (pl.num_ps, pl.num_workers) == placed.shrunk.get(name, (ps_alloc, w_alloc))
+        assert pl.nodes_used == jp.num_servers
+        for nd, pp, ww in zip(jp.nodes, jp.ps_per_node, jp.workers_per_node, strict=True):
+            assert (pl.ps[nd], pl.workers[nd]) == (pp, ww)
+    used = sum(pl.usage(jobs[0].worker_demand, jobs[0].ps_demand) for pl in out.values())
+    assert np.all(used <= spec.capacity() + 1e-9)
+
+
+def test_unchanged_counts_keep_their_placement() -> None:
+    spec = ClusterSpec.homogeneous(3, NodeSpec(cpu=32, mem_gb=128, gpu=0))
+    jobs = _jobs()
+    sched = OptimusScheduler(oracle=True)
+    first = sched.schedule(0.0, jobs, _state(spec))
+    for j in jobs:
+        j.placement = first.get(j.name)
+    second = sched.schedule(60.0, jobs, _state(spec))
+    assert second == first
+
+
+def test_gpu_jobs_keep_the_simulator_greedy(
+    monkeypatch: pytest.MonkeyPatch,
+    profiles: dict,  # type: ignore[type-arg]
+) -> None:
+    spec = ClusterSpec.pollux(num_nodes=2)
+    jobs = [
+        GpuJob(
+            GpuJobSpec(f"c{i}", float(i), "cifar10", 2, 512),
+            profiles["cifar10"],
+            np.random.default_rng(i),
+        )
+        for i in range(3)
+    ]
+    alloc_spy = _Spy(sched_mod.allocate)
+    monkeypatch.setattr(sched_mod, "allocate", alloc_spy)
+    out = OptimusScheduler(oracle=True).schedule(0.0, jobs, _state(spec))
+    assert not alloc_spy.calls  # all-reduce jobs have no PS: not the package allocator
+    assert set(out) == {j.name for j in jobs}
+    assert all(pl.num_ps == 0 and pl.num_workers >= 1 for pl in out.values())
