@@ -9,6 +9,7 @@ from dynsched_core._clock import Clock, LoopClock, ManualClock
 from dynsched_core._context import DynamicScheduleContext
 from dynsched_core._errors import (
     ConfigError,
+    ConfigTypeError,
     DynschedError,
     IllegalTransitionError,
     NoRoutableReplicaError,
@@ -55,7 +56,7 @@ from dynsched_core._routing import LoadBalancer
 
 # --- runtime B: config, controller, rollouter, driver, reference loop (runtime-B work) ---
 # isort: split
-from dynsched_core._config import ConfigTypeError, ConfigWarning, DynamicScheduleConfig
+from dynsched_core._config import ConfigWarning, DynamicScheduleConfig
 from dynsched_core._controller import DynamicResourceController, RebalanceReport
 from dynsched_core._driver import AfterSyncResult, BeforeStepResult, ScheduleDriver
 from dynsched_core._loop import (

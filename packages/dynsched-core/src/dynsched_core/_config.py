@@ -28,15 +28,15 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
-import math
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from dynsched_core._errors import ConfigError
+from dynsched_core import _validators as v
+from dynsched_core._errors import ConfigError, ConfigTypeError
 from dynsched_core._policy import DynamicSchedulePolicyBase
 
 __all__ = ["ConfigTypeError", "ConfigWarning", "DynamicScheduleConfig"]
@@ -46,69 +46,6 @@ logger = logging.getLogger(__name__)
 
 class ConfigWarning(UserWarning):
     """A configuration key is unknown (probably misspelt) and was ignored."""
-
-
-class ConfigTypeError(ConfigError, TypeError):
-    """A configuration value has the wrong type (also a `TypeError`)."""
-
-
-# --------------------------------------------------------------------------- validators
-Check = Callable[[Any, "attrs.Attribute[Any]", Any], None]
-
-
-def _fail(attr: attrs.Attribute[Any], message: str, *, wrong_type: bool = False) -> ConfigError:
-    cls = ConfigTypeError if wrong_type else ConfigError
-    return cls(f"{attr.name}: {message}", key=attr.name)
-
-
-def _int(minimum: int, *, optional: bool = False) -> Check:
-    def check(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-        if optional and value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int):
-            what = f"an int >= {minimum}" + (" or null" if optional else "")
-            raise _fail(
-                attr, f"must be {what}, got {value!r} ({type(value).__name__})", wrong_type=True
-            )
-        if value < minimum:
-            raise _fail(attr, f"must be >= {minimum}, got {value}")
-
-    return check
-
-
-def _num(lo: float, hi: float = math.inf, *, lo_open: bool = False) -> Check:
-    rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{']' if math.isfinite(hi) else ')'}"
-
-    def check(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _fail(
-                attr,
-                f"must be a number in {rng}, got {value!r} ({type(value).__name__})",
-                wrong_type=True,
-            )
-        bad_lo = value <= lo if lo_open else value < lo
-        if not math.isfinite(value) or bad_lo or value > hi:
-            raise _fail(attr, f"must be a number in {rng}, got {value}")
-
-    return check
-
-
-def _bool(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, bool):
-        raise _fail(
-            attr,
-            f"must be a bool (true/false), got {value!r} ({type(value).__name__})",
-            wrong_type=True,
-        )
-
-
-def _name(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(
-            attr,
-            f"must be a non-empty policy name (string), got {value!r}",
-            wrong_type=not isinstance(value, str),
-        )
 
 
 # --------------------------------------------------------------------------- key map
@@ -221,39 +158,47 @@ class DynamicScheduleConfig:
         (4, 8, 12)
     """
 
-    use_dynamic_resource_scheduling: bool = attrs.field(default=False, validator=_bool)
-    dynamic_schedule_policy: str = attrs.field(default="default", validator=_name)
-    dynamic_schedule_deactivate_ratio: float = attrs.field(default=0.3, validator=_num(0.0, 1.0))
-    dynamic_schedule_enable_rebalance: bool = attrs.field(default=True, validator=_bool)
-    concurrent_samples_per_replica: int = attrs.field(default=16, validator=_int(1))
-    staleness_threshold: float = attrs.field(default=0.1, validator=_num(0.0))
-    trigger_parameter_sync_step: int = attrs.field(default=4, validator=_int(1))
-    require_batches: float = attrs.field(default=1, validator=_num(0.0, lo_open=True))
-    partial_rollout: bool = attrs.field(default=True, validator=_bool)
-    ppo_mini_batch_size: int = attrs.field(default=256, validator=_int(1))
-    n: int = attrs.field(default=1, validator=_int(1))
-    rollout_tensor_parallel_size: int = attrs.field(default=1, validator=_int(1))
-    trainer_nnodes: int = attrs.field(default=1, validator=_int(0))
-    trainer_n_gpus_per_node: int = attrs.field(default=8, validator=_int(0))
-    rollout_nnodes: int = attrs.field(default=1, validator=_int(0))
-    rollout_n_gpus_per_node: int = attrs.field(default=8, validator=_int(0))
-    total_rollout_steps: int | None = attrs.field(default=None, validator=_int(1, optional=True))
-    total_training_steps: int | None = attrs.field(default=None, validator=_int(1, optional=True))
-    max_prompt_length: int = attrs.field(default=512, validator=_int(1))
-    max_response_length: int = attrs.field(default=512, validator=_int(1))
+    use_dynamic_resource_scheduling: bool = attrs.field(default=False, validator=v.bool_())
+    dynamic_schedule_policy: str = attrs.field(
+        default="default", validator=v.non_empty_str("a non-empty policy name (string)")
+    )
+    dynamic_schedule_deactivate_ratio: float = attrs.field(
+        default=0.3, validator=v.float_in(0.0, 1.0)
+    )
+    dynamic_schedule_enable_rebalance: bool = attrs.field(default=True, validator=v.bool_())
+    concurrent_samples_per_replica: int = attrs.field(default=16, validator=v.int_ge(1))
+    staleness_threshold: float = attrs.field(default=0.1, validator=v.float_in(0.0))
+    trigger_parameter_sync_step: int = attrs.field(default=4, validator=v.int_ge(1))
+    require_batches: float = attrs.field(default=1, validator=v.float_in(0.0, lo_open=True))
+    partial_rollout: bool = attrs.field(default=True, validator=v.bool_())
+    ppo_mini_batch_size: int = attrs.field(default=256, validator=v.int_ge(1))
+    n: int = attrs.field(default=1, validator=v.int_ge(1))
+    rollout_tensor_parallel_size: int = attrs.field(default=1, validator=v.int_ge(1))
+    trainer_nnodes: int = attrs.field(default=1, validator=v.int_ge(0))
+    trainer_n_gpus_per_node: int = attrs.field(default=8, validator=v.int_ge(0))
+    rollout_nnodes: int = attrs.field(default=1, validator=v.int_ge(0))
+    rollout_n_gpus_per_node: int = attrs.field(default=8, validator=v.int_ge(0))
+    total_rollout_steps: int | None = attrs.field(
+        default=None, validator=v.int_ge(1, optional=True)
+    )
+    total_training_steps: int | None = attrs.field(
+        default=None, validator=v.int_ge(1, optional=True)
+    )
+    max_prompt_length: int = attrs.field(default=512, validator=v.int_ge(1))
+    max_response_length: int = attrs.field(default=512, validator=v.int_ge(1))
 
     def __attrs_post_init__(self) -> None:
         product = self.ppo_mini_batch_size * self.require_batches
         if abs(product - round(product)) > 1e-9 or round(product) < 1:
             raise ConfigError(
-                f"require_batches: ppo_mini_batch_size ({self.ppo_mini_batch_size}) * "
+                f"{type(self).__name__}.require_batches: ppo_mini_batch_size ({self.ppo_mini_batch_size}) * "
                 f"require_batches ({self.require_batches}) = {product:g} must be a whole number "
                 ">= 1 (the samples the trainer consumes per micro-step)",
                 key="require_batches",
             )
         if self.use_dynamic_resource_scheduling and not self.partial_rollout:
             raise ConfigError(
-                "partial_rollout: dynamic resource scheduling needs partial_rollout=true. Every "
+                f"{type(self).__name__}.partial_rollout: dynamic resource scheduling needs partial_rollout=true. Every "
                 "deactivation aborts the requests running on hybrid replicas; without partial "
                 "rollout they cannot be resumed elsewhere and each one would end as a truncated "
                 "trajectory. Set async_training.partial_rollout=true or disable "
@@ -262,7 +207,7 @@ class DynamicScheduleConfig:
             )
         if self.standalone_gpus == 0 and not self.use_dynamic_resource_scheduling:
             raise ConfigError(
-                "rollout_nnodes: no standalone rollout GPUs (rollout.nnodes * "
+                f"{type(self).__name__}.rollout_nnodes: no standalone rollout GPUs (rollout.nnodes * "
                 "rollout.n_gpus_per_node = 0) and dynamic scheduling is off, so nothing would "
                 "generate samples; set rollout.nnodes >= 1 or enable "
                 "async_training.use_dynamic_resource_scheduling (hybrid-only mode)",
@@ -409,14 +354,14 @@ class DynamicScheduleConfig:
         try:
             return cls(**values)
         except ConfigError as exc:
+            # name the key as the user wrote it (verl's dotted path), not the field
             field = exc.key or ""
             key = sources.get(field)
-            if key is None or key == field:
-                raise
+            prefix = f"{cls.__name__}.{field}"
             message = str(exc)
-            if message.startswith(field + ": "):
-                message = message[len(field) + 2 :]
-            raise type(exc)(f"{key}: {message}", key=key) from None
+            if key is None or not message.startswith(prefix):
+                raise
+            raise type(exc)(f"{key}{message[len(prefix) :]}", key=key) from None
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **overrides: Any) -> DynamicScheduleConfig:

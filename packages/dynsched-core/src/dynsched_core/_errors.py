@@ -6,6 +6,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "ConfigTypeError",
     "DynschedError",
     "IllegalTransitionError",
     "NoRoutableReplicaError",
@@ -33,6 +34,10 @@ class ConfigError(DynschedError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.key))
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration value has the wrong type (also a `TypeError`)."""
 
 
 class PolicyRegistryError(DynschedError, LookupError):

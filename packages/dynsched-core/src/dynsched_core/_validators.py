@@ -1,4 +1,10 @@
-"""attrs validators whose errors name the field and the allowed range."""
+"""attrs validators whose errors name the field and the allowed range.
+
+Every config and value class of the core validates through these, so one message
+format holds everywhere: ``"<Class>.<field> must be <allowed>, got <value>"``. Range
+errors are `ConfigError` (a ``ValueError``), type errors `ConfigTypeError` (also a
+``TypeError``); both carry the field name in ``key``.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,14 @@ from typing import Any
 
 import attrs
 
+from dynsched_core._errors import ConfigError, ConfigTypeError
+
 __all__ = [
     "bool_",
     "float_ge",
     "float_in",
     "int_ge",
+    "non_empty_str",
     "one_of",
     "tuple_of_floats_ge",
     "tuple_of_ints_ge",
@@ -21,18 +30,29 @@ __all__ = [
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 
-def _where(inst: Any, attr: attrs.Attribute[Any]) -> str:
-    return f"{type(inst).__name__}.{attr.name}"
+def _bad(
+    inst: Any, attr: attrs.Attribute[Any], message: str, *, wrong_type: bool = False
+) -> ConfigError:
+    cls = ConfigTypeError if wrong_type else ConfigError
+    sep = "" if message.startswith("[") else " "  # "field[3] must ..." for tuple items
+    return cls(f"{type(inst).__name__}.{attr.name}{sep}{message}", key=attr.name)
 
 
-def int_ge(minimum: int) -> Validator:
-    """Value must be an ``int`` (not ``bool``) and ``>= minimum``."""
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def int_ge(minimum: int, *, optional: bool = False) -> Validator:
+    """Value must be an ``int`` (not ``bool``) and ``>= minimum`` (or None if ``optional``)."""
+    what = f"an int >= {minimum}" + (" or null" if optional else "")
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+        if optional and value is None:
+            return
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{_where(inst, attr)} must be an int >= {minimum}, got {value!r}")
+            raise _bad(inst, attr, f"must be {what}, got {value!r}", wrong_type=True)
         if value < minimum:
-            raise ValueError(f"{_where(inst, attr)} must be >= {minimum}, got {value}")
+            raise _bad(inst, attr, f"must be >= {minimum}, got {value}")
 
     return check
 
@@ -41,24 +61,24 @@ def float_ge(minimum: float) -> Validator:
     """Value must be a finite real number ``>= minimum``."""
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError(f"{_where(inst, attr)} must be a number >= {minimum}, got {value!r}")
+        if not _is_number(value):
+            raise _bad(inst, attr, f"must be a number >= {minimum}, got {value!r}", wrong_type=True)
         if not math.isfinite(value) or value < minimum:
-            raise ValueError(
-                f"{_where(inst, attr)} must be a finite number >= {minimum}, got {value}"
-            )
+            raise _bad(inst, attr, f"must be a finite number >= {minimum}, got {value}")
 
     return check
 
 
-def float_in(lo: float, hi: float) -> Validator:
-    """Value must be a finite real number in ``[lo, hi]``."""
+def float_in(lo: float, hi: float = math.inf, *, lo_open: bool = False) -> Validator:
+    """Value must be a finite real number in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
+    rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{']' if math.isfinite(hi) else ')'}"
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError(f"{_where(inst, attr)} must be a number in [{lo}, {hi}], got {value!r}")
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise ValueError(f"{_where(inst, attr)} must be in [{lo}, {hi}], got {value}")
+        if not _is_number(value):
+            raise _bad(inst, attr, f"must be a number in {rng}, got {value!r}", wrong_type=True)
+        below = value <= lo if lo_open else value < lo
+        if not math.isfinite(value) or below or value > hi:
+            raise _bad(inst, attr, f"must be a number in {rng}, got {value}")
 
     return check
 
@@ -68,7 +88,19 @@ def bool_() -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, bool):
-            raise TypeError(f"{_where(inst, attr)} must be a bool (true/false), got {value!r}")
+            raise _bad(inst, attr, f"must be a bool (true/false), got {value!r}", wrong_type=True)
+
+    return check
+
+
+def non_empty_str(what: str = "a non-empty string") -> Validator:
+    """Value must be a string with non-blank content."""
+
+    def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, str) or not value.strip():
+            raise _bad(
+                inst, attr, f"must be {what}, got {value!r}", wrong_type=not isinstance(value, str)
+            )
 
     return check
 
@@ -79,7 +111,7 @@ def one_of(choices: Iterable[str]) -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if value not in allowed:
-            raise ValueError(f"{_where(inst, attr)} must be one of {list(allowed)}, got {value!r}")
+            raise _bad(inst, attr, f"must be one of {list(allowed)}, got {value!r}")
 
     return check
 
@@ -89,19 +121,15 @@ def tuple_of_floats_ge(minimum: float) -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, tuple):
-            raise TypeError(
-                f"{_where(inst, attr)} must be a tuple of numbers, got {type(value).__name__}"
+            raise _bad(
+                inst,
+                attr,
+                f"must be a tuple of numbers, got {type(value).__name__}",
+                wrong_type=True,
             )
-        for i, v in enumerate(value):
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int | float)
-                or not math.isfinite(v)
-                or v < minimum
-            ):
-                raise ValueError(
-                    f"{_where(inst, attr)}[{i}] must be a finite number >= {minimum}, got {v!r}"
-                )
+        for i, x in enumerate(value):
+            if not _is_number(x) or not math.isfinite(x) or x < minimum:
+                raise _bad(inst, attr, f"[{i}] must be a finite number >= {minimum}, got {x!r}")
 
     return check
 
@@ -111,13 +139,11 @@ def tuple_of_ints_ge(minimum: int) -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, tuple):
-            raise TypeError(
-                f"{_where(inst, attr)} must be a tuple of ints, got {type(value).__name__}"
+            raise _bad(
+                inst, attr, f"must be a tuple of ints, got {type(value).__name__}", wrong_type=True
             )
-        for i, v in enumerate(value):
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise ValueError(
-                    f"{_where(inst, attr)}[{i}] must be an int >= {minimum}, got {v!r}"
-                )
+        for i, x in enumerate(value):
+            if isinstance(x, bool) or not isinstance(x, int) or x < minimum:
+                raise _bad(inst, attr, f"[{i}] must be an int >= {minimum}, got {x!r}")
 
     return check
