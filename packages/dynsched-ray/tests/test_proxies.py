@@ -124,8 +124,10 @@ async def test_queue_proxy_is_bounded_and_end_of_stream_aware() -> None:
             await q.put("s3", timeout=0.05)
         assert q.qsize() == 2
         assert await q.get(1) == ["s1"]
-        with pytest.raises(SampleWaitTimeoutError):
+        with pytest.raises(SampleWaitTimeoutError) as info:
             await q.wait_for(2, timeout=0.05)
+        # raised inside the actor, it arrives with its own type and fields
+        assert (info.value.wanted, info.value.available, info.value.timeout_s) == (2, 1, 0.05)
         await q.close()
         assert await q.wait_for(2, timeout=5) == 1
         assert await q.get(2, timeout=5) == ["s2"]

@@ -19,8 +19,6 @@ import ray
 from dynsched_core import GenerateRequest, GenerateResult, NoRoutableReplicaError, QueueStats
 from dynsched_core._protocols import FinishReason
 
-from dynsched_ray._remote import portable_errors
-
 __all__ = [
     "QueueActor",
     "ReplicaActor",
@@ -56,7 +54,6 @@ def remote_class(cls: type) -> Any:
     return ray.remote(cls)
 
 
-@portable_errors
 class RouterActor:
     """Hosts a core `LoadBalancer`; found by name so a restarted driver can reuse it.
 
@@ -156,7 +153,6 @@ class RouterActor:
         return dict(self._meta)
 
 
-@portable_errors
 class ReplicaActor:
     """Hosts any `RolloutReplica`, built inside the actor by ``factory(*args, **kwargs)``.
 
@@ -337,7 +333,6 @@ class ReplicaActor:
         return out
 
 
-@portable_errors
 class QueueActor:
     """Hosts a core `AsyncSampleQueue`.
 
@@ -395,7 +390,6 @@ class QueueActor:
         return await self._queue().stats()
 
 
-@portable_errors
 class TrainerWorkerActor:
     """A stand-in trainer worker (one per trainer GPU bundle) for CPU runs.
 

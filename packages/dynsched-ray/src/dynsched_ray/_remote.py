@@ -3,114 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib
-import inspect
 import logging
-import pickle
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
 from ray import exceptions as rex
 
 from dynsched_ray._errors import ActorUnavailableError, RemoteCallTimeoutError
 
-__all__ = ["PortableError", "await_ref", "is_actor_gone", "portable_errors", "restore_error"]
+__all__ = ["await_ref", "is_actor_gone"]
 
 logger = logging.getLogger(__name__)
-
-
-_T = TypeVar("_T")
-
-
-class PortableError(Exception):
-    """Carries an exception across Ray when the exception itself does not pickle.
-
-    Several exceptions (the core's typed errors among them) take constructor arguments
-    that differ from their ``args``, so Ray cannot rebuild them on the driver. Actor
-    methods raise this instead (see `portable_errors`); `await_ref` rebuilds the
-    original type with its message and attributes.
-    """
-
-    def __init__(self, module: str, qualname: str, message: str, state: dict[str, Any]) -> None:
-        super().__init__(module, qualname, message, state)
-        self.module = module
-        self.qualname = qualname
-        self.message = message
-        self.state = state
-
-    def __str__(self) -> str:
-        return f"{self.qualname}: {self.message}"
-
-
-def _portable_value(value: Any) -> Any:
-    if isinstance(value, BaseException):
-        return to_portable(value)
-    try:
-        pickle.dumps(value)
-    except Exception:
-        return repr(value)
-    return value
-
-
-def to_portable(exc: BaseException) -> PortableError:
-    """Describe ``exc`` as a `PortableError`."""
-    if isinstance(exc, PortableError):
-        return exc
-    state = {k: _portable_value(v) for k, v in vars(exc).items()}
-    return PortableError(type(exc).__module__, type(exc).__qualname__, str(exc), state)
-
-
-def restore_error(err: PortableError) -> Exception:
-    """Rebuild the exception described by ``err`` (a `RuntimeError` when its type is unknown)."""
-    try:
-        cls: Any = importlib.import_module(err.module)
-        for part in err.qualname.split("."):
-            cls = getattr(cls, part)
-        if not (isinstance(cls, type) and issubclass(cls, Exception)):
-            raise TypeError(cls)
-        exc: Exception = cls.__new__(cls)
-        Exception.__init__(exc, err.message)
-        for k, v in err.state.items():
-            setattr(exc, k, restore_error(v) if isinstance(v, PortableError) else v)
-        return exc
-    except Exception:
-        return RuntimeError(f"{err.module}.{err.qualname}: {err.message}")
-
-
-def portable_errors(cls: type[_T]) -> type[_T]:
-    """Class decorator for actor classes: public async methods raise `PortableError`."""
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        async def method(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await fn(*args, **kwargs)
-            except Exception as exc:
-                raise to_portable(exc) from None
-
-        return method
-
-    def wrap_gen(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        async def method(*args: Any, **kwargs: Any) -> Any:
-            try:
-                async for item in fn(*args, **kwargs):
-                    yield item
-            except Exception as exc:
-                raise to_portable(exc) from None
-
-        return method
-
-    for name, fn in list(vars(cls).items()):
-        if name.startswith("_"):
-            continue
-        if inspect.isasyncgenfunction(fn):
-            setattr(cls, name, wrap_gen(fn))
-        elif inspect.iscoroutinefunction(fn):
-            setattr(cls, name, wrap(fn))
-    return cls
 
 
 def is_actor_gone(exc: BaseException) -> bool:
@@ -140,6 +43,16 @@ async def await_ref(
     """
     try:
         return await asyncio.wait_for(ref, timeout_s)
+    except rex.RayActorError as exc:
+        raise ActorUnavailableError(what, exc) from exc
+    except rex.RayTaskError as exc:
+        # Checked before TimeoutError: Ray's task error also derives from the remote
+        # exception's type, so a remote SampleWaitTimeoutError *is* a TimeoutError.
+        # The core's typed errors pickle with their fields: re-raise the original.
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
     except TimeoutError:
         if cancel_on_timeout:
             try:
@@ -147,12 +60,3 @@ async def await_ref(
             except Exception:  # cancelling is best effort
                 logger.debug("could not cancel %s after its timeout", what, exc_info=True)
         raise RemoteCallTimeoutError(what, timeout_s) from None
-    except rex.RayActorError as exc:
-        raise ActorUnavailableError(what, exc) from exc
-    except rex.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, PortableError):
-            raise restore_error(cause) from None
-        if isinstance(cause, Exception):
-            raise cause from None
-        raise
