@@ -159,10 +159,6 @@ async def _run(
         events=bus,
         wait_timeout_s=_FOREVER_S,
         max_tokens=scenario.workload.max_response_len,
-        # With no standalone replica (colocated) a request aborted by a deactivation waits
-        # for the next activation, a whole training phase: far more than the client's
-        # default 60 s.
-        client_kwargs={"no_replica_timeout_s": _FOREVER_S},
     )
     sampler = loop.create_task(_sample_admission(floop, blocked))
     try:
