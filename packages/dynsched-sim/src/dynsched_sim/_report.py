@@ -52,12 +52,18 @@ def _speedups(runs: Comparison, scenario: Scenario) -> dict[int, dict[str, float
     }
 
 
-def _true(r: RunResult) -> tuple[float, float, float]:
+def _true(r: RunResult) -> tuple[float | None, float | None, float]:
+    """True train, rollout and cluster utilization; None for a GPU group the run lacks
+    (no standalone pool in colocated mode)."""
     tu = r.true_utilization
-    train = tu.get("trainer", {}).get("train", 0.0)
-    roll = tu.get("standalone", {}).get("rollout", 0.0)
+    train = tu["trainer"]["train"] if "trainer" in tu else None
+    roll = tu["standalone"]["rollout"] if "standalone" in tu else None
     cl = tu.get("cluster", {})
     return train, roll, cl.get("train", 0.0) + cl.get("rollout", 0.0)
+
+
+def _cell(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def format_table(scenario: Scenario, runs: Comparison) -> str:
@@ -92,8 +98,8 @@ def format_table(scenario: Scenario, runs: Comparison) -> str:
                 *[f"{sp[i].get(n, float('nan')):.3f}" for n in statics],
                 f"{r.lower_bound_s / 3600:.3f}",
                 f"{r.efficiency:.3f}",
-                f"{p['dynamic_resource/train_resource_utilization']:.2f} / {t_train:.2f}",
-                f"{p['dynamic_resource/rollout_resource_utilization']:.2f} / {t_roll:.2f}",
+                f"{p['dynamic_resource/train_resource_utilization']:.2f} / {_cell(t_train)}",
+                f"{p['dynamic_resource/rollout_resource_utilization']:.2f} / {_cell(t_roll)}",
                 f"{p['dynamic_resource/resource_utilization']:.2f} / {t_cl:.2f}",
                 f"{s['mq_size_mean']:.1f}",
                 str(s["switches"]),
