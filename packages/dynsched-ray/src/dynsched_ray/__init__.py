@@ -28,6 +28,7 @@ from dynsched_ray._runner import (
     run_ray,
     synthetic_prompts,
 )
+from dynsched_ray._tiny_model import TinyModelSpec, build_tiny_model
 from dynsched_ray._trainer import RayTrainerBackend
 
 __version__ = "0.1.0"
@@ -51,8 +52,10 @@ __all__ = [
     "ReplicaFactory",
     "ResourcePools",
     "RouterActor",
+    "TinyModelSpec",
     "TrainerWorkerActor",
     "await_ref",
+    "build_tiny_model",
     "default_replica_factory",
     "load_checkpoint",
     "placement_info",
