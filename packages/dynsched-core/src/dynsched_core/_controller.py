@@ -335,11 +335,13 @@ class DynamicResourceController:
             return report
 
     async def reconcile(self) -> list[str]:
-        """Make routing agree with the state; return the replica ids that were fixed.
+        """Make the router agree with the state and the membership; return the ids fixed.
 
         In ``STANDALONE_ONLY`` no hybrid replica may be routable; in ``HYBRID_ACTIVE``
-        every hybrid replica must be. A transitional state left behind by a cancelled
-        switch is resolved to ``STANDALONE_ONLY`` first.
+        every live hybrid replica must be; a dead member never is. A transitional state
+        left behind by a cancelled switch is resolved to ``STANDALONE_ONLY`` first. The
+        router's own routable set is read, so a router that lost or kept routes behind
+        the `ReplicaSet`'s back (a reused router actor) is brought back in line.
         """
         async with self._lock:
             await self._recover_transitional()

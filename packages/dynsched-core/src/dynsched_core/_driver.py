@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 _STATE_FORMAT = 1
 
+#: Guard-rail rules whose corrections mean the policy proposed something out of range.
+_POLICY_ERRORS = frozenset({"ratio_range", "queue_capacity"})
+
 
 @attrs.frozen(kw_only=True)
 class BeforeStepResult:
@@ -477,7 +480,10 @@ class ScheduleDriver:
         for override in overrides:
             self.overrides += 1
             key = (override.decision, override.rule)
-            level = logging.DEBUG if key in self._warned_rules else logging.WARNING
+            # a policy out of its range is worth a warning; the colocated schedule and the
+            # end of the run are the framework doing its job (said once, then debug)
+            first = logging.WARNING if override.rule in _POLICY_ERRORS else logging.INFO
+            level = logging.DEBUG if key in self._warned_rules else first
             self._warned_rules.add(key)
             logger.log(
                 level,
