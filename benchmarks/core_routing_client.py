@@ -16,8 +16,13 @@ import json
 import time
 from collections.abc import Callable
 
-from dynsched_core import GenerateRequest, LoadBalancer, RetryingClient
-from dynsched_core.testing import InMemoryReplica
+from dynsched_core import (
+    GenerateRequest,
+    InMemoryReplica,
+    LoadBalancer,
+    ReplicaSet,
+    RetryingClient,
+)
 
 
 class BareRouter:
@@ -90,7 +95,9 @@ def bench_client(n_requests: int) -> dict[str, float]:
 
     async def via_client() -> None:
         reps = {i: InMemoryReplica(i, tokens_per_s=1e12, chunk_tokens=64) for i in ids}
-        client = RetryingClient(LoadBalancer(ids), reps)
+        replicas = ReplicaSet(standalone=list(reps.values()))
+        await replicas.route(ids)
+        client = RetryingClient(replicas)
         await asyncio.gather(
             *(
                 client.generate(GenerateRequest(request_id=f"q{k}", max_tokens=16))

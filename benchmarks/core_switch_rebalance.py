@@ -28,11 +28,11 @@ from dynsched_core import (
     DynamicSchedulePolicyBase,
     FullyAsyncLoop,
     GenerateRequest,
-    LoadBalancer,
+    InMemoryReplica,
     Prompt,
+    ReplicaSet,
     RetryingClient,
 )
-from dynsched_core.testing import InMemoryReplica
 
 
 class _VirtualSelector:
@@ -79,10 +79,12 @@ async def rebalance_scenario(
         InMemoryReplica(f"h{i}", role="hybrid", tokens_per_s=50.0, chunk_tokens=4)
         for i in range(hybrid)
     ]
+    members = ReplicaSet(standalone=list(replicas.values()), hybrid=hyb)
     replicas.update({h.replica_id: h for h in hyb})
-    router = LoadBalancer(sorted(k for k in replicas if k.startswith("s")))
-    client = RetryingClient(router, replicas)
-    ctrl = DynamicResourceController(router, hyb, replicas=replicas)
+    await members.route(members.standalone_ids)
+    router = members.router
+    client = RetryingClient(members)
+    ctrl = DynamicResourceController(members)
     tasks = [
         asyncio.create_task(
             client.generate(GenerateRequest(request_id=f"r{i}", prompt_len=512, max_tokens=400))
@@ -152,7 +154,7 @@ def loop_run(dynamic: bool, steps: int) -> tuple[float, float, int]:
         Prompt(prompt_id=f"p{i}", max_tokens=128, target_lens=(32, 64, 96, 128))
         for i in range(100_000)
     ]
-    fa = FullyAsyncLoop(
+    fa = FullyAsyncLoop.build(
         cfg,
         AlwaysActivate(),
         Trainer(standalone),

@@ -27,16 +27,9 @@ import statistics
 import time
 
 import numpy as np
-from dynsched_optimus import (
-    AllocationJob,
-    PlacementRequest,
-    StepTimeModel,
-    allocate,
-    allocate_reference,
-    place,
-    place_reference,
-)
-from dynsched_optimus._placement import _job_order
+from dynsched_optimus import AllocationJob, PlacementRequest, StepTimeModel, allocate, place
+from dynsched_optimus._allocation import allocate_reference
+from dynsched_optimus._placement import _job_order, place_reference
 
 NODE = (32.0, 128.0, 10.0)
 WORKER_CLASSES = ((4.0, 8.0, 1.0), (5.0, 12.0, 1.0), (6.0, 16.0, 2.0))

@@ -26,8 +26,13 @@ from typing import Any
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import ray
-from dynsched_core import DynamicResourceController, LoadBalancer
-from dynsched_core.testing import InMemoryReplica
+from dynsched_core import (
+    ControllerOptions,
+    DynamicResourceController,
+    InMemoryReplica,
+    LoadBalancer,
+    ReplicaSet,
+)
 from dynsched_ray import FleetSpec, RayFleet, RayRouter, RouterActor, remote_class
 
 HYBRID = 4
@@ -45,9 +50,10 @@ async def _cycles(ctrl: DynamicResourceController, cycles: int) -> list[float]:
 
 async def bench_switch(cycles: int) -> dict[str, Any]:
     # in-process baseline
-    router = LoadBalancer(["standalone-0"])
     hybrid = [InMemoryReplica(f"hybrid-{i}", role="hybrid") for i in range(HYBRID)]
-    ctrl = DynamicResourceController(router, hybrid)
+    members = ReplicaSet(standalone=[InMemoryReplica("standalone-0")], hybrid=hybrid)
+    await members.route(["standalone-0"])
+    ctrl = DynamicResourceController(members)
     await ctrl.activate(0)
     local = await _cycles(ctrl, cycles)
 
@@ -60,7 +66,9 @@ async def bench_switch(cycles: int) -> dict[str, Any]:
     )
     fleet = await RayFleet.launch(spec)
     try:
-        ctrl = DynamicResourceController(fleet.router, fleet.hybrid, call_timeout_s=60)
+        members = ReplicaSet(fleet.router, standalone=fleet.standalone, hybrid=fleet.hybrid)
+        await members.route(members.standalone_ids)
+        ctrl = DynamicResourceController(members, ControllerOptions(call_timeout_s=60))
         await ctrl.activate(0)
         await _cycles(ctrl, 2)  # warm-up
         remote = await _cycles(ctrl, cycles)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import types
 from importlib import metadata
 from typing import Any
 
@@ -10,17 +11,10 @@ import pytest
 from dynsched_core import cli
 
 
-class _EP:
-    def __init__(self, name: str, obj: Any, dist: str) -> None:
-        self.name = name
-        self.value = f"fake:{name}"
-        self._obj = obj
-        self.dist = type("D", (), {"name": dist})()
-
-    def load(self) -> Any:
-        if isinstance(self._obj, Exception):
-            raise self._obj
-        return self._obj
+class _FakeDist:
+    def __init__(self, name: str, eps: list[tuple[str, str]]) -> None:
+        self.metadata = {"Name": name}
+        self.entry_points = [metadata.EntryPoint(n, v, cli.CLI_ENTRY_POINT_GROUP) for n, v in eps]
 
 
 def _register_hello(sub: Any) -> None:
@@ -29,18 +23,22 @@ def _register_hello(sub: Any) -> None:
     p.set_defaults(func=lambda a: print(f"hello {a.name}") or 0)
 
 
+@pytest.fixture
+def dists(monkeypatch: pytest.MonkeyPatch) -> list[_FakeDist]:
+    """The installed distributions, as far as the plug-in loader can tell."""
+    mod = types.ModuleType("_dynsched_test_cli")
+    mod.register_hello = _register_hello  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_dynsched_test_cli", mod)
+    installed: list[_FakeDist] = []
+    monkeypatch.setattr(metadata, "distributions", lambda: list(installed))
+    return installed
+
+
 def test_plugins_listed_and_broken_one_reported(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    dists: list[_FakeDist], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    eps = [
-        _EP("hello", _register_hello, "dist-hello"),
-        _EP("broken", ImportError("nope"), "dist-broken"),
-    ]
-    monkeypatch.setattr(
-        cli.metadata,
-        "entry_points",
-        lambda group: eps if group == cli.CLI_ENTRY_POINT_GROUP else [],
-    )
+    dists.append(_FakeDist("dist-hello", [("hello", "_dynsched_test_cli:register_hello")]))
+    dists.append(_FakeDist("dist-broken", [("broken", "no_such_module_xyz:register")]))
     parser, problems = cli.build_parser()
     assert isinstance(parser, argparse.ArgumentParser)
     assert len(problems) == 1 and "'broken'" in problems[0] and "dist-broken" in problems[0]
@@ -56,10 +54,20 @@ def test_plugins_listed_and_broken_one_reported(
     assert "hello" in help_text and "broken" in help_text
 
 
-def test_no_command_prints_help(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_sub_command_two_distributions_provide_is_refused(
+    dists: list[_FakeDist], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli.metadata, "entry_points", lambda group: [])
+    """The one plug-in rule: both providers named, neither used."""
+    dists.append(_FakeDist("dist-one", [("hello", "_dynsched_test_cli:register_hello")]))
+    dists.append(_FakeDist("dist-two", [("hello", "_dynsched_test_cli:register_hello")]))
+    _, problems = cli.build_parser()
+    assert len(problems) == 1
+    assert "'dist-one'" in problems[0] and "'dist-two'" in problems[0]
+    assert cli.main(["hello"]) == 2
+    assert "more than one distribution" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(dists: list[_FakeDist], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 0
     assert "usage: dynsched" in capsys.readouterr().out
 

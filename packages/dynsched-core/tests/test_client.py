@@ -8,16 +8,17 @@ from collections.abc import Sequence
 import attrs
 import pytest
 from dynsched_core import (
+    ClientOptions,
     GenerateRequest,
     GenerateResult,
+    InMemoryReplica,
     LoadBalancer,
-    NoRoutableReplicaError,
     ReplicaCapabilities,
-    RequestFailedError,
+    ReplicaSet,
     RetryingClient,
-    RolloutOutcome,
 )
-from dynsched_core.testing import InMemoryReplica, ReplicaDeadError
+from dynsched_core._client import RolloutOutcome
+from dynsched_core.errors import NoRoutableReplicaError, ReplicaDeadError, RequestFailedError
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,15 +26,30 @@ FAST = 20_000.0
 SLOW = 2_000.0  # 2 tokens per ms: long requests stay in flight for a while
 
 
-def make(
-    ids: Sequence[str] = ("a", "b"), tokens_per_s: float = FAST, **client_kw: object
-) -> tuple[LoadBalancer, dict[str, InMemoryReplica], RetryingClient]:
-    lb = LoadBalancer(list(ids))
+def options(**kw: object) -> ClientOptions:
+    kw.setdefault("backoff_initial_s", 0.001)
+    kw.setdefault("backoff_max_s", 0.004)
+    kw.setdefault("no_replica_timeout_s", 1.0)
+    return ClientOptions(**kw)  # type: ignore[arg-type]
+
+
+async def set_of(replicas: Sequence[object], routed: Sequence[str] = ()) -> ReplicaSet:
+    """A ReplicaSet over ``replicas`` (standalone) with ``routed`` routable."""
+    rs = ReplicaSet(standalone=replicas)  # type: ignore[arg-type]
+    await rs.route(list(routed))
+    return rs
+
+
+async def make(
+    ids: Sequence[str] = ("a", "b"),
+    tokens_per_s: float = FAST,
+    on_replica_failure: object = None,
+    **client_kw: object,
+) -> tuple[ReplicaSet, dict[str, InMemoryReplica], RetryingClient]:
     reps = {i: InMemoryReplica(i, tokens_per_s=tokens_per_s) for i in ids}
-    client_kw.setdefault("backoff_initial_s", 0.001)
-    client_kw.setdefault("backoff_max_s", 0.004)
-    client_kw.setdefault("no_replica_timeout_s", 1.0)
-    return lb, reps, RetryingClient(lb, reps, **client_kw)  # type: ignore[arg-type]
+    rs = await set_of(list(reps.values()), ids)
+    client = RetryingClient(rs, options(**client_kw), on_replica_failure=on_replica_failure)  # type: ignore[arg-type]
+    return rs, reps, client
 
 
 async def wait_running(rep: InMemoryReplica, request_id: str, min_tokens: int = 1) -> None:
@@ -47,14 +63,14 @@ async def wait_running(rep: InMemoryReplica, request_id: str, min_tokens: int = 
     await asyncio.sleep(min_tokens / rep.tokens_per_s + rep.chunk_tokens / rep.tokens_per_s)
 
 
-async def deactivate(lb: LoadBalancer, rep: InMemoryReplica) -> None:
+async def deactivate(rs: ReplicaSet, rep: InMemoryReplica) -> None:
     """The controller's order: out of routing, then abort."""
-    await lb.remove_replicas([rep.replica_id])
+    await rs.unroute([rep.replica_id])
     await rep.abort()
 
 
 async def test_plain_completion() -> None:
-    lb, _, client = make()
+    rs, _, client = await make()
     out = await client.generate(GenerateRequest(request_id="q", max_tokens=40, target_len=25))
     assert isinstance(out, RolloutOutcome)
     assert out.output_tokens == tuple(range(25))
@@ -64,22 +80,22 @@ async def test_plain_completion() -> None:
     assert out.reprefill_tokens == 0
     assert out.param_versions == (0,)
     assert out.finished_at >= out.started_at
-    assert await lb.in_flight_counts() == {"a": 0, "b": 0}
+    assert await rs.router.in_flight_counts() == {"a": 0, "b": 0}
     assert (client.completed, client.failed, client.in_flight) == (1, 0, 0)
 
 
 async def test_budget_exhausted_is_length() -> None:
-    _, _, client = make()
+    _, _, client = await make()
     out = await client.generate(GenerateRequest(request_id="q", max_tokens=7))
     assert (out.num_tokens, out.finish_reason) == (7, "length")
 
 
 async def test_partial_rollout_resume_keeps_tokens_and_reduces_budget() -> None:
-    lb, reps, client = make(tokens_per_s=SLOW)
+    rs, reps, client = await make(tokens_per_s=SLOW)
     request = GenerateRequest(request_id="q", prompt_len=10, max_tokens=100, target_len=60)
     task = asyncio.create_task(client.generate(request))
     await wait_running(reps["a"], "q", min_tokens=8)
-    await deactivate(lb, reps["a"])
+    await deactivate(rs, reps["a"])
     out = await task
 
     first = reps["a"].received[0]
@@ -100,16 +116,16 @@ async def test_partial_rollout_resume_keeps_tokens_and_reduces_budget() -> None:
     assert out.resumed
     assert client.total_reprefill_tokens == 10 + done_first
     assert client.total_aborts == 1
-    assert await lb.in_flight_counts() == {"b": 0}
+    assert await rs.router.in_flight_counts() == {"b": 0}
 
 
 async def test_truncated_when_partial_rollout_off() -> None:
-    lb, reps, client = make(tokens_per_s=SLOW, partial_rollout=False)
+    rs, reps, client = await make(tokens_per_s=SLOW, partial_rollout=False)
     task = asyncio.create_task(
         client.generate(GenerateRequest(request_id="q", max_tokens=1000, target_len=900))
     )
     await wait_running(reps["a"], "q", min_tokens=4)
-    await deactivate(lb, reps["a"])
+    await deactivate(rs, reps["a"])
     out = await task
     assert out.truncated
     assert out.finish_reason == "abort"
@@ -137,8 +153,7 @@ async def test_abort_at_exhausted_budget_finishes_with_length() -> None:
                 finish_reason="abort",
             )
 
-    lb = LoadBalancer(["x"])
-    client = RetryingClient(lb, {"x": AbortsAtEnd()})  # type: ignore[dict-item]
+    client = RetryingClient(await set_of([AbortsAtEnd()], ["x"]))
     out = await client.generate(GenerateRequest(request_id="q", max_tokens=5))
     assert (out.finish_reason, out.num_tokens, out.attempts, out.truncated) == (
         "length",
@@ -150,7 +165,9 @@ async def test_abort_at_exhausted_budget_finishes_with_length() -> None:
 
 async def test_replica_failure_is_reported_excluded_and_retried_elsewhere() -> None:
     reports: list[tuple[str, str]] = []
-    lb, reps, client = make(on_replica_failure=lambda rid, exc: reports.append((rid, str(exc))))
+    rs, reps, client = await make(
+        on_replica_failure=lambda rid, exc: reports.append((rid, str(exc)))
+    )
     reps["a"].fail_next("generate")
     out = await client.generate(GenerateRequest(request_id="q", max_tokens=5))
     assert out.replica_ids == ("a", "b")
@@ -158,29 +175,31 @@ async def test_replica_failure_is_reported_excluded_and_retried_elsewhere() -> N
     assert out.backoff_s == pytest.approx(0.001)
     assert reports and reports[0][0] == "a" and "injected" in reports[0][1]
     assert client.total_failures == 1
-    assert await lb.in_flight_counts() == {"a": 0, "b": 0}
+    assert await rs.router.in_flight_counts() == {"a": 0, "b": 0}
 
 
 async def test_async_failure_callback_and_callback_errors_are_contained() -> None:
     removed: list[str] = []
-    lb = LoadBalancer(["a", "b"])
+    reps = {i: InMemoryReplica(i, tokens_per_s=FAST) for i in ("a", "b")}
+    rs = await set_of(list(reps.values()), ["a", "b"])
 
     async def drop(rid: str, exc: BaseException) -> None:
         removed.append(rid)
-        await lb.remove_replicas([rid])
+        rs.mark_dead(rid)
+        await rs.settle(1.0)
         raise RuntimeError("callback bug")  # logged, not propagated
 
-    reps = {i: InMemoryReplica(i, tokens_per_s=FAST) for i in ("a", "b")}
-    client = RetryingClient(lb, reps, on_replica_failure=drop, backoff_initial_s=0.0)
+    client = RetryingClient(rs, ClientOptions(backoff_initial_s=0.0), on_replica_failure=drop)
     reps["a"].kill()
     out = await client.generate(GenerateRequest(request_id="q", max_tokens=3))
     assert removed == ["a"]
     assert out.replica_ids == ("a", "b")
-    assert await lb.routable() == ["b"]
+    assert await rs.router.routable() == ["b"] == rs.routable_ids
+    assert rs.dead_ids == ["a"]
 
 
 async def test_dead_replica_mid_generation_is_a_failure() -> None:
-    _, reps, client = make(tokens_per_s=SLOW)
+    _, reps, client = await make(tokens_per_s=SLOW)
     task = asyncio.create_task(
         client.generate(GenerateRequest(request_id="q", max_tokens=50, target_len=40))
     )
@@ -195,7 +214,7 @@ async def test_dead_replica_mid_generation_is_a_failure() -> None:
 
 
 async def test_bounded_failures_then_request_failed_error() -> None:
-    lb, reps, client = make(max_failures=3)
+    rs, reps, client = await make(max_failures=3)
     for r in reps.values():
         r.kill()
     with pytest.raises(RequestFailedError) as info:
@@ -203,12 +222,12 @@ async def test_bounded_failures_then_request_failed_error() -> None:
     assert info.value.request_id == "q"
     assert info.value.attempts == 3
     assert isinstance(info.value.cause, ReplicaDeadError)
-    assert await lb.in_flight_counts() == {"a": 0, "b": 0}
+    assert await rs.router.in_flight_counts() == {"a": 0, "b": 0}
     assert (client.failed, client.completed, client.in_flight) == (1, 0, 0)
 
 
 async def test_single_replica_is_retried_when_every_replica_was_excluded() -> None:
-    _, reps, client = make(ids=("a",), max_failures=3)
+    _, reps, client = await make(ids=("a",), max_failures=3)
     reps["a"].fail_next("generate", times=2)
     out = await client.generate(GenerateRequest(request_id="q", max_tokens=4))
     assert out.replica_ids == ("a", "a", "a")
@@ -217,7 +236,9 @@ async def test_single_replica_is_retried_when_every_replica_was_excluded() -> No
 
 
 def test_backoff_delays_grow_and_are_capped() -> None:
-    _, _, client = make(backoff_initial_s=0.01, backoff_factor=3.0, backoff_max_s=0.05)
+    client = RetryingClient(
+        ReplicaSet(), ClientOptions(backoff_initial_s=0.01, backoff_factor=3.0, backoff_max_s=0.05)
+    )
     delays = [client.backoff_delay(k) for k in range(1, 7)]
     assert delays == pytest.approx([0.01, 0.03, 0.05, 0.05, 0.05, 0.05])
     assert client.backoff_delay(0) == 0.0
@@ -225,7 +246,7 @@ def test_backoff_delays_grow_and_are_capped() -> None:
 
 
 async def test_backoff_is_applied_and_capped_between_failures() -> None:
-    _, reps, client = make(
+    _, reps, client = await make(
         ids=("a",),
         max_failures=5,
         backoff_initial_s=0.001,
@@ -240,45 +261,45 @@ async def test_backoff_is_applied_and_capped_between_failures() -> None:
 
 
 async def test_waits_for_a_routable_replica() -> None:
-    lb = LoadBalancer()
-    reps = {"a": InMemoryReplica("a", tokens_per_s=FAST)}
-    client = RetryingClient(lb, reps, no_replica_timeout_s=5.0)
+    rs = await set_of([InMemoryReplica("a", tokens_per_s=FAST)])
+    client = RetryingClient(rs, ClientOptions(no_replica_timeout_s=5.0))
     task = asyncio.create_task(client.generate(GenerateRequest(request_id="q", max_tokens=3)))
     await asyncio.sleep(0.005)
     assert not task.done()
-    await lb.add_replicas(["a"])
+    await rs.route(["a"])
     out = await asyncio.wait_for(task, 2.0)
     assert out.num_tokens == 3
 
 
 async def test_no_routable_replica_times_out() -> None:
-    lb = LoadBalancer()
-    client = RetryingClient(lb, {}, no_replica_timeout_s=0.005)
+    client = RetryingClient(ReplicaSet(), ClientOptions(no_replica_timeout_s=0.005))
     with pytest.raises(NoRoutableReplicaError, match="within"):
         await client.generate(GenerateRequest(request_id="q", max_tokens=3))
     assert client.failed == 1
 
 
 async def test_resume_waits_when_aborted_replica_was_the_last_one() -> None:
-    lb, reps, client = make(ids=("a",), tokens_per_s=SLOW, no_replica_timeout_s=5.0)
+    rs, reps, client = await make(ids=("a",), tokens_per_s=SLOW, no_replica_timeout_s=5.0)
     reps["b"] = InMemoryReplica("b", tokens_per_s=FAST)
+    rs.add(reps["b"])  # a member, not routable yet
     task = asyncio.create_task(
         client.generate(GenerateRequest(request_id="q", max_tokens=100, target_len=50))
     )
     await wait_running(reps["a"], "q", min_tokens=4)
-    await deactivate(lb, reps["a"])
+    await deactivate(rs, reps["a"])
     await asyncio.sleep(0.005)
     assert not task.done()  # waiting for a routable replica
-    await lb.add_replicas(["b"])
+    await rs.route(["b"])
     out = await asyncio.wait_for(task, 2.0)
     assert out.output_tokens == tuple(range(50))
     assert out.replica_ids == ("a", "b")
 
 
-async def test_routed_replica_missing_from_mapping_is_a_failure() -> None:
-    lb = LoadBalancer(["ghost", "a"])
-    reps = {"a": InMemoryReplica("a", tokens_per_s=FAST)}
-    client = RetryingClient(lb, reps, backoff_initial_s=0.0)
+async def test_routed_replica_that_is_not_a_live_member_is_a_failure() -> None:
+    lb = LoadBalancer(["ghost"])  # a router that routes to an id the set does not hold
+    rs = ReplicaSet(lb, standalone=[InMemoryReplica("a", tokens_per_s=FAST)])
+    await rs.route(["a"])
+    client = RetryingClient(rs, ClientOptions(backoff_initial_s=0.0))
     await lb.acquire(
         "other"
     )  # "a" sorts first, so it takes this lease; "ghost" is now least loaded
@@ -301,7 +322,7 @@ async def test_max_aborts_bounds_bouncing() -> None:
                 finish_reason="abort",
             )
 
-    client = RetryingClient(LoadBalancer(["x"]), {"x": AlwaysAborts()}, max_aborts=3)  # type: ignore[dict-item]
+    client = RetryingClient(await set_of([AlwaysAborts()], ["x"]), ClientOptions(max_aborts=3))
     with pytest.raises(RequestFailedError, match="aborted 4 times"):
         await client.generate(GenerateRequest(request_id="q", max_tokens=100))
 
@@ -323,10 +344,8 @@ async def test_aborts_without_progress_back_off() -> None:
             )
 
     client = RetryingClient(
-        LoadBalancer(["x"]),
-        {"x": AbortsEmpty()},  # type: ignore[dict-item]
-        backoff_initial_s=0.001,
-        backoff_max_s=1.0,
+        await set_of([AbortsEmpty()], ["x"]),
+        ClientOptions(backoff_initial_s=0.001, backoff_max_s=1.0),
     )
     out = await client.generate(GenerateRequest(request_id="q", max_tokens=4))
     assert out.aborts == 2
@@ -335,32 +354,32 @@ async def test_aborts_without_progress_back_off() -> None:
 
 
 async def test_param_versions_seen_across_attempts() -> None:
-    lb, reps, client = make(tokens_per_s=SLOW)
+    rs, reps, client = await make(tokens_per_s=SLOW)
     await reps["b"].update_weights(7)
     task = asyncio.create_task(
         client.generate(GenerateRequest(request_id="q", max_tokens=100, target_len=30))
     )
     await wait_running(reps["a"], "q")
-    await deactivate(lb, reps["a"])
+    await deactivate(rs, reps["a"])
     out = await task
     assert out.param_versions == (0, 7)
     assert out.param_version == 7
 
 
 async def test_lease_released_on_cancellation() -> None:
-    lb, reps, client = make(tokens_per_s=SLOW)
+    rs, reps, client = await make(tokens_per_s=SLOW)
     task = asyncio.create_task(client.generate(GenerateRequest(request_id="q", max_tokens=10_000)))
     await wait_running(reps["a"], "q")
-    assert lb.in_flight_of("a") == 1
+    assert rs.router.in_flight_of("a") == 1  # type: ignore[attr-defined]
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert lb.in_flight_of("a") == 0
+    assert rs.router.in_flight_of("a") == 0  # type: ignore[attr-defined]
     assert client.in_flight == 0
 
 
 async def test_incoming_partial_output_is_part_of_the_outcome() -> None:
-    _, _, client = make()
+    _, _, client = await make()
     out = await client.generate(
         GenerateRequest(
             request_id="q", partial_output=(0, 1, 2), partial_len=3, max_tokens=10, target_len=8
@@ -371,12 +390,12 @@ async def test_incoming_partial_output_is_part_of_the_outcome() -> None:
 
 
 async def test_concurrent_requests_balance_and_release() -> None:
-    lb, reps, client = make(ids=("a", "b", "c"), tokens_per_s=SLOW)
+    rs, reps, client = await make(ids=("a", "b", "c"), tokens_per_s=SLOW)
     reqs = [GenerateRequest(request_id=f"q{i}", max_tokens=20) for i in range(9)]
     outs = await asyncio.gather(*(client.generate(r) for r in reqs))
     assert all(o.num_tokens == 20 for o in outs)
     assert sorted(r.max_concurrency for r in reps.values()) == [3, 3, 3]
-    assert await lb.in_flight_counts() == {"a": 0, "b": 0, "c": 0}
+    assert await rs.router.in_flight_counts() == {"a": 0, "b": 0, "c": 0}
 
 
 @pytest.mark.parametrize(
@@ -391,9 +410,14 @@ async def test_concurrent_requests_balance_and_release() -> None:
         ({"partial_rollout": "yes"}, "partial_rollout"),
     ],
 )
-def test_bad_arguments_name_the_field(kw: dict[str, object], field: str) -> None:
-    with pytest.raises((TypeError, ValueError), match=field):
-        RetryingClient(LoadBalancer(), {}, **kw)  # type: ignore[arg-type]
+def test_bad_options_name_the_field(kw: dict[str, object], field: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=f"ClientOptions.{field}"):
+        ClientOptions(**kw)  # type: ignore[arg-type]
+
+
+def test_client_takes_a_replica_set() -> None:
+    with pytest.raises(TypeError, match="ReplicaSet"):
+        RetryingClient(LoadBalancer(), ClientOptions())  # type: ignore[arg-type]
 
 
 def test_outcome_is_frozen_and_validated() -> None:
@@ -415,9 +439,10 @@ def test_resume_never_loses_or_duplicates_tokens(target: int, abort_after_ms: li
 
     async def scenario() -> None:
         ids = ["a", "b", "c"]
-        lb = LoadBalancer(ids)
         reps = {i: InMemoryReplica(i, tokens_per_s=40_000.0, chunk_tokens=4) for i in ids}
-        client = RetryingClient(lb, reps, backoff_initial_s=0.0)
+        rs = await set_of(list(reps.values()), ids)
+        lb = rs.router
+        client = RetryingClient(rs, ClientOptions(backoff_initial_s=0.0))
         task = asyncio.create_task(
             client.generate(
                 GenerateRequest(request_id="q", max_tokens=target + 5, target_len=target)
@@ -442,7 +467,7 @@ def test_resume_never_loses_or_duplicates_tokens(target: int, abort_after_ms: li
 class GuardedReplica(InMemoryReplica):
     """Asserts, at every generate call, that the router considers it routable."""
 
-    def __init__(self, replica_id: str, lb: LoadBalancer, **kw: object) -> None:
+    def __init__(self, replica_id: str, lb: object, **kw: object) -> None:
         super().__init__(replica_id, **kw)  # type: ignore[arg-type]
         self.lb = lb
         self.unroutable_calls = 0
@@ -480,20 +505,26 @@ def test_every_request_ends_exactly_once_under_churn(
 
     async def scenario() -> None:
         ids = ["s0", "s1", "h0", "h1"]
-        lb = LoadBalancer(ids)
+        lb = LoadBalancer()
         reps = {i: GuardedReplica(i, lb, tokens_per_s=30_000.0, chunk_tokens=4) for i in ids}
         reps["spare"] = GuardedReplica("spare", lb, tokens_per_s=30_000.0)
+        rs = ReplicaSet(lb, standalone=list(reps.values()))
+        await rs.route(ids)
 
         async def on_failure(rid: str, exc: BaseException) -> None:
-            await lb.remove_replicas([rid])
+            if reps[rid].is_alive:
+                await rs.unroute([rid])
+            else:
+                rs.mark_dead(rid)
 
         client = RetryingClient(
-            lb,
-            reps,
-            partial_rollout=partial,
-            max_failures=len(reps) + 1,
-            backoff_initial_s=0.0,
-            no_replica_timeout_s=5.0,
+            rs,
+            ClientOptions(
+                partial_rollout=partial,
+                max_failures=len(reps) + 1,
+                backoff_initial_s=0.0,
+                no_replica_timeout_s=5.0,
+            ),
             on_replica_failure=on_failure,
         )
         targets = [20 + 13 * i for i in range(n_requests)]
@@ -509,19 +540,19 @@ def test_every_request_ends_exactly_once_under_churn(
             await asyncio.sleep(delay_ms / 1000)
             rep = reps[rid]
             if op == "remove":
-                await lb.remove_replicas([rid])
+                await rs.unroute([rid])
                 if rep.is_alive:
                     await rep.abort()
             elif op == "add" and rep.is_alive and rep.is_accepting:
-                await lb.add_replicas([rid])
+                await rs.route([rid])
             elif op == "abort" and rep.is_alive:
                 await rep.abort()
             elif op == "kill":
                 rep.kill()
             elif op == "pause" and rep.is_alive:
-                await lb.remove_replicas([rid])  # never expose a paused replica
+                await rs.unroute([rid])  # never expose a paused replica
                 await rep.pause()
-        await lb.add_replicas(["spare"])  # capacity is restored: everyone can finish
+        await rs.route(["spare"])  # capacity is restored: everyone can finish
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10.0)
 
         assert all(isinstance(r, RolloutOutcome) for r in results), results

@@ -12,12 +12,12 @@ import dynsched_core._config as config_module
 import pytest
 from dynsched_core import (
     ConfigError,
-    ConfigTypeError,
-    ConfigWarning,
     DynamicScheduleConfig,
     DynamicSchedulePolicyBase,
     register_policy,
 )
+from dynsched_core._config import ConfigWarning
+from dynsched_core.errors import ConfigTypeError
 from hypothesis import given
 from hypothesis import strategies as st
 

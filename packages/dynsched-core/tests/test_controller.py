@@ -8,17 +8,18 @@ import doctest
 import dynsched_core._controller as controller_module
 import pytest
 from dynsched_core import (
-    LEGAL_TRANSITIONS,
+    ControllerOptions,
     DynamicResourceController,
     EventBus,
     GenerateRequest,
     HybridState,
     LoadBalancer,
+    ReplicaSet,
     RetryingClient,
     SwitchError,
-    SwitchEvent,
-    TransitionEvent,
 )
+from dynsched_core._state import LEGAL_TRANSITIONS
+from dynsched_core.events import SwitchEvent, TransitionEvent
 from dynsched_core.testing import CallRecorder, InMemoryReplica, RecordingRouter
 
 HYBRID = ("h0", "h1")
@@ -45,11 +46,11 @@ class FailingRouter(RecordingRouter):
         await super().remove_replicas(replica_ids)
 
 
-def make(
+async def make(
     *, n_hybrid: int = 2, delays: float = 0.0, events: EventBus | None = None
 ) -> tuple[DynamicResourceController, FailingRouter, dict[str, InMemoryReplica], CallRecorder]:
     rec = CallRecorder()
-    router = FailingRouter(LoadBalancer(list(STANDALONE)), recorder=rec, record_leases=False)
+    router = FailingRouter(LoadBalancer(), recorder=rec, record_leases=False)
     replicas: dict[str, InMemoryReplica] = {
         sid: InMemoryReplica(sid, recorder=rec, tokens_per_s=500.0) for sid in STANDALONE
     }
@@ -64,10 +65,14 @@ def make(
             update_delay_s=delays,
             resume_delay_s=delays,
         )
-    hybrid = [replicas[h] for h in HYBRID[:n_hybrid]]
-    ctrl = DynamicResourceController(
-        router, hybrid, replicas=replicas, events=events, call_timeout_s=5.0
+    rs = ReplicaSet(
+        router,
+        standalone=[replicas[s] for s in STANDALONE],
+        hybrid=[replicas[h] for h in HYBRID[:n_hybrid]],
     )
+    await rs.route(list(STANDALONE))
+    rec.clear()
+    ctrl = DynamicResourceController(rs, ControllerOptions(call_timeout_s=5.0), events=events)
     return ctrl, router, replicas, rec
 
 
@@ -83,7 +88,7 @@ def phases(rec: CallRecorder, skip: tuple[str, ...] = ("generate",)) -> list[str
 
 
 async def test_activation_call_order_and_state() -> None:
-    ctrl, router, replicas, rec = make()
+    ctrl, router, replicas, rec = await make()
     assert await ctrl.activate(3, weights="w", rebalance=True) is True
     assert phases(rec) == ["wake_up", "update_weights", "resume", "add_replicas", "clear_sticky"]
     assert [c.args for c in rec.filter(method="update_weights")] == [(3,), (3,)]
@@ -95,7 +100,7 @@ async def test_activation_call_order_and_state() -> None:
 
 
 async def test_deactivation_call_order() -> None:
-    ctrl, router, replicas, rec = make()
+    ctrl, router, replicas, rec = await make()
     await ctrl.activate(1)
     rec.clear()
     assert await ctrl.deactivate() is True
@@ -107,9 +112,9 @@ async def test_deactivation_call_order() -> None:
 
 
 async def test_deactivation_aborts_in_flight_and_client_resumes_on_standalone() -> None:
-    ctrl, router, replicas, _ = make()
+    ctrl, _router, replicas, _ = await make()
     await ctrl.activate(1)
-    client = RetryingClient(router, replicas)
+    client = RetryingClient(ctrl.replicas)
     # Four requests fill the routers least-loaded: two land on the hybrid replicas.
     reqs = [GenerateRequest(request_id=f"r{i}", max_tokens=256) for i in range(4)]
     tasks = [asyncio.create_task(client.generate(r)) for r in reqs]
@@ -126,7 +131,7 @@ async def test_deactivation_aborts_in_flight_and_client_resumes_on_standalone() 
 
 
 async def test_idempotence_and_noop_without_hybrid() -> None:
-    ctrl, _, _, rec = make()
+    ctrl, _, _, rec = await make()
     assert await ctrl.deactivate() is False  # already STANDALONE_ONLY
     assert rec.calls == []
     await ctrl.activate(2)
@@ -137,7 +142,7 @@ async def test_idempotence_and_noop_without_hybrid() -> None:
     assert await ctrl.deactivate() is False
     assert ctrl.deactivate_count == 1
 
-    empty, _, _, rec2 = make(n_hybrid=0)
+    empty, _, _, rec2 = await make(n_hybrid=0)
     assert not empty.has_hybrid_replicas
     assert await empty.activate(1) is False
     assert await empty.deactivate() is False
@@ -146,7 +151,7 @@ async def test_idempotence_and_noop_without_hybrid() -> None:
 
 
 async def test_activate_when_active_with_new_version_refreshes_weights() -> None:
-    ctrl, router, replicas, rec = make()
+    ctrl, router, replicas, rec = await make()
     await ctrl.activate(1)
     rec.clear()
     assert await ctrl.activate(2) is True
@@ -156,7 +161,7 @@ async def test_activate_when_active_with_new_version_refreshes_weights() -> None
 
 
 async def test_sync_hybrid_weights_only_touches_active_replicas() -> None:
-    ctrl, _, replicas, rec = make()
+    ctrl, _, replicas, rec = await make()
     assert await ctrl.sync_hybrid_weights(1) is False  # asleep: the next activation syncs
     assert rec.calls == []
     await ctrl.activate(1, None, True)  # positional rebalance flag
@@ -175,7 +180,7 @@ async def test_failed_activation_step_leaves_safe_state(step: str) -> None:
     events = EventBus()
     seen: list[object] = []
     events.subscribe(seen.append)
-    ctrl, router, replicas, _ = make(events=events)
+    ctrl, router, replicas, _ = await make(events=events)
     if step == "add_to_routing":
         router.fail.add("add_replicas")
     else:
@@ -198,7 +203,7 @@ async def test_failed_activation_step_leaves_safe_state(step: str) -> None:
 
 @pytest.mark.parametrize("step", ["remove_from_routing", "abort", "sleep"])
 async def test_failed_deactivation_step_leaves_safe_state(step: str) -> None:
-    ctrl, router, replicas, _ = make()
+    ctrl, router, replicas, _ = await make()
     await ctrl.activate(1)
     if step == "remove_from_routing":
         router.fail.add("remove_replicas")
@@ -214,8 +219,8 @@ async def test_failed_deactivation_step_leaves_safe_state(step: str) -> None:
 
 
 async def test_failed_rebalance_inside_activation_is_safe() -> None:
-    ctrl, router, replicas, _ = make()
-    client = RetryingClient(router, replicas)
+    ctrl, router, replicas, _ = await make()
+    client = RetryingClient(ctrl.replicas)
     tasks = [
         asyncio.create_task(client.generate(GenerateRequest(request_id=f"r{i}", max_tokens=200)))
         for i in range(6)
@@ -232,8 +237,8 @@ async def test_failed_rebalance_inside_activation_is_safe() -> None:
 
 
 async def test_rebalance_moves_only_the_excess() -> None:
-    ctrl, router, replicas, rec = make()
-    client = RetryingClient(router, replicas)
+    ctrl, router, _, rec = await make()
+    client = RetryingClient(ctrl.replicas)
     tasks = [
         asyncio.create_task(client.generate(GenerateRequest(request_id=f"r{i}", max_tokens=400)))
         for i in range(8)
@@ -258,7 +263,7 @@ async def test_switches_are_timed_on_the_loop_clock_and_reported() -> None:
     events = EventBus()
     seen: list[object] = []
     events.subscribe(seen.append)
-    ctrl, _, _, _ = make(delays=0.01, events=events)
+    ctrl, _, _, _ = await make(delays=0.01, events=events)
     await ctrl.activate(1)
     await ctrl.deactivate()
     # wake + update + resume (each 0.01 s, replicas in parallel) and sleep (0.01 s)
@@ -280,9 +285,10 @@ async def test_switches_are_timed_on_the_loop_clock_and_reported() -> None:
 
 async def test_every_call_is_bounded_by_the_timeout() -> None:
     rec = CallRecorder()
-    router = LoadBalancer(["s0"])
     stuck = InMemoryReplica("h0", role="hybrid", recorder=rec, wake_delay_s=10.0)
-    ctrl = DynamicResourceController(router, [stuck], call_timeout_s=0.05)
+    rs = ReplicaSet(standalone=[InMemoryReplica("s0")], hybrid=[stuck])
+    await rs.route(["s0"])
+    ctrl = DynamicResourceController(rs, ControllerOptions(call_timeout_s=0.05))
     with pytest.raises(SwitchError) as info:
         await ctrl.activate(1)
     assert info.value.step == "wake_up"
@@ -291,7 +297,7 @@ async def test_every_call_is_bounded_by_the_timeout() -> None:
 
 
 async def test_reconcile_and_recovery_from_an_interrupted_switch() -> None:
-    ctrl, router, _, _ = make(delays=0.05)
+    ctrl, router, _, _ = await make(delays=0.05)
     task = asyncio.create_task(ctrl.activate(1))
     await asyncio.sleep(0.01)
     task.cancel()
@@ -310,22 +316,47 @@ async def test_reconcile_and_recovery_from_an_interrupted_switch() -> None:
 
 
 def test_constructor_validation_and_doctest() -> None:
-    with pytest.raises(ValueError, match="call_timeout_s"):
-        DynamicResourceController(LoadBalancer(), [], call_timeout_s=0)
+    with pytest.raises(ValueError, match="ControllerOptions.call_timeout_s"):
+        ControllerOptions(call_timeout_s=0)
+    with pytest.raises(TypeError, match="ReplicaSet"):
+        DynamicResourceController(LoadBalancer())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="duplicate"):
-        DynamicResourceController(LoadBalancer(), [InMemoryReplica("h"), InMemoryReplica("h")])
+        ReplicaSet(hybrid=[InMemoryReplica("h"), InMemoryReplica("h")])
     assert doctest.testmod(controller_module).failed == 0
 
 
-async def test_removing_dead_hybrid_replicas() -> None:
-    ctrl, _router, _, _ = make()
+async def test_dead_hybrid_replicas_leave_the_switch() -> None:
+    ctrl, router, replicas, _ = await make()
     await ctrl.activate(1)
     assert ctrl.state is HybridState.HYBRID_ACTIVE
-    assert ctrl.remove_hybrid_replica("h0") is True
-    assert ctrl.remove_hybrid_replica("h0") is False
+    assert ctrl.replicas.mark_dead("h0") is True
+    assert ctrl.replicas.mark_dead("h0") is False
+    await ctrl.replicas.settle(1.0)
     assert ctrl.hybrid_ids == ("h1",)
+    assert await router.routable() == ["h1", "s0", "s1"]
     assert ctrl.state is HybridState.HYBRID_ACTIVE  # one survivor still serves
-    assert ctrl.remove_hybrid_replica("h1") is True
+    await ctrl.deactivate()
+    assert replicas["h1"].is_asleep and not replicas["h0"].is_asleep  # the dead one untouched
+    await ctrl.activate(2)
+    assert ctrl.is_hybrid_active and replicas["h1"].weights_version == 2
+    assert replicas["h0"].weights_version == 1
+    ctrl.replicas.mark_dead("h1")
     # the last one gone: the state machine no longer claims hybrid capacity
     assert ctrl.state is HybridState.STANDALONE_ONLY
-    assert await ctrl.activate(2) is False  # no hybrid replicas: a no-op
+    assert await ctrl.activate(3) is False  # no live hybrid replica: a no-op
+    await ctrl.replicas.settle(1.0)
+    assert await router.routable() == ["s0", "s1"]
+
+
+async def test_a_hybrid_replica_dying_mid_switch_fails_it_safely() -> None:
+    ctrl, router, _, _ = await make(delays=0.02)
+    task = asyncio.create_task(ctrl.activate(1))
+    await asyncio.sleep(0.01)  # waking up
+    ctrl.replicas.mark_dead("h1")
+    with pytest.raises(SwitchError) as info:
+        await task
+    assert info.value.replica_id == "h1"
+    assert ctrl.state is HybridState.STANDALONE_ONLY
+    assert await router.routable() == ["s0", "s1"]
+    assert await ctrl.activate(2) is True  # the survivor serves alone
+    assert await router.routable() == ["h0", "s0", "s1"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from dynsched_core import EventBus, RolloutEvent, SwitchEvent
+from dynsched_core import EventBus
+from dynsched_core.events import RolloutEvent, SwitchEvent
 
 
 def test_bus_filters_by_type_and_unsubscribes() -> None:
@@ -38,13 +39,11 @@ def test_typed_errors_survive_pickling() -> None:
     """Errors cross process boundaries (Ray actors) intact."""
     import pickle
 
-    from dynsched_core import (
-        ConfigError,
-        HybridState,
+    from dynsched_core import ConfigError, HybridState, SwitchError
+    from dynsched_core.errors import (
         IllegalTransitionError,
         RequestFailedError,
         SampleWaitTimeoutError,
-        SwitchError,
     )
 
     errors = [

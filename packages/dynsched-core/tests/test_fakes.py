@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from dynsched_core import GenerateRequest, LoadBalancer, ManualClock, RolloutReplica, Router
+from dynsched_core import GenerateRequest, LoadBalancer, RolloutReplica, Router
+from dynsched_core._clock import ManualClock
 from dynsched_core.testing import (
     CallRecorder,
     InMemoryReplica,

@@ -12,18 +12,23 @@ from typing import Any
 import dynsched_core._loop as loop_module
 import pytest
 from dynsched_core import (
+    AsyncSampleQueue,
+    DynamicResourceController,
     DynamicScheduleConfig,
     DynamicSchedulePolicyBase,
     EventBus,
     FullyAsyncLoop,
     HybridState,
+    InMemoryReplica,
     Prompt,
-    ReplicaModeEvent,
+    ReplicaSet,
+    RetryingClient,
+    Rollouter,
+    RollouterOptions,
     RolloutSample,
-    SwitchEvent,
-    TrainStepEvent,
+    ScheduleDriver,
 )
-from dynsched_core.testing import InMemoryReplica
+from dynsched_core.events import ReplicaModeEvent, SwitchEvent, TrainStepEvent
 
 
 class AlwaysActivate(DynamicSchedulePolicyBase):
@@ -70,7 +75,8 @@ class SleepingTrainer:
         return {"update_actor": self.train_s}
 
     async def sync_weights(self, version: int) -> str:
-        await asyncio.gather(*(r.update_weights(version) for r in self.standalone))
+        targets = self.standalone() if callable(self.standalone) else self.standalone
+        await asyncio.gather(*(r.update_weights(version) for r in targets))
         self.synced.append(version)
         return f"weights-v{version}"
 
@@ -115,7 +121,7 @@ def build(
     ]
     trainer = SleepingTrainer(standalone)
     events = EventBus()
-    loop = FullyAsyncLoop(
+    loop = FullyAsyncLoop.build(
         config,
         policy or AlwaysActivate(),
         trainer,
@@ -221,7 +227,7 @@ async def test_hybrid_only_mode_is_not_a_deadlock() -> None:
         rollout_nnodes=0,
     )
     hybrid = [InMemoryReplica("h0", role="hybrid", tokens_per_s=5000.0)]
-    loop = FullyAsyncLoop(
+    loop = FullyAsyncLoop.build(
         config,
         Never(wait_samples=2),
         SleepingTrainer([], train_s=0.001),
@@ -246,7 +252,7 @@ async def test_hybrid_only_deactivation_buffers_the_whole_cycle() -> None:
         rollout_nnodes=0,
     )
     hybrid = [InMemoryReplica("h0", role="hybrid", tokens_per_s=5000.0)]
-    loop = FullyAsyncLoop(
+    loop = FullyAsyncLoop.build(
         config,
         Eager(wait_samples=0),
         SleepingTrainer([], train_s=0.001),
@@ -362,7 +368,7 @@ def test_colocated_loop_bounds_the_wait_for_a_replica_by_the_sample_timeout() ->
         def should_activate_after_step(self, g, a, c):  # type: ignore[no-untyped-def]
             return True
 
-    colocated = FullyAsyncLoop(
+    colocated = FullyAsyncLoop.build(
         cfg,
         _P(),
         _Never(),
@@ -370,8 +376,8 @@ def test_colocated_loop_bounds_the_wait_for_a_replica_by_the_sample_timeout() ->
         hybrid=[InMemoryReplica("h0", role="hybrid")],
         wait_timeout_s=1234.0,
     )
-    assert colocated.client.no_replica_timeout_s == 1234.0  # type: ignore[attr-defined]
-    mixed = FullyAsyncLoop(
+    assert colocated.client.options.no_replica_timeout_s == 1234.0  # type: ignore[attr-defined]
+    mixed = FullyAsyncLoop.build(
         cfg,
         _P(),
         _Never(),
@@ -380,4 +386,55 @@ def test_colocated_loop_bounds_the_wait_for_a_replica_by_the_sample_timeout() ->
         hybrid=[InMemoryReplica("h0", role="hybrid")],
         wait_timeout_s=1234.0,
     )
-    assert mixed.client.no_replica_timeout_s != 1234.0  # type: ignore[attr-defined]
+    assert mixed.client.options.no_replica_timeout_s != 1234.0  # type: ignore[attr-defined]
+
+
+async def test_loop_runs_over_the_parts_it_is_given() -> None:
+    config = DynamicScheduleConfig(
+        use_dynamic_resource_scheduling=True, ppo_mini_batch_size=2, trigger_parameter_sync_step=1
+    )
+    standalone = [InMemoryReplica("s0", tokens_per_s=5000.0)]
+    replicas = ReplicaSet(
+        standalone=standalone, hybrid=[InMemoryReplica("h0", role="hybrid", tokens_per_s=5000.0)]
+    )
+    queue = AsyncSampleQueue(capacity=config.max_queue_size)
+    driver = ScheduleDriver(AlwaysActivate(), DynamicResourceController(replicas), queue, config)
+    rollouter = Rollouter(
+        prompts(40),
+        RetryingClient(replicas),
+        replicas,
+        queue,
+        RollouterOptions.from_config(config, max_tokens=48),
+    )
+    loop = FullyAsyncLoop(
+        config, SleepingTrainer(standalone, 0.001), driver=driver, rollouter=rollouter
+    )
+    assert (
+        loop.replicas is replicas and loop.queue is queue and loop.controller is driver.controller
+    )
+    result = await asyncio.wait_for(loop.run(num_steps=4), 30.0)
+    assert result.steps == 4 and result.activations >= 1
+    other = Rollouter([], RetryingClient(replicas), replicas, AsyncSampleQueue(), rollouter.options)
+    with pytest.raises(ValueError, match="driver's queue"):
+        FullyAsyncLoop(config, SleepingTrainer([]), driver=driver, rollouter=other)
+    elsewhere = ReplicaSet()
+    stray = Rollouter([], RetryingClient(elsewhere), elsewhere, queue, rollouter.options)
+    with pytest.raises(ValueError, match="one ReplicaSet"):
+        FullyAsyncLoop(config, SleepingTrainer([]), driver=driver, rollouter=stray)
+
+
+async def test_a_replica_dying_mid_run_leaves_every_reader_consistent() -> None:
+    loop, trainer, standalone, _, _ = build(400)
+    trainer.standalone = lambda: loop.replicas.of_role("standalone")  # type: ignore[assignment]
+    task = asyncio.create_task(loop.run(num_steps=10))
+    while loop.driver.param_version < 2:
+        await asyncio.sleep(0.005)
+    standalone[0].kill()
+    loop.replicas.mark_dead("s0")
+    result = await asyncio.wait_for(task, 60.0)
+    assert result.steps == 10 and result.samples_failed == 0
+    assert loop.replicas.dead_ids == ["s0"] and loop.replicas.standalone_ids == ["s1"]
+    assert await loop.router.routable() == ["s1"]
+    last = result.records[-1]
+    assert last.before.context is None or last.before.context.num_standalone_replicas == 1
+    assert all(o for o in result.consumed_sample_ids)

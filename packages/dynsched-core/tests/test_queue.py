@@ -6,7 +6,9 @@ import asyncio
 from collections import deque
 
 import pytest
-from dynsched_core import AsyncSampleQueue, QueueStats, SampleQueue, SampleWaitTimeoutError
+from dynsched_core import AsyncSampleQueue, SampleQueue
+from dynsched_core._protocols import QueueStats
+from dynsched_core.errors import SampleWaitTimeoutError
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -226,9 +228,8 @@ def test_counters_and_order_match_a_model(
         assert capacity is None or s.size <= capacity
 
 
-async def test_calling_the_protocol_builds_the_in_process_queue() -> None:
-    q = SampleQueue(capacity=2)
-    assert isinstance(q, AsyncSampleQueue)
+async def test_the_in_process_queue_implements_the_protocol() -> None:
+    q = AsyncSampleQueue(capacity=2)
     assert isinstance(q, SampleQueue)
     await q.put("a")
     await q.close()

@@ -11,12 +11,12 @@ import pytest
 from dynsched_core import (
     DynamicScheduleContext,
     DynamicSchedulePolicyBase,
-    PolicyRegistryError,
     available_policies,
     build_policy,
     get_policy_class,
     register_policy,
 )
+from dynsched_core.errors import PolicyRegistryError
 
 
 class _Base(DynamicSchedulePolicyBase):
@@ -61,7 +61,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[_FakeDist]]:
     fresh = reg._Registry()
     dists: list[_FakeDist] = []
     monkeypatch.setattr(reg, "_REGISTRY", fresh)
-    monkeypatch.setattr(reg.metadata, "distributions", lambda: list(dists))
+    monkeypatch.setattr(metadata, "distributions", lambda: list(dists))
     yield dists
 
 
@@ -109,13 +109,13 @@ def test_entry_point_discovery_is_lazy_and_once(
 ) -> None:
     registry.append(_FakeDist("dist-one", [("ep_a", "_dynsched_test_policies:PolicyA")]))
     calls: list[int] = []
-    original = reg.metadata.distributions
+    original = metadata.distributions
 
     def counting() -> Any:
         calls.append(1)
         return original()
 
-    monkeypatch.setattr(reg.metadata, "distributions", counting)
+    monkeypatch.setattr(metadata, "distributions", counting)
     assert available_policies() == ["ep_a"]
     assert get_policy_class("ep_a") is PolicyA
     assert get_policy_class("ep_a") is PolicyA

@@ -10,18 +10,19 @@ import dynsched_core._rollouter as rollouter_module
 import pytest
 from dynsched_core import (
     AsyncSampleQueue,
+    DynamicScheduleConfig,
     EventBus,
     GenerateRequest,
-    LoadBalancer,
+    InMemoryReplica,
     Prompt,
+    ReplicaSet,
     RetryingClient,
     Rollouter,
-    RolloutEvent,
-    RolloutOutcome,
+    RollouterOptions,
     RolloutSample,
-    StalenessResetEvent,
 )
-from dynsched_core.testing import InMemoryReplica
+from dynsched_core._client import RolloutOutcome
+from dynsched_core.events import RolloutEvent, StalenessResetEvent
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -55,21 +56,24 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def make(
+async def make(
     *, prompts: Any, routable: int = 1, events: EventBus | None = None, **kw: Any
-) -> tuple[Rollouter, GatedClient, LoadBalancer, AsyncSampleQueue]:
+) -> tuple[Rollouter, GatedClient, ReplicaSet, AsyncSampleQueue]:
     client = GatedClient()
-    router = LoadBalancer([f"r{i}" for i in range(routable)])
+    replicas = ReplicaSet(standalone=[InMemoryReplica(f"r{i}") for i in range(routable)])
+    await replicas.route(replicas.standalone_ids)
     queue = AsyncSampleQueue()
     params: dict[str, Any] = {"required_samples": 2, "n": 2, "trigger_parameter_sync_step": 1}
     params.update(kw)
-    rollouter = Rollouter(prompts, client, router, queue, events=events, **params)
-    return rollouter, client, router, queue
+    rollouter = Rollouter(
+        prompts, client, replicas, queue, RollouterOptions(**params), events=events
+    )
+    return rollouter, client, replicas, queue
 
 
 async def test_staleness_admission_per_version() -> None:
     # max_required = (1 + 0.5) * 2 * 2 = 6 samples per version; plenty of concurrency.
-    rollouter, client, _, queue = make(
+    rollouter, client, _, queue = await make(
         prompts=range(100),
         staleness_threshold=0.5,
         trigger_parameter_sync_step=2,
@@ -98,7 +102,7 @@ async def test_concurrency_cap_follows_routable_set_immediately() -> None:
     events = EventBus()
     seen: list[RolloutEvent] = []
     events.subscribe(seen.append, RolloutEvent)
-    rollouter, client, router, _ = make(
+    rollouter, client, replicas, _ = await make(
         prompts=range(100),
         routable=1,
         events=events,
@@ -108,25 +112,28 @@ async def test_concurrency_cap_follows_routable_set_immediately() -> None:
     task = rollouter.start()
     await settle()
     assert rollouter.capacity == 2 and rollouter.active == 2
-    await router.add_replicas(["r9"])  # capacity 4, noticed before any completion
+    replicas.add(InMemoryReplica("r9"))
+    assert rollouter.capacity == 2  # a member is not capacity until it is routable
+    await replicas.route(["r9"])  # capacity 4, noticed before any completion
     await settle()
     assert rollouter.capacity == 4 and rollouter.active == 4
     assert not any(e.kind == "complete" for e in seen)
-    await router.remove_replicas(["r0", "r9"])
+    await replicas.unroute(["r0"])
+    replicas.mark_dead("r9")  # a death takes capacity away at once
     await settle()
     assert rollouter.capacity == 0
     client.release_all()
     await settle()
     assert rollouter.active == 0  # nothing admitted without routable replicas
     kinds = [e.kind for e in seen]
-    assert kinds[0] == "seed" and kinds.count("capacity") == 3
+    assert kinds[0] == "seed" and kinds.count("capacity") == 4  # 2, 4, 2, 0
     assert all(e.active <= max(e.capacity, 4) for e in seen)
     await rollouter.stop()
     await task
 
 
 async def test_end_of_stream_closes_queue_and_failed_samples_are_not_queued() -> None:
-    rollouter, client, _, queue = make(prompts=range(5), staleness_threshold=10.0)
+    rollouter, client, _, queue = await make(prompts=range(5), staleness_threshold=10.0)
     client.fail.add("p3/1")
     task = rollouter.start()
     await settle()
@@ -141,7 +148,7 @@ async def test_end_of_stream_closes_queue_and_failed_samples_are_not_queued() ->
 
 
 async def test_pause_resume_and_stop_cancels_in_flight() -> None:
-    rollouter, _, _, queue = make(prompts=range(50), staleness_threshold=10.0)
+    rollouter, _, _, queue = await make(prompts=range(50), staleness_threshold=10.0)
     rollouter.pause()
     task = rollouter.start()
     await settle()
@@ -159,7 +166,7 @@ async def test_reset_emits_window_events() -> None:
     events = EventBus()
     seen: list[Any] = []
     events.subscribe(seen.append)
-    rollouter, client, _, _ = make(prompts=range(3), events=events, staleness_threshold=10.0)
+    rollouter, client, _, _ = await make(prompts=range(3), events=events, staleness_threshold=10.0)
     task = rollouter.start()
     await settle()
     client.release_all()
@@ -172,12 +179,16 @@ async def test_reset_emits_window_events() -> None:
 
 
 async def test_real_generation_with_groups_and_versions() -> None:
-    replicas = {"s0": InMemoryReplica("s0", tokens_per_s=1e5)}
-    router = LoadBalancer(["s0"])
+    replicas = ReplicaSet(standalone=[InMemoryReplica("s0", tokens_per_s=1e5)])
+    await replicas.route(["s0"])
     queue = AsyncSampleQueue()
     prompts = [Prompt(prompt_id=f"q{i}", max_tokens=32, target_lens=(5, 9, 32)) for i in range(4)]
     rollouter = Rollouter(
-        prompts, RetryingClient(router, replicas), router, queue, required_samples=4, n=3
+        prompts,
+        RetryingClient(replicas),
+        replicas,
+        queue,
+        RollouterOptions(required_samples=4, n=3),
     )
     await asyncio.wait_for(rollouter.run(), 5.0)
     samples: list[RolloutSample] = await queue.get(4, timeout=1.0)
@@ -199,7 +210,7 @@ def test_admission_never_exceeds_either_limit(
     required: int, t: int, staleness: float, per_replica: int, routable: int
 ) -> None:
     async def scenario() -> None:
-        rollouter, client, _, queue = make(
+        rollouter, client, _, queue = await make(
             prompts=range(1000),
             routable=routable,
             required_samples=required,
@@ -230,9 +241,27 @@ def test_admission_never_exceeds_either_limit(
 
 
 def test_validation_and_doctest() -> None:
-    router = LoadBalancer()
-    with pytest.raises(ValueError, match="required_samples"):
-        Rollouter([], GatedClient(), router, AsyncSampleQueue(), required_samples=0)
-    with pytest.raises(TypeError, match="n"):
-        Rollouter([], GatedClient(), router, AsyncSampleQueue(), required_samples=1, n=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="RollouterOptions.required_samples"):
+        RollouterOptions(required_samples=0)
+    with pytest.raises(TypeError, match="RollouterOptions.n"):
+        RollouterOptions(required_samples=1, n=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="RollouterOptions.put_timeout_s"):
+        RollouterOptions(required_samples=1, put_timeout_s=0.0)
+    with pytest.raises(TypeError, match="ReplicaSet"):
+        Rollouter([], GatedClient(), {}, AsyncSampleQueue(), RollouterOptions(required_samples=1))  # type: ignore[arg-type]
     assert doctest.testmod(rollouter_module).failed == 0
+
+
+def test_options_from_config_and_the_one_definition_of_the_derived_counts() -> None:
+    cfg = DynamicScheduleConfig(
+        ppo_mini_batch_size=7,
+        trigger_parameter_sync_step=3,
+        staleness_threshold=0.3,
+        concurrent_samples_per_replica=5,
+        n=4,
+    )
+    options = RollouterOptions.from_config(cfg, max_tokens=9)
+    assert (options.required_samples, options.n, options.max_tokens) == (7, 4, 9)
+    assert options.max_required_samples == cfg.max_required_samples == int(21 * 1.3)
+    for routable in range(8):
+        assert options.capacity(routable) == cfg.max_concurrent_samples(routable)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from dynsched_core import LoadBalancer, NoRoutableReplicaError, Router
+from dynsched_core import LoadBalancer, Router
+from dynsched_core.errors import NoRoutableReplicaError
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,

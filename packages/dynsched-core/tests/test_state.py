@@ -4,14 +4,10 @@ import itertools
 import logging
 
 import pytest
-from dynsched_core import (
-    LEGAL_TRANSITIONS,
-    HybridState,
-    HybridStateMachine,
-    IllegalTransitionError,
-    ManualClock,
-    Transition,
-)
+from dynsched_core import HybridState
+from dynsched_core._clock import ManualClock
+from dynsched_core._state import LEGAL_TRANSITIONS, HybridStateMachine, Transition
+from dynsched_core.errors import IllegalTransitionError
 
 
 def test_legal_cycle_and_listeners() -> None:

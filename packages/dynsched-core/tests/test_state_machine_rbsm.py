@@ -20,19 +20,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from dynsched_core import (
-    LEGAL_TRANSITIONS,
+    ClientOptions,
+    ControllerOptions,
     DynamicResourceController,
     GenerateRequest,
     HybridState,
+    InMemoryReplica,
     LoadBalancer,
-    NoRoutableReplicaError,
-    RequestFailedError,
+    ReplicaSet,
     RetryingClient,
-    RolloutOutcome,
     SwitchError,
-    Transition,
 )
-from dynsched_core.testing import InMemoryReplica
+from dynsched_core._client import RolloutOutcome
+from dynsched_core._state import LEGAL_TRANSITIONS, Transition
+from dynsched_core.errors import NoRoutableReplicaError, RequestFailedError
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -124,19 +125,19 @@ class ControllerMachine(RuleBasedStateMachine):
                 sleep_delay_s=0.05,
                 update_delay_s=0.02,
             )
-        self.router = CheckingRouter(list(STANDALONE), self.replicas)
-        self.client = RetryingClient(
+        self.router = CheckingRouter([], self.replicas)
+        self.set = ReplicaSet(
             self.router,
-            self.replicas,
-            max_failures=2,
-            backoff_initial_s=0.01,
-            no_replica_timeout_s=30.0,
+            standalone=[self.replicas[s] for s in STANDALONE],
+            hybrid=[self.replicas[h] for h in HYBRID],
+        )
+        self.run(self.set.route(list(STANDALONE)))
+        self.client = RetryingClient(
+            self.set,
+            ClientOptions(max_failures=2, backoff_initial_s=0.01, no_replica_timeout_s=30.0),
         )
         self.controller = DynamicResourceController(
-            self.router,
-            [self.replicas[h] for h in HYBRID],
-            replicas=self.replicas,
-            call_timeout_s=10.0,
+            self.set, ControllerOptions(call_timeout_s=10.0)
         )
         self.transitions: list[Transition] = []
         self.controller.state_machine.add_listener(self.transitions.append)
@@ -239,6 +240,10 @@ class ControllerMachine(RuleBasedStateMachine):
             assert set(HYBRID) <= routable
         else:
             assert not set(HYBRID) & routable
+
+    @invariant()
+    def the_router_follows_the_replica_set(self) -> None:
+        assert self.set.routable_ids == self.router.routable_ids()
 
     @invariant()
     def requests_end_at_most_once(self) -> None:

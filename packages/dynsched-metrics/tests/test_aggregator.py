@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from dynsched_core import (
-    EventBus,
+from dynsched_core import EventBus
+from dynsched_core.events import (
     ReplicaModeEvent,
     RolloutEvent,
     StalenessResetEvent,
@@ -26,8 +26,8 @@ from dynsched_metrics import (
     DictSink,
     MetricsAggregator,
     MetricsRecorder,
-    rollout_resource_utilization_reference,
 )
+from dynsched_metrics._definitions import rollout_resource_utilization_reference
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from dynsched_core import RolloutEvent
+from dynsched_core.events import RolloutEvent
 from dynsched_metrics import (
     cluster_resource_utilization,
     correct_placeholder_capacity,
@@ -15,11 +15,11 @@ from dynsched_metrics import (
     rollout_capacity,
     rollout_resource_utilization,
     rollout_resource_utilization_arrays,
-    rollout_resource_utilization_reference,
     step_generated_samples,
     train_compute_time,
     train_resource_utilization,
 )
+from dynsched_metrics._definitions import rollout_resource_utilization_reference
 
 BOTH = [rollout_resource_utilization, rollout_resource_utilization_reference]
 

@@ -72,7 +72,7 @@ async def run_loop(policy):
     bus = EventBus()
     sink = DictSink()
     agg = MetricsAggregator.from_config(cfg, bus=bus, sinks=[sink])
-    loop = FullyAsyncLoop(
+    loop = FullyAsyncLoop.build(
         cfg,
         policy,
         Trainer(),

@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from dynsched_core import (
-    EventBus,
+from dynsched_core import EventBus
+from dynsched_core.events import (
     ReplicaModeEvent,
     RolloutEvent,
     StalenessResetEvent,

@@ -8,9 +8,9 @@ from dynsched_metrics import (
     cluster_resource_utilization,
     hybrid_rollout_fraction,
     rollout_resource_utilization,
-    rollout_resource_utilization_reference,
     train_resource_utilization,
 )
+from dynsched_metrics._definitions import rollout_resource_utilization_reference
 from hypothesis import assume, given
 from hypothesis import strategies as st
 

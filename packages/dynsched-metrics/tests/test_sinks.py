@@ -79,7 +79,7 @@ def test_builtin_sinks_are_discoverable_through_entry_points(tmp_path):
     jsonl = build_sink("jsonl", path=tmp_path / "m.jsonl")
     assert isinstance(jsonl, JsonLinesSink) and isinstance(jsonl, MetricsSink)
     jsonl.close()
-    with pytest.raises(KeyError, match="did you mean 'jsonl'"):
+    with pytest.raises(KeyError, match="Did you mean 'jsonl'"):
         build_sink("jsonll")
 
 
@@ -110,3 +110,23 @@ def test_two_prometheus_sinks_do_not_collide():
     a = build_sink("prometheus", run="a")
     b = build_sink("prometheus", run="b")
     assert a.registry is not b.registry
+
+
+def test_a_sink_name_two_distributions_provide_is_refused(monkeypatch):
+    """Sinks follow dynsched's one plug-in rule (dynsched_core.plugins)."""
+    from importlib import metadata
+
+    from dynsched_metrics import SinkLookupError
+
+    class Dist:
+        def __init__(self, name):
+            self.metadata = {"Name": name}
+            self.entry_points = [
+                metadata.EntryPoint("dup", "dynsched_metrics:DictSink", "dynsched.metrics_sinks")
+            ]
+
+    monkeypatch.setattr(metadata, "distributions", lambda: [Dist("dist-one"), Dist("dist-two")])
+    assert available_sinks() == ["dup"]
+    with pytest.raises(SinkLookupError, match="'dist-one' and 'dist-two'") as err:
+        build_sink("dup")
+    assert isinstance(err.value, KeyError)

@@ -6,15 +6,16 @@ import doctest
 import math
 
 import dynsched_metrics._recorder as recorder_module
-from dynsched_core import EventBus, RolloutEvent, StalenessResetEvent, TrainStepEvent
+from dynsched_core import EventBus
+from dynsched_core.events import RolloutEvent, StalenessResetEvent, TrainStepEvent
 from dynsched_metrics import (
     CYCLE_METRIC_KEYS,
     RESOURCE_UTILIZATION,
     ROLLOUT_RESOURCE_UTILIZATION,
     TRAIN_RESOURCE_UTILIZATION,
     MetricsAggregator,
-    rollout_resource_utilization_reference,
 )
+from dynsched_metrics._definitions import rollout_resource_utilization_reference
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 

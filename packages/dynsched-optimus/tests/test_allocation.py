@@ -13,10 +13,9 @@ from dynsched_optimus import (
     PSSpeedModel,
     StepTimeModel,
     allocate,
-    allocate_reference,
     dominant_share,
 )
-from dynsched_optimus._allocation import _time_fn
+from dynsched_optimus._allocation import _time_fn, allocate_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dynsched_optimus import (
-    JobPlacement,
-    OptimusError,
-    PlacementRequest,
-    even_split,
-    place,
-    place_reference,
-)
+from dynsched_optimus import JobPlacement, OptimusError, PlacementRequest, even_split, place
+from dynsched_optimus._placement import place_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from dynsched_core import DynamicScheduleContext, DynamicSchedulePolicyBase
+from dynsched_core import DynamicScheduleContext, DynamicSchedulePolicyBase, GuardRails
 from dynsched_core.testing import (
     POLICY_PROPERTIES,
     PolicyConformanceError,
@@ -142,8 +142,6 @@ class NotAPolicy:
         (ForgetsState, "state_dict_round_trip"),
         (LiveState, "state_dict_round_trip"),
         (RefusesOwnState, "state_dict_round_trip"),
-        (PublishedStatic, "only_hybrid_no_deadlock"),
-        (ColocatedHalfWait, "only_hybrid_no_deadlock"),
         (NotAPolicy, "construct"),
     ],
 )
@@ -161,28 +159,47 @@ def test_good_policy_passes() -> None:
     check_policy(Good, max_examples=20)
 
 
+class RaisesWhenColocated(Good):
+    def __init__(self, only_hybrid: bool = False) -> None:
+        self.only_hybrid = only_hybrid
+
+    def deactivate_wait_samples(self, ctx):  # type: ignore[no-untyped-def]
+        if self.only_hybrid:
+            raise RuntimeError("not built for colocated runs")
+        return super().deactivate_wait_samples(ctx)
+
+
 def test_colocated_factory_is_checked_too() -> None:
-    class OnlyFlag(PublishedStatic):
-        """Honours only its constructor flag, not ctx.only_hybrid."""
-
-        def deactivate_wait_samples(self, ctx):  # type: ignore[no-untyped-def]
-            return ctx.step_required_samples if self.only_hybrid else 0
-
-        def should_activate_after_step(self, global_steps, is_hybrid_active, ctx):  # type: ignore[no-untyped-def]
-            return self.only_hybrid
-
-    with pytest.raises(PolicyConformanceError, match="only_hybrid_no_deadlock"):
-        check_policy(
-            lambda: OnlyFlag(only_hybrid=False),
-            colocated_factory=lambda: OnlyFlag(only_hybrid=True),
-        )
+    check_policy(RaisesWhenColocated, max_examples=10)
     with pytest.raises(PolicyConformanceError, match=re.escape("[colocated_factory]")):
-        check_policy(Good, colocated_factory=PublishedStatic, max_examples=20, shrink=False)
+        check_policy(
+            RaisesWhenColocated,
+            colocated_factory=lambda: RaisesWhenColocated(only_hybrid=True),
+            max_examples=20,
+            shrink=False,
+        )
 
 
-def test_published_static_deadlock_message_explains() -> None:
+@pytest.mark.parametrize("factory", [PublishedStatic, ColocatedHalfWait])
+def test_policies_that_would_deadlock_alone_are_protected_by_the_guard_rails(
+    factory: Any,
+) -> None:
+    """The published static policy never activates; colocated, the framework does it."""
+    check_policy(factory, colocated_factory=factory, max_examples=20)
+
+
+def test_without_the_colocated_guard_rail_the_deadlock_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The property can fail: with the colocated rule removed, the published policy deadlocks."""
+
+    def policy_decides(self: GuardRails, wants: bool, ctx: Any) -> tuple[bool, tuple[()]]:
+        return wants, ()
+
+    monkeypatch.setattr(GuardRails, "activation", policy_decides)
     with pytest.raises(PolicyConformanceError) as err:
         check_policy(PublishedStatic, name="published-static", max_examples=20)
+    assert err.value.property_name == "only_hybrid_no_deadlock"
     assert "hybrid replicas are asleep" in str(err.value)
     assert "check_policy(published-static)" in str(err.value)
 

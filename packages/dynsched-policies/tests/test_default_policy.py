@@ -6,7 +6,7 @@ import copy
 import math
 
 import pytest
-from dynsched_core import ConfigError, DynamicScheduleContext
+from dynsched_core import ConfigError, DynamicScheduleContext, GuardRails
 from dynsched_core.testing import contexts, drive_steps, step_sequences
 from dynsched_policies import DefaultDynamicSchedulePolicy
 from hypothesis import given
@@ -22,6 +22,7 @@ def ctx(
     act: float = 0.0,
     deact: float = 0.0,
     only_hybrid: bool = False,
+    bounds: tuple[float, float] = (0.0, 1.0),
 ) -> DynamicScheduleContext:
     expected = 1000
     return DynamicScheduleContext(
@@ -35,6 +36,8 @@ def ctx(
         last_deactivate_duration_s=deact,
         only_hybrid=only_hybrid,
         num_standalone_replicas=0 if only_hybrid else 2,
+        min_deactivate_ratio=bounds[0],
+        max_deactivate_ratio=bounds[1],
     )
 
 
@@ -77,15 +80,16 @@ def test_waited_samples_without_wait_time_still_count_as_bottleneck() -> None:
     assert p.per_sample_time_s == 1000.0  # W == 0: estimate not replaced
 
 
-def test_ratio_is_clamped_to_bounds() -> None:
-    p = DefaultDynamicSchedulePolicy(
-        deactivate_ratio=0.2, min_deactivate_ratio=0.19, max_deactivate_ratio=0.25
-    )
-    p.update_after_step(1, ctx())
+def test_ratio_is_clamped_to_the_guard_rails_range() -> None:
+    p = DefaultDynamicSchedulePolicy(deactivate_ratio=0.2)
+    p.update_after_step(1, ctx(bounds=(0.19, 0.25)))
     assert p.deactivate_ratio == 0.19
-    p.update_after_step(2, ctx(waits=((1.0, 40),)))
-    p.update_after_step(3, ctx(waits=((1.0, 40),)))
+    p.update_after_step(2, ctx(waits=((1.0, 40),), bounds=(0.19, 0.25)))
+    p.update_after_step(3, ctx(waits=((1.0, 40),), bounds=(0.19, 0.25)))
     assert p.deactivate_ratio == 0.25
+    for g in range(4, 30):  # the default range is [0, 1]: no lower bound drift below 0
+        p.update_after_step(g, ctx())
+    assert p.deactivate_ratio == 0.0
 
 
 def test_no_drift_over_many_steps() -> None:
@@ -103,10 +107,9 @@ def test_update_does_nothing_at_step_zero_or_when_colocated() -> None:
     p.update_after_step(-1, ctx(waits=((9.0, 3),), act=5.0))
     p.update_after_step(3, ctx(waits=((9.0, 3),), act=5.0, only_hybrid=True))
     assert p.state_dict() == before
+    # the constructor flag is verl's; the framework runs the colocated schedule
     q = DefaultDynamicSchedulePolicy(deactivate_ratio=0.5, only_hybrid=True)
-    q.update_after_step(3, ctx(waits=((9.0, 3),), act=5.0))
-    assert q.deactivate_ratio == 1.0
-    assert q.switch_overheads_s == ()
+    assert q.only_hybrid and q.deactivate_ratio == 0.5
 
 
 # -- switch overheads and per-sample time -----------------------------------------
@@ -211,18 +214,15 @@ def test_deactivation_follows_hybrid_state_and_ratio() -> None:
     assert DefaultDynamicSchedulePolicy(deactivate_ratio=0.0).deactivate_wait_samples(ctx()) == 0
 
 
-def test_only_hybrid_forces_ratio_one_and_always_activates() -> None:
-    p = DefaultDynamicSchedulePolicy(deactivate_ratio=0.3, only_hybrid=True)
-    assert p.deactivate_ratio == 1.0
-    assert p.deactivate_wait_samples(ctx(required=10, sync_steps=4)) == 40
-    assert p.should_activate_after_step(1, False, ctx(surplus=10_000)) is True
-
-
-def test_colocated_context_runs_colocated_schedule() -> None:
+def test_colocated_context_decisions_are_left_to_the_guard_rails() -> None:
+    """The policy decides as always; the driver's guard rails apply the colocated schedule."""
     p = DefaultDynamicSchedulePolicy(deactivate_ratio=0.3)
     c = ctx(required=10, sync_steps=4, surplus=10_000, only_hybrid=True)
-    assert p.should_activate_after_step(1, False, c) is True
-    assert p.deactivate_wait_samples(c) == 40
+    assert p.should_activate_after_step(1, False, c) is False
+    assert p.deactivate_wait_samples(c) == 12
+    rails = GuardRails()
+    assert rails.activation(False, c)[0] is True
+    assert rails.wait_target(12, c, cycle_remaining=40)[0] == 40
     assert p.deactivate_ratio == 0.3  # configured ratio kept for mixed contexts
 
 
@@ -243,15 +243,16 @@ def bounds(draw: st.DrawFn) -> tuple[float, float, float]:
 
 
 @given(b=bounds(), steps=st.lists(st.tuples(st.integers(-2, 10**6), contexts()), max_size=30))
-def test_ratio_never_leaves_its_bounds(
+def test_ratio_never_leaves_the_guard_rails_range(
     b: tuple[float, float, float], steps: list[tuple[int, DynamicScheduleContext]]
 ) -> None:
     lo, ratio, hi = b
-    p = DefaultDynamicSchedulePolicy(
-        deactivate_ratio=ratio, min_deactivate_ratio=lo, max_deactivate_ratio=hi
-    )
+    p = DefaultDynamicSchedulePolicy(deactivate_ratio=ratio)
     for g, c in steps:
+        c = c.evolve(min_deactivate_ratio=lo, max_deactivate_ratio=hi)
         p.update_after_step(g, c)
+        if g > 0 and not c.only_hybrid:
+            assert lo <= p.deactivate_ratio <= hi
         assert lo <= p.deactivate_ratio <= hi
         assert 0 <= p.deactivate_wait_samples(c) <= c.step_required_samples
         assert len(p.switch_overheads_s) <= 3
@@ -265,20 +266,6 @@ def test_ratio_never_leaves_its_bounds(
         ({"deactivate_ratio": 1.5}, r"deactivate_ratio must be in \[0, 1\]"),
         ({"deactivate_ratio": -0.1}, r"deactivate_ratio must be in \[0, 1\]"),
         ({"deactivate_ratio": math.nan}, "deactivate_ratio"),
-        (
-            {"deactivate_ratio": 0.1, "min_deactivate_ratio": 0.2},
-            r"deactivate_ratio must be in \[0.2, 1\]",
-        ),
-        (
-            {"deactivate_ratio": 0.9, "max_deactivate_ratio": 0.8},
-            r"deactivate_ratio must be in \[0, 0.8\]",
-        ),
-        (
-            {"min_deactivate_ratio": 0.6, "max_deactivate_ratio": 0.5},
-            r"max_deactivate_ratio must be in \[0.6, 1\]",
-        ),
-        ({"min_deactivate_ratio": -1.0}, r"min_deactivate_ratio must be in \[0, 1\]"),
-        ({"max_deactivate_ratio": 2.0}, r"max_deactivate_ratio must be in"),
         ({"prior_per_sample_time_s": 0.0}, "prior_per_sample_time_s"),
         ({"default_switch_cost_s": -1.0}, "default_switch_cost_s"),
         ({"overhead_window": 0}, "overhead_window must be >= 1"),
@@ -391,18 +378,16 @@ def test_load_state_dict_keeps_last_window_entries() -> None:
     ],
 )
 def test_load_state_dict_validates(state: dict, exc: type[Exception], needle: str) -> None:
-    p = DefaultDynamicSchedulePolicy(deactivate_ratio=0.3, max_deactivate_ratio=0.9)
+    p = DefaultDynamicSchedulePolicy(deactivate_ratio=0.3)
     before = p.state_dict()
     with pytest.raises(exc, match=needle):
         p.load_state_dict(state)
     assert p.state_dict() == before  # a refused state changes nothing
 
 
-def test_load_state_dict_ratio_must_fit_policy_bounds() -> None:
-    p = DefaultDynamicSchedulePolicy(
-        deactivate_ratio=0.3, min_deactivate_ratio=0.2, max_deactivate_ratio=0.5
-    )
-    with pytest.raises(ValueError, match=r"\[0.2, 0.5\]"):
+def test_load_state_dict_ratio_must_be_a_ratio() -> None:
+    p = DefaultDynamicSchedulePolicy(deactivate_ratio=0.3)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
         p.load_state_dict(
-            {"deactivate_ratio": 0.6, "switch_overheads_s": [], "per_sample_time_s": 1.0}
+            {"deactivate_ratio": 1.6, "switch_overheads_s": [], "per_sample_time_s": 1.0}
         )

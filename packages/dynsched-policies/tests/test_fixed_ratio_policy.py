@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dynsched_core import ConfigError, DynamicScheduleContext
+from dynsched_core import ConfigError, DynamicScheduleContext, GuardRails
 from dynsched_core.testing import contexts
 from dynsched_policies import FixedRatioDynamicSchedulePolicy
 from hypothesis import given
@@ -56,13 +56,13 @@ def test_deactivation_like_default() -> None:
     assert p.request_rebalance(1, ctx(0)) is True
 
 
-def test_only_hybrid_always_activates_and_buffers_the_cycle() -> None:
+def test_colocated_schedule_is_the_guard_rails_not_the_policy() -> None:
     p = FixedRatioDynamicSchedulePolicy(deactivate_ratio=0.25, only_hybrid=True)
-    assert p.deactivate_ratio == 1.0
-    assert p.should_activate_after_step(1, False, ctx(10_000)) is True
-    assert p.deactivate_wait_samples(ctx(0)) == 40
-    q = FixedRatioDynamicSchedulePolicy(deactivate_ratio=0.25)
-    assert q.should_activate_after_step(1, False, ctx(10_000, only_hybrid=True)) is True
+    assert p.only_hybrid and p.deactivate_ratio == 0.25  # verl's flag, kept for compatibility
+    c = ctx(10_000, only_hybrid=True)
+    assert p.should_activate_after_step(1, False, c) is False
+    assert GuardRails().activation(False, c) == (True, GuardRails().activation(False, c)[1])
+    assert GuardRails().activation(False, c)[1][0].rule == "colocated"
 
 
 def test_state_is_empty_and_load_refuses_keys() -> None:
@@ -76,10 +76,7 @@ def test_state_is_empty_and_load_refuses_keys() -> None:
     ("kwargs", "needle"),
     [
         ({"deactivate_ratio": 1.01}, r"deactivate_ratio must be in \[0, 1\]"),
-        (
-            {"deactivate_ratio": 0.1, "min_deactivate_ratio": 0.2},
-            r"deactivate_ratio must be in \[0.2, 1\]",
-        ),
+        ({"deactivate_ratio": -0.01}, r"deactivate_ratio must be in \[0, 1\]"),
     ],
 )
 def test_bounds_validated(kwargs: dict[str, float], needle: str) -> None:

@@ -132,7 +132,7 @@ def run_loop(
     assert type(policy) is BUILTIN_POLICIES[policy_name]
     standalone = [] if colocated else [InMemoryReplica("s0", tokens_per_s=standalone_tokens_per_s)]
     hybrid = InMemoryReplica("h0", role="hybrid", tokens_per_s=hybrid_tokens_per_s)
-    loop = FullyAsyncLoop(
+    loop = FullyAsyncLoop.build(
         config,
         policy,
         SleepTrainer(step_s),
@@ -222,9 +222,11 @@ def test_only_hybrid_completes_training_with_every_policy(name: str) -> None:
     assert hybrid.completed >= 4 * num_steps
     syncs = sync_records(result)
     assert len(syncs) == num_steps // 2
-    # the policy itself chose the colocated schedule (the driver's guard rail was not needed)
-    assert all(a.should_activate and not a.forced for a in syncs[:-1])
+    # the colocated schedule is the driver's guard rail: it activates whatever the policy
+    # proposed, and says so whenever it had to correct the proposal
     assert all(a.activated for a in syncs[:-1])
+    for a in syncs[:-1]:
+        assert [o.rule for o in a.overrides] == ([] if a.should_activate else ["colocated"])
     # hybrid replicas never held the GPUs during training: each cycle starts by buffering
     # the whole cycle (8 samples), then deactivates
     first_of_cycle = [r.before for r in result.records if r.step % 2 == 1]

@@ -1,19 +1,17 @@
-"""`StaticFullyAsyncPolicy`: the baseline and its colocated fallback."""
+"""`StaticFullyAsyncPolicy`: the baseline; the colocated fallback is the framework's."""
 
 from __future__ import annotations
 
 import pytest
-from dynsched_core import ConfigError, DynamicScheduleContext
+from dynsched_core import ConfigError, DynamicScheduleContext, GuardRails
 from dynsched_core.testing import contexts
 from dynsched_policies import StaticFullyAsyncPolicy
 from hypothesis import given
 from hypothesis import strategies as st
 
 
-@given(c=contexts(only_hybrid=False), g=st.integers(0, 10**6), active=st.booleans())
-def test_with_standalone_replicas_never_activates(
-    c: DynamicScheduleContext, g: int, active: bool
-) -> None:
+@given(c=contexts(), g=st.integers(0, 10**6), active=st.booleans())
+def test_never_activates_and_never_waits(c: DynamicScheduleContext, g: int, active: bool) -> None:
     p = StaticFullyAsyncPolicy()
     assert p.should_activate_after_step(g, active, c) is False
     assert p.deactivate_wait_samples(c) == 0
@@ -22,24 +20,21 @@ def test_with_standalone_replicas_never_activates(
     assert p.state_dict() == {}
 
 
-@given(c=contexts(only_hybrid=True), g=st.integers(0, 10**6), active=st.booleans())
-def test_colocated_context_activates_and_buffers_the_whole_cycle(
-    c: DynamicScheduleContext, g: int, active: bool
-) -> None:
-    p = StaticFullyAsyncPolicy()
-    assert p.should_activate_after_step(g, active, c) is True
-    assert p.deactivate_wait_samples(c) == c.step_required_samples
-    assert p.should_deactivate(g, active, c) is active
-
-
-def test_only_hybrid_flag_runs_colocated_schedule_on_any_context() -> None:
+@given(c=contexts(only_hybrid=True), g=st.integers(0, 10**6))
+def test_colocated_fallback_comes_from_the_guard_rails(c: DynamicScheduleContext, g: int) -> None:
+    """Without standalone replicas the driver activates and buffers the rest of the cycle."""
     p = StaticFullyAsyncPolicy(only_hybrid=True)
-    c = DynamicScheduleContext(
-        required_samples=8, trigger_parameter_sync_step=3, total_generated_samples=1000
+    rails = GuardRails(
+        min_deactivate_ratio=c.min_deactivate_ratio, max_deactivate_ratio=c.max_deactivate_ratio
     )
-    assert p.should_activate_after_step(1, False, c) is True
-    assert p.deactivate_wait_samples(c) == 24
-    assert p.request_rebalance(1, c) is False
+    activate, _ = rails.activation(p.should_activate_after_step(g, False, c), c)
+    assert activate is not (c.is_last_step or c.producer_finished)
+    target, overrides = rails.wait_target(
+        p.deactivate_wait_samples(c), c, cycle_remaining=c.step_required_samples
+    )
+    assert target == c.step_required_samples
+    assert "colocated" in [o.rule for o in overrides]
+    assert p.request_rebalance(g, c) is False
 
 
 def test_accepts_shared_config_keys() -> None:

@@ -67,7 +67,7 @@ async def _in_process_transitions(opt: RayRunOptions) -> list[tuple[str, str]]:
         min_len=opt.min_response_len,
         max_len=opt.max_response_len,
     )
-    loop = FullyAsyncLoop(
+    loop = FullyAsyncLoop.build(
         CONFIG,
         ScriptedPolicy(),
         _Trainer(),

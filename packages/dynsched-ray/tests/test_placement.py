@@ -33,7 +33,8 @@ async def test_hybrid_on_trainer_bundles_and_standalone_on_their_own() -> None:
             standalone_gpus.update(replica.placement["gpu_ids"])
         assert len(standalone_gpus) == 2
         assert not standalone_gpus & trainer_gpus
-        assert fleet.router.routable_ids() == sorted(fleet.standalone)
+        # routing is the run's ReplicaSet's to decide: a launched fleet routes nothing
+        assert fleet.router.routable_ids() == [] == await fleet.router.refresh()
         tables = fleet.pools.table()
         assert len(tables["trainer"]["bundles"]) == 2
         assert tables["standalone"]["bundles"][0] == {"GPU": 1.0}

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 import ray
-from dynsched_core import GenerateRequest, NoRoutableReplicaError, SampleWaitTimeoutError
+from dynsched_core import GenerateRequest
+from dynsched_core.errors import NoRoutableReplicaError, SampleWaitTimeoutError
 from dynsched_core.testing import InMemoryReplica
 from dynsched_ray import (
     ActorUnavailableError,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dynsched_core import EventBus, ReplicaModeEvent
+from dynsched_core import EventBus
+from dynsched_core.events import ReplicaModeEvent
 from dynsched_sim import (
     GroupAccountant,
     LengthDistribution,

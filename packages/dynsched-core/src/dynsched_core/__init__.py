@@ -1,87 +1,68 @@
 """dynsched-core: framework-free contracts and reference loop of dynsched.
 
-Depends on the standard library and attrs only. See the package README for a tour.
+Depends on the standard library and attrs only. The names below are the public API (see
+the package README); the other names live in public submodules (`dynsched_core.events`,
+`dynsched_core.errors`, `dynsched_core.plugins`, `dynsched_core.derived`,
+`dynsched_core.validators`, `dynsched_core.testing`) or stay in private modules.
 """
 
 from __future__ import annotations
 
-from dynsched_core._clock import Clock, LoopClock, ManualClock
+# writing a policy
 from dynsched_core._context import DynamicScheduleContext
-from dynsched_core._errors import (
-    ConfigError,
-    ConfigTypeError,
-    DynschedError,
-    IllegalTransitionError,
-    NoRoutableReplicaError,
-    PolicyRegistryError,
-    RequestFailedError,
-    SampleWaitTimeoutError,
-    SwitchError,
-)
-from dynsched_core._events import (
-    EventBus,
-    ReplicaModeEvent,
-    RolloutEvent,
-    StalenessResetEvent,
-    SwitchEvent,
-    TrainStepEvent,
-    TransitionEvent,
-)
 from dynsched_core._policy import DynamicSchedulePolicyBase
-from dynsched_core._protocols import (
-    GenerateRequest,
-    GenerateResult,
-    QueueStats,
-    ReplicaCapabilities,
-    RolloutReplica,
-    Router,
-    SampleQueue,
-)
 from dynsched_core._registry import (
-    ENTRY_POINT_GROUP,
     available_policies,
     build_policy,
     get_policy_class,
     register_policy,
 )
-from dynsched_core._state import LEGAL_TRANSITIONS, HybridState, HybridStateMachine, Transition
 
-# --- runtime A: routing, retrying client, queue (section owned by runtime-A work) ---
+# configuration and guard rails
 # isort: split
-from dynsched_core._client import RetryingClient, RolloutOutcome
+from dynsched_core._config import DynamicScheduleConfig
+from dynsched_core._guards import GuardRailOverride, GuardRails
+
+# embedding the scheduler: membership, switching, the policy call order
+# isort: split
+from dynsched_core._controller import ControllerOptions, DynamicResourceController
+from dynsched_core._driver import DriverOptions, ScheduleDriver
+from dynsched_core._replicas import ReplicaSet
+from dynsched_core._state import HybridState
+
+# the reference fully-async loop and its parts
+# isort: split
+from dynsched_core._client import ClientOptions, RetryingClient
+from dynsched_core._inmemory import InMemoryReplica
+from dynsched_core._loop import FullyAsyncLoop, LoopResult, TrainerBackend
 from dynsched_core._queue import AsyncSampleQueue
+from dynsched_core._rollouter import Prompt, Rollouter, RollouterOptions, RolloutSample
 from dynsched_core._routing import LoadBalancer
 
-# --- end runtime A ---
-
-# --- runtime B: config, controller, rollouter, driver, reference loop (runtime-B work) ---
+# protocols between the core and engines, routers, queues
 # isort: split
-from dynsched_core._config import ConfigWarning, DynamicScheduleConfig
-from dynsched_core._controller import DynamicResourceController, RebalanceReport
-from dynsched_core._driver import AfterSyncResult, BeforeStepResult, ScheduleDriver
-from dynsched_core._loop import (
-    FullyAsyncLoop,
-    LoopResult,
-    StepRecord,
-    TrainerBackend,
-    run_fully_async,
+from dynsched_core._protocols import (
+    GenerateRequest,
+    GenerateResult,
+    ReplicaCapabilities,
+    RolloutReplica,
+    Router,
+    SampleQueue,
 )
-from dynsched_core._rollouter import Prompt, Rollouter, RollouterStats, RolloutSample
 
-# --- end runtime B ---
+# events and errors (the rest: dynsched_core.events, dynsched_core.errors)
+# isort: split
+from dynsched_core._errors import ConfigError, DynschedError, SwitchError
+from dynsched_core._events import EventBus
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ENTRY_POINT_GROUP",
-    "LEGAL_TRANSITIONS",
-    "AfterSyncResult",
     "AsyncSampleQueue",
-    "BeforeStepResult",
-    "Clock",
+    "ClientOptions",
     "ConfigError",
-    "ConfigTypeError",
-    "ConfigWarning",
+    "ControllerOptions",
+    "DriverOptions",
     "DynamicResourceController",
     "DynamicScheduleConfig",
     "DynamicScheduleContext",
@@ -91,43 +72,27 @@ __all__ = [
     "FullyAsyncLoop",
     "GenerateRequest",
     "GenerateResult",
+    "GuardRailOverride",
+    "GuardRails",
     "HybridState",
-    "HybridStateMachine",
-    "IllegalTransitionError",
+    "InMemoryReplica",
     "LoadBalancer",
-    "LoopClock",
     "LoopResult",
-    "ManualClock",
-    "NoRoutableReplicaError",
-    "PolicyRegistryError",
     "Prompt",
-    "QueueStats",
-    "RebalanceReport",
     "ReplicaCapabilities",
-    "ReplicaModeEvent",
-    "RequestFailedError",
+    "ReplicaSet",
     "RetryingClient",
-    "RolloutEvent",
-    "RolloutOutcome",
     "RolloutReplica",
     "RolloutSample",
     "Rollouter",
-    "RollouterStats",
+    "RollouterOptions",
     "Router",
     "SampleQueue",
-    "SampleWaitTimeoutError",
     "ScheduleDriver",
-    "StalenessResetEvent",
-    "StepRecord",
     "SwitchError",
-    "SwitchEvent",
-    "TrainStepEvent",
     "TrainerBackend",
-    "Transition",
-    "TransitionEvent",
     "available_policies",
     "build_policy",
     "get_policy_class",
     "register_policy",
-    "run_fully_async",
 ]

@@ -1,6 +1,6 @@
-"""`RetryingClient`: sends one logical request through a `Router` until it finishes.
+"""`RetryingClient`: sends one logical request to a `ReplicaSet` until it finishes.
 
-Per attempt: lease a replica from the router, call ``replica.generate``, release the
+Per attempt: lease a replica from the set's router, call ``replica.generate``, release the
 lease (always, in ``finally``). Then:
 
 - finished (``stop``/``length``): return a `RolloutOutcome`;
@@ -12,8 +12,9 @@ lease (always, in ``finally``). Then:
   replica excluded for this request, retried elsewhere after an exponential backoff
   (capped); after ``max_failures`` failures `RequestFailedError` is raised.
 
-When no replica is routable the client waits for the router's routable set to change
-(router listener), up to ``no_replica_timeout_s``, then raises `NoRoutableReplicaError`.
+When no replica is routable the client waits for the set's routable replicas to change
+(it subscribes to the `ReplicaSet`), up to ``no_replica_timeout_s``, then raises
+`NoRoutableReplicaError`.
 All waits use ``asyncio.sleep``/``asyncio.wait_for`` so a virtual-time loop drives them.
 """
 
@@ -22,23 +23,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 
-from dynsched_core import _validators as v
+from dynsched_core import validators as v
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._errors import NoRoutableReplicaError, RequestFailedError
-from dynsched_core._protocols import (
-    FinishReason,
-    GenerateRequest,
-    GenerateResult,
-    RolloutReplica,
-    Router,
-)
+from dynsched_core._protocols import FinishReason, GenerateRequest, GenerateResult
+from dynsched_core._replicas import MembershipEvent, ReplicaSet
 
-__all__ = ["ReplicaFailureCallback", "RetryingClient", "RolloutOutcome"]
+__all__ = ["ClientOptions", "ReplicaFailureCallback", "RetryingClient", "RolloutOutcome"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,27 +114,22 @@ class _Progress:
     backoff_s: float = 0.0
 
 
-class RetryingClient:
-    """Retrying, partial-rollout-aware generation client over a `Router`.
+@attrs.frozen(kw_only=True)
+class ClientOptions:
+    """Settings of a `RetryingClient`.
 
-    Args:
-        router: Places requests and counts them in flight (e.g. `LoadBalancer`).
-        replicas: Live mapping replica id -> replica; the runtime adds and removes
-            entries while the client runs. A routed id missing from it is a failure.
+    Attributes:
         partial_rollout: Resume aborted requests elsewhere, keeping generated tokens.
             When False an abort ends the request with a truncated outcome.
-        max_failures: Failed attempts (replica raised) tolerated per request; the
+        max_failures: Failed attempts (replica raised) tolerated per request (>= 1); the
             ``max_failures``-th failure raises `RequestFailedError`.
-        max_aborts: Aborts tolerated per request before `RequestFailedError` (guards
-            against a request bouncing forever).
-        backoff_initial_s: Delay before the first retry without progress.
-        backoff_max_s: Cap of the delay.
-        backoff_factor: Growth of the delay per consecutive retry without progress.
+        max_aborts: Aborts tolerated per request before `RequestFailedError` (>= 0;
+            guards against a request bouncing forever).
+        backoff_initial_s: Delay before the first retry without progress (>= 0).
+        backoff_max_s: Cap of the delay (>= 0).
+        backoff_factor: Growth of the delay per consecutive retry without progress (>= 1).
         no_replica_timeout_s: How long to wait for a routable replica before raising
-            `NoRoutableReplicaError`.
-        on_replica_failure: Called with ``(replica_id, exc)`` when a replica raises (e.g.
-            to take it out of routing); may be a coroutine function. Its errors are logged.
-        clock: Time source for outcome timestamps (default: the running loop).
+            `NoRoutableReplicaError` (>= 0).
 
     A resubmission after an abort that made progress happens immediately (that is the
     point of partial rollout); retries after a failure, or after an abort that produced
@@ -146,46 +137,57 @@ class RetryingClient:
     the k-th such retry in a row.
     """
 
+    partial_rollout: bool = attrs.field(default=True, validator=v.bool_())
+    max_failures: int = attrs.field(default=3, validator=v.int_ge(1))
+    max_aborts: int = attrs.field(default=1000, validator=v.int_ge(0))
+    backoff_initial_s: float = attrs.field(default=0.05, validator=v.float_ge(0.0))
+    backoff_max_s: float = attrs.field(default=2.0, validator=v.float_ge(0.0))
+    backoff_factor: float = attrs.field(default=2.0, validator=v.float_ge(1.0))
+    no_replica_timeout_s: float = attrs.field(default=60.0, validator=v.float_ge(0.0))
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> ClientOptions:
+        """``partial_rollout`` from a `DynamicScheduleConfig`, the rest from ``overrides``."""
+        return cls(**{"partial_rollout": config.partial_rollout, **overrides})
+
+
+class RetryingClient:
+    """Retrying, partial-rollout-aware generation client over a `ReplicaSet`.
+
+    Requests are placed by the set's router and sent to the replicas it holds; a routed
+    id that is not a live member counts as a failed attempt.
+
+    Args:
+        replicas: The replicas of the run (their router places the requests).
+        options: Retry settings (default: `ClientOptions()`).
+        on_replica_failure: Called with ``(replica_id, exc)`` when a replica raises (e.g.
+            to check whether it died); may be a coroutine function. Its errors are logged.
+        clock: Time source for outcome timestamps (default: the running loop).
+    """
+
     def __init__(
         self,
-        router: Router,
-        replicas: Mapping[str, RolloutReplica],
+        replicas: ReplicaSet,
+        options: ClientOptions | None = None,
         *,
-        partial_rollout: bool = True,
-        max_failures: int = 3,
-        max_aborts: int = 1000,
-        backoff_initial_s: float = 0.05,
-        backoff_max_s: float = 2.0,
-        backoff_factor: float = 2.0,
-        no_replica_timeout_s: float = 60.0,
         on_replica_failure: ReplicaFailureCallback | None = None,
         clock: Clock | None = None,
     ) -> None:
-        _check_int("max_failures", max_failures, 1)
-        _check_int("max_aborts", max_aborts, 0)
-        _check_float("backoff_initial_s", backoff_initial_s, 0.0)
-        _check_float("backoff_max_s", backoff_max_s, 0.0)
-        _check_float("backoff_factor", backoff_factor, 1.0)
-        _check_float("no_replica_timeout_s", no_replica_timeout_s, 0.0)
-        if not isinstance(partial_rollout, bool):
-            raise TypeError(f"partial_rollout must be a bool, got {partial_rollout!r}")
-        self._router = router
+        if not isinstance(replicas, ReplicaSet):
+            raise TypeError(f"replicas must be a ReplicaSet, got {type(replicas).__name__}")
+        self.options = options if options is not None else ClientOptions()
+        if not isinstance(self.options, ClientOptions):
+            raise TypeError(f"options must be a ClientOptions, got {self.options!r}")
         self._replicas = replicas
-        self.partial_rollout = partial_rollout
-        self.max_failures = max_failures
-        self.max_aborts = max_aborts
-        self.backoff_initial_s = float(backoff_initial_s)
-        self.backoff_max_s = float(backoff_max_s)
-        self.backoff_factor = float(backoff_factor)
-        self.no_replica_timeout_s = float(no_replica_timeout_s)
+        self._router = replicas.router
         self._on_replica_failure = on_replica_failure
         self._clock: Clock = clock if clock is not None else LoopClock()
-        # Woken whenever the router's routable set changes.
+        # Woken whenever the set's routable replicas change.
         self._routable_version = 0
         # insertion-ordered (a dict, not a set): waiters wake in arrival order, so runs
         # on a virtual-time loop are reproducible bit for bit
         self._waiters: dict[asyncio.Future[None], None] = {}
-        router.add_listener(self._on_routable_change)
+        replicas.subscribe(self._on_membership)
         # Counters over every request.
         self._in_flight = 0
         self._completed = 0
@@ -194,6 +196,16 @@ class RetryingClient:
         self._total_aborts = 0
         self._total_failures = 0
         self._total_reprefill = 0
+
+    @property
+    def partial_rollout(self) -> bool:
+        """Resume aborted requests elsewhere (`ClientOptions.partial_rollout`)."""
+        return self.options.partial_rollout
+
+    @property
+    def replicas(self) -> ReplicaSet:
+        """The replicas this client sends to."""
+        return self._replicas
 
     # ----------------------------------------------------------------------- API
     async def generate(self, request: GenerateRequest) -> RolloutOutcome:
@@ -223,7 +235,9 @@ class RetryingClient:
                 try:
                     replica = self._replicas.get(replica_id)
                     if replica is None:
-                        raise KeyError(f"replica {replica_id!r} is routable but not registered")
+                        raise KeyError(
+                            f"replica {replica_id!r} was routed but is not a live member"
+                        )
                     result = await replica.generate(attempt)
                 except Exception as exc:
                     error: Exception | None = exc
@@ -251,12 +265,12 @@ class RetryingClient:
         if retry < 1:
             return 0.0
         # Stop growing once the cap is hit (avoids float overflow on long streaks).
-        delay = self.backoff_initial_s
+        delay = self.options.backoff_initial_s
         for _ in range(retry - 1):
-            if delay >= self.backoff_max_s:
+            if delay >= self.options.backoff_max_s:
                 break
-            delay *= self.backoff_factor
-        return min(delay, self.backoff_max_s)
+            delay *= self.options.backoff_factor
+        return min(delay, self.options.backoff_max_s)
 
     # ------------------------------------------------------------------- counters
     @property
@@ -311,15 +325,15 @@ class RetryingClient:
             return self._finish(request, p, result.finish_reason, False, started)
         p.aborts += 1
         self._total_aborts += 1
-        if not self.partial_rollout:
+        if not self.options.partial_rollout:
             return self._finish(request, p, "abort", True, started)
         if p.length >= budget_end:
             return self._finish(request, p, "length", False, started)
-        if p.aborts > self.max_aborts:
+        if p.aborts > self.options.max_aborts:
             raise RequestFailedError(
                 request.request_id,
                 p.attempts,
-                RuntimeError(f"aborted {p.aborts} times (max_aborts={self.max_aborts})"),
+                RuntimeError(f"aborted {p.aborts} times (max_aborts={self.options.max_aborts})"),
             )
         p.streak = 0 if result.num_tokens > 0 else p.streak + 1
         reprefill = request.prompt_len + p.length
@@ -351,11 +365,11 @@ class RetryingClient:
             request.request_id,
             replica_id,
             p.failures,
-            self.max_failures,
+            self.options.max_failures,
             exc,
         )
         await self._report_failure(replica_id, exc)
-        if p.failures >= self.max_failures:
+        if p.failures >= self.options.max_failures:
             raise RequestFailedError(request.request_id, p.attempts, exc) from exc
         await self._backoff(p)
 
@@ -410,15 +424,19 @@ class RetryingClient:
         failed this request once), they are tried again rather than waiting.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.no_replica_timeout_s
+        deadline = loop.time() + self.options.no_replica_timeout_s
         while True:
             seen = self._routable_version
+            # the router may not have caught up with a death yet: never pick a dead member
+            dead = self._replicas.dead_ids
             try:
-                return await self._router.acquire(request_id, exclude=sorted(excluded))
+                return await self._router.acquire(
+                    request_id, exclude=sorted(excluded.union(dead)) if dead else sorted(excluded)
+                )
             except NoRoutableReplicaError:
                 if excluded:
                     try:
-                        chosen = await self._router.acquire(request_id)
+                        chosen = await self._router.acquire(request_id, exclude=sorted(dead))
                     except NoRoutableReplicaError:
                         pass
                     else:
@@ -435,7 +453,7 @@ class RetryingClient:
             if remaining <= 0 or not await self._wait_routable_change(remaining):
                 raise NoRoutableReplicaError(
                     f"no routable replica for request {request_id!r} within"
-                    f" {self.no_replica_timeout_s:g} s (excluded: {sorted(excluded)})"
+                    f" {self.options.no_replica_timeout_s:g} s (excluded: {sorted(excluded)})"
                 )
 
     async def _wait_routable_change(self, limit_s: float) -> bool:
@@ -449,7 +467,9 @@ class RetryingClient:
         finally:
             self._waiters.pop(fut, None)
 
-    def _on_routable_change(self, routable_ids: Sequence[str]) -> None:
+    def _on_membership(self, event: MembershipEvent) -> None:
+        if not event.routable_changed:
+            return
         self._routable_version += 1
         waiters, self._waiters = self._waiters, {}
         for fut in waiters:
@@ -458,20 +478,7 @@ class RetryingClient:
 
     def __repr__(self) -> str:
         return (
-            f"RetryingClient(partial_rollout={self.partial_rollout}, in_flight={self._in_flight},"
+            f"RetryingClient(partial_rollout={self.options.partial_rollout},"
+            f" in_flight={self._in_flight},"
             f" completed={self._completed}, failed={self._failed})"
         )
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"RetryingClient.{name} must be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"RetryingClient.{name} must be >= {minimum}, got {value}")
-
-
-def _check_float(name: str, value: Any, minimum: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"RetryingClient.{name} must be a number >= {minimum}, got {value!r}")
-    if not (value >= minimum and value != float("inf")):
-        raise ValueError(f"RetryingClient.{name} must be a finite number >= {minimum}, got {value}")

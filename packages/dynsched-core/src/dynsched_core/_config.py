@@ -35,8 +35,10 @@ from typing import Any
 
 import attrs
 
-from dynsched_core import _validators as v
+from dynsched_core import derived
+from dynsched_core import validators as v
 from dynsched_core._errors import ConfigError, ConfigTypeError
+from dynsched_core._guards import is_colocated
 from dynsched_core._policy import DynamicSchedulePolicyBase
 
 __all__ = ["ConfigTypeError", "ConfigWarning", "DynamicScheduleConfig"]
@@ -55,6 +57,12 @@ _VERL_PATHS: dict[str, tuple[str, ...]] = {
     "dynamic_schedule_policy": ("async_training.dynamic_schedule_policy",),
     "dynamic_schedule_deactivate_ratio": ("async_training.dynamic_schedule_deactivate_ratio",),
     "dynamic_schedule_enable_rebalance": ("async_training.dynamic_schedule_enable_rebalance",),
+    "dynamic_schedule_min_deactivate_ratio": (
+        "async_training.dynamic_schedule_min_deactivate_ratio",
+    ),
+    "dynamic_schedule_max_deactivate_ratio": (
+        "async_training.dynamic_schedule_max_deactivate_ratio",
+    ),
     "concurrent_samples_per_replica": (
         "async_training.concurrent_samples_per_replica",
         "rollout.max_concurrent_samples_per_replica",
@@ -126,8 +134,14 @@ class DynamicScheduleConfig:
             while the trainer waits (``async_training.use_dynamic_resource_scheduling``).
         dynamic_schedule_policy: Registered policy name (``default``,
             ``static_fully_async``, ``fixed_ratio`` or a plug-in).
-        dynamic_schedule_deactivate_ratio: Initial deactivate ratio in [0, 1].
+        dynamic_schedule_deactivate_ratio: Initial deactivate ratio, in
+            ``[dynamic_schedule_min_deactivate_ratio, dynamic_schedule_max_deactivate_ratio]``.
         dynamic_schedule_enable_rebalance: Rebalance in-flight requests after activation.
+        dynamic_schedule_min_deactivate_ratio: Guard rail (dynsched): the driver never lets
+            any policy deactivate with fewer than ``floor(min * step_required_samples)``
+            samples buffered; in ``[0, 1]``.
+        dynamic_schedule_max_deactivate_ratio: Guard rail (dynsched): nor wait for more than
+            ``floor(max * step_required_samples)``; in ``[min, 1]``.
         concurrent_samples_per_replica: Samples in flight per routable replica (>= 1).
         staleness_threshold: Extra samples the rollouter may produce ahead of demand, as a
             fraction of a cycle's demand (>= 0).
@@ -166,6 +180,12 @@ class DynamicScheduleConfig:
         default=0.3, validator=v.float_in(0.0, 1.0)
     )
     dynamic_schedule_enable_rebalance: bool = attrs.field(default=True, validator=v.bool_())
+    dynamic_schedule_min_deactivate_ratio: float = attrs.field(
+        default=0.0, validator=v.float_in(0.0, 1.0)
+    )
+    dynamic_schedule_max_deactivate_ratio: float = attrs.field(
+        default=1.0, validator=v.float_in(0.0, 1.0)
+    )
     concurrent_samples_per_replica: int = attrs.field(default=16, validator=v.int_ge(1))
     staleness_threshold: float = attrs.field(default=0.1, validator=v.float_in(0.0))
     trigger_parameter_sync_step: int = attrs.field(default=4, validator=v.int_ge(1))
@@ -188,6 +208,23 @@ class DynamicScheduleConfig:
     max_response_length: int = attrs.field(default=512, validator=v.int_ge(1))
 
     def __attrs_post_init__(self) -> None:
+        lo, hi = (
+            self.dynamic_schedule_min_deactivate_ratio,
+            self.dynamic_schedule_max_deactivate_ratio,
+        )
+        if hi < lo:
+            raise ConfigError(
+                f"{type(self).__name__}.dynamic_schedule_max_deactivate_ratio must be in "
+                f"[dynamic_schedule_min_deactivate_ratio ({lo:g}), 1], got {hi:g}",
+                key="dynamic_schedule_max_deactivate_ratio",
+            )
+        if not lo <= self.dynamic_schedule_deactivate_ratio <= hi:
+            raise ConfigError(
+                f"{type(self).__name__}.dynamic_schedule_deactivate_ratio must be in "
+                f"[{lo:g}, {hi:g}] (the guard-rail range dynamic_schedule_min/max_deactivate_ratio),"
+                f" got {self.dynamic_schedule_deactivate_ratio:g}",
+                key="dynamic_schedule_deactivate_ratio",
+            )
         product = self.ppo_mini_batch_size * self.require_batches
         if abs(product - round(product)) > 1e-9 or round(product) < 1:
             raise ConfigError(
@@ -223,12 +260,16 @@ class DynamicScheduleConfig:
     @property
     def step_required_samples(self) -> int:
         """Samples consumed per weight-sync cycle: ``required_samples * T``."""
-        return self.required_samples * self.trigger_parameter_sync_step
+        return derived.step_required_samples(
+            self.required_samples, self.trigger_parameter_sync_step
+        )
 
     @property
     def max_required_samples(self) -> int:
         """Admission budget per parameter version: ``(1 + staleness) * required * T``."""
-        return int(self.step_required_samples * (1.0 + self.staleness_threshold))
+        return derived.max_required_samples(
+            self.required_samples, self.trigger_parameter_sync_step, self.staleness_threshold
+        )
 
     @property
     def buffer_samples(self) -> int:
@@ -264,14 +305,17 @@ class DynamicScheduleConfig:
 
     @property
     def only_hybrid(self) -> bool:
-        """No standalone rollout GPUs: every sample comes from hybrid replicas."""
-        return self.use_dynamic_resource_scheduling and self.standalone_gpus == 0
+        """Colocated as configured: no standalone replica, every sample from hybrid replicas.
+
+        What verl passes to a policy's constructor; at run time the driver derives the
+        same flag from the live membership (`dynsched_core.GuardRails`).
+        """
+        return is_colocated(self.use_dynamic_resource_scheduling, self.num_standalone_replicas)
 
     def max_concurrent_samples(self, routable_replicas: int) -> int:
         """Concurrency cap: ``min(routable * concurrent_samples_per_replica, max_required)``."""
-        return min(
-            max(0, routable_replicas) * self.concurrent_samples_per_replica,
-            self.max_required_samples,
+        return derived.concurrency_cap(
+            routable_replicas, self.concurrent_samples_per_replica, self.max_required_samples
         )
 
     # ------------------------------------------------------------------ policy helpers

@@ -6,7 +6,9 @@ from typing import Any
 
 import attrs
 
-from dynsched_core import _validators as v
+from dynsched_core import validators as v
+from dynsched_core._errors import ConfigError
+from dynsched_core.derived import step_required_samples
 
 __all__ = ["DynamicScheduleContext"]
 
@@ -35,7 +37,9 @@ class DynamicScheduleContext:
             the cycle just finished (each >= 0).
         step_wait_samples: Samples that had to be waited for (not served from backlog),
             one entry per collection, same length as ``step_wait_times`` (each >= 0).
-        only_hybrid: True when there are no standalone replicas (colocated mode).
+        only_hybrid: True when there is no live standalone replica (colocated mode); the
+            driver derives it once from the live membership and applies the colocated
+            schedule itself (see `dynsched_core.GuardRails`).
         last_activate_duration_s: Duration of the most recent activation (>= 0).
         last_deactivate_duration_s: Duration of the most recent deactivation (>= 0).
         queue_size: Samples currently buffered in the sample queue (>= 0).
@@ -47,6 +51,11 @@ class DynamicScheduleContext:
         is_last_step: True when the step being decided on is the last training step.
         param_version: Current weight version (>= 0).
         now: The loop clock's time when the snapshot was taken (seconds).
+        min_deactivate_ratio: Lower bound of the guard rails' deactivate ratio range, in
+            ``[0, 1]``: the driver never waits for fewer than ``floor(min *
+            step_required_samples)`` samples before deactivating (a policy that adapts a
+            ratio keeps it inside the range).
+        max_deactivate_ratio: Upper bound of that range, in ``[min_deactivate_ratio, 1]``.
     """
 
     required_samples: int = attrs.field(validator=v.int_ge(1))
@@ -72,8 +81,17 @@ class DynamicScheduleContext:
     is_last_step: bool = attrs.field(default=False, validator=v.bool_())
     param_version: int = attrs.field(default=0, validator=v.int_ge(0))
     now: float = attrs.field(default=0.0, validator=v.float_ge(float("-inf")))
+    min_deactivate_ratio: float = attrs.field(default=0.0, validator=v.float_in(0.0, 1.0))
+    max_deactivate_ratio: float = attrs.field(default=1.0, validator=v.float_in(0.0, 1.0))
 
     def __attrs_post_init__(self) -> None:
+        if self.max_deactivate_ratio < self.min_deactivate_ratio:
+            raise ConfigError(
+                "DynamicScheduleContext.max_deactivate_ratio must be in "
+                f"[min_deactivate_ratio ({self.min_deactivate_ratio:g}), 1], got "
+                f"{self.max_deactivate_ratio:g}",
+                key="max_deactivate_ratio",
+            )
         if len(self.step_wait_times) != len(self.step_wait_samples):
             raise ValueError(
                 "DynamicScheduleContext.step_wait_times and step_wait_samples must have the same "
@@ -84,7 +102,7 @@ class DynamicScheduleContext:
     @property
     def step_required_samples(self) -> int:
         """Samples consumed per weight-sync cycle: ``required_samples * trigger_parameter_sync_step``."""
-        return self.required_samples * self.trigger_parameter_sync_step
+        return step_required_samples(self.required_samples, self.trigger_parameter_sync_step)
 
     @property
     def total_wait_time(self) -> float:

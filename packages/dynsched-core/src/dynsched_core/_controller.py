@@ -1,8 +1,11 @@
 """`DynamicResourceController`: switches hybrid replicas between rollout and training.
 
 The controller owns the hybrid lifecycle. Its `HybridStateMachine` is the single source
-of truth of whether hybrid replicas serve (nothing else keeps an "alive" set), and
-`DynamicResourceController.reconcile` brings the router back in line with it.
+of truth of whether hybrid replicas serve; which hybrid replicas exist, live and are
+routable is the `ReplicaSet`'s to know (the controller switches its live hybrid members
+and routes them through it), and `DynamicResourceController.reconcile` brings the router
+back in line with the state. When the last live hybrid replica of an active set dies the
+state returns to ``STANDALONE_ONLY`` by itself.
 
 Deactivation, order critical:
   1. ``remove_from_routing`` — no request (new or retried) can land on a hybrid replica;
@@ -32,13 +35,15 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
+from dynsched_core import validators as v
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._errors import SwitchError
 from dynsched_core._events import EventBus, SwitchEvent, TransitionEvent
-from dynsched_core._protocols import RolloutReplica, Router
+from dynsched_core._protocols import RolloutReplica
+from dynsched_core._replicas import MembershipEvent, ReplicaSet
 from dynsched_core._state import HybridState, HybridStateMachine, Transition
 
-__all__ = ["DynamicResourceController", "RebalanceReport", "SwitchStep"]
+__all__ = ["ControllerOptions", "DynamicResourceController", "RebalanceReport", "SwitchStep"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,59 +104,65 @@ class _StepFailed(Exception):
         self.cause = cause
 
 
+@attrs.frozen(kw_only=True)
+class ControllerOptions:
+    """Settings of a `DynamicResourceController`.
+
+    Attributes:
+        call_timeout_s: Bound of every awaited replica/router call (> 0).
+    """
+
+    call_timeout_s: float = attrs.field(default=120.0, validator=v.float_gt(0.0))
+
+
 class DynamicResourceController:
-    """Activates and deactivates hybrid replicas against the `Router`/`RolloutReplica` protocols.
+    """Activates and deactivates the hybrid members of a `ReplicaSet`.
 
     Args:
-        router: The router the rollout client uses.
-        hybrid_replicas: Hybrid replicas, as a mapping id -> replica or a sequence.
-        replicas: Every replica by id (standalone and hybrid), used by `rebalance` to
-            abort excess requests on standalone replicas; may be a live mapping. Default:
-            the hybrid replicas only.
+        replicas: The replicas of the run; the controller switches its live hybrid
+            members, routes them through it and, in `rebalance`, aborts excess requests on
+            any member.
+        options: Settings (default: `ControllerOptions()`).
         state_machine: The lifecycle state (default: a new one starting in
             ``STANDALONE_ONLY``, timed by ``clock``).
         clock: Time source for durations and events (default: the running loop).
         events: Bus receiving `SwitchEvent` and `TransitionEvent`.
-        call_timeout_s: Bound of every awaited replica/router call (> 0).
 
     Example:
         >>> import asyncio
-        >>> from dynsched_core import LoadBalancer
-        >>> from dynsched_core.testing import InMemoryReplica
+        >>> from dynsched_core import InMemoryReplica, ReplicaSet
         >>> async def demo() -> tuple[bool, list[str]]:
-        ...     router = LoadBalancer(["s0"])
-        ...     ctrl = DynamicResourceController(router, [InMemoryReplica("h0", role="hybrid")])
+        ...     replicas = ReplicaSet(standalone=[InMemoryReplica("s0")],
+        ...                           hybrid=[InMemoryReplica("h0", role="hybrid")])
+        ...     await replicas.route(["s0"])
+        ...     ctrl = DynamicResourceController(replicas)
         ...     await ctrl.activate(version=1)
-        ...     return ctrl.is_hybrid_active, await router.routable()
+        ...     return ctrl.is_hybrid_active, await replicas.router.routable()
         >>> asyncio.run(demo())
         (True, ['h0', 's0'])
     """
 
     def __init__(
         self,
-        router: Router,
-        hybrid_replicas: Mapping[str, RolloutReplica] | Sequence[RolloutReplica],
+        replicas: ReplicaSet,
+        options: ControllerOptions | None = None,
         *,
-        replicas: Mapping[str, RolloutReplica] | None = None,
         state_machine: HybridStateMachine | None = None,
         clock: Clock | None = None,
         events: EventBus | None = None,
-        call_timeout_s: float = 120.0,
     ) -> None:
-        if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, int | float):
-            raise TypeError(f"call_timeout_s must be a number > 0, got {call_timeout_s!r}")
-        if not (call_timeout_s > 0 and math.isfinite(call_timeout_s)):
-            raise ValueError(f"call_timeout_s must be a finite number > 0, got {call_timeout_s}")
-        self._router = router
-        self._hybrid = _as_mapping(hybrid_replicas)
-        self._replicas: Mapping[str, RolloutReplica] = (
-            replicas if replicas is not None else self._hybrid
-        )
+        if not isinstance(replicas, ReplicaSet):
+            raise TypeError(f"replicas must be a ReplicaSet, got {type(replicas).__name__}")
+        self.options = options if options is not None else ControllerOptions()
+        if not isinstance(self.options, ControllerOptions):
+            raise TypeError(f"options must be a ControllerOptions, got {self.options!r}")
+        self._replicas = replicas
+        self._router = replicas.router
         self._clock: Clock = clock if clock is not None else LoopClock()
         self._events = events
         self._sm = state_machine if state_machine is not None else HybridStateMachine(self._clock)
         self._sm.add_listener(self._on_transition)
-        self.call_timeout_s = float(call_timeout_s)
+        self.call_timeout_s = self.options.call_timeout_s
         self._lock = asyncio.Lock()
         self._hybrid_version: int | None = None
         self.activate_count = 0
@@ -161,6 +172,7 @@ class DynamicResourceController:
         self.last_deactivate_duration_s = 0.0
         self.last_rebalance: RebalanceReport | None = None
         self.last_error: SwitchError | None = None
+        replicas.subscribe(self._on_membership)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -179,19 +191,24 @@ class DynamicResourceController:
         return self._sm.is_hybrid_active
 
     @property
+    def replicas(self) -> ReplicaSet:
+        """The replicas this controller switches (its hybrid members)."""
+        return self._replicas
+
+    @property
     def hybrid_ids(self) -> tuple[str, ...]:
-        """Ids of the hybrid replicas, sorted."""
-        return tuple(sorted(self._hybrid))
+        """Ids of the live hybrid replicas, sorted."""
+        return tuple(self._replicas.hybrid_ids)
 
     @property
     def has_hybrid_replicas(self) -> bool:
         """False when there is nothing to switch (every call is then a no-op)."""
-        return bool(self._hybrid)
+        return self._replicas.num_hybrid > 0
 
     @property
     def hybrid_gpus(self) -> int:
-        """GPUs of the hybrid replicas (from their capabilities)."""
-        return sum(r.capabilities.num_gpus for r in self._hybrid.values())
+        """GPUs of the live hybrid replicas (from their capabilities)."""
+        return sum(r.capabilities.num_gpus for r in self._replicas.of_role("hybrid"))
 
     @property
     def hybrid_weights_version(self) -> int | None:
@@ -213,24 +230,28 @@ class DynamicResourceController:
             SwitchError: a step failed; the hybrid replicas are out of routing and the
                 state is ``STANDALONE_ONLY``.
         """
-        if not self._hybrid:
+        if not self.has_hybrid_replicas:
             return False
         async with self._lock:
             await self._recover_transitional()
+            ids = self.hybrid_ids
             if self._sm.state is _S.HYBRID_ACTIVE:
                 if self._hybrid_version == version:
                     return False
-                await self._timed("hybrid_weight_sync", self._refresh_weights(version, weights))
+                await self._timed(
+                    "hybrid_weight_sync", self._refresh_weights(ids, version, weights)
+                )
                 return True
             start = self._clock.now()
             self._sm.transition(_S.ACTIVATING, reason=f"activate v{version}")
             try:
-                await self._activation_steps(version, weights)
+                await self._activation_steps(ids, version, weights)
                 if rebalance:
                     self.last_rebalance = await self._rebalance_steps()
             except _StepFailed as failed:
-                raise await self._fail("activate", failed, start) from failed.cause
+                raise await self._fail("activate", ids, failed, start) from failed.cause
             self._sm.transition(_S.HYBRID_ACTIVE, reason=f"activated v{version}")
+            self._drop_if_all_lost()
             self.activate_count += 1
             end = self._clock.now()
             self.last_activate_duration_s = end - start
@@ -249,18 +270,19 @@ class DynamicResourceController:
             SwitchError: a step failed; the hybrid replicas are out of routing and the
                 state is ``STANDALONE_ONLY``.
         """
-        if not self._hybrid:
+        if not self.has_hybrid_replicas:
             return False
         async with self._lock:
             await self._recover_transitional()
             if self._sm.state is not _S.HYBRID_ACTIVE:
                 return False
+            ids = self.hybrid_ids
             start = self._clock.now()
             self._sm.transition(_S.DEACTIVATING, reason="deactivate")
             try:
-                await self._deactivation_steps()
+                await self._deactivation_steps(ids)
             except _StepFailed as failed:
-                raise await self._fail("deactivate", failed, start) from failed.cause
+                raise await self._fail("deactivate", ids, failed, start) from failed.cause
             self._sm.transition(_S.STANDALONE_ONLY, reason="deactivated")
             self.deactivate_count += 1
             end = self._clock.now()
@@ -280,13 +302,15 @@ class DynamicResourceController:
         Raises:
             SwitchError: a step failed (safe state restored).
         """
-        if not self._hybrid:
+        if not self.has_hybrid_replicas:
             return False
         async with self._lock:
             await self._recover_transitional()
             if self._sm.state is not _S.HYBRID_ACTIVE or self._hybrid_version == version:
                 return False
-            await self._timed("hybrid_weight_sync", self._refresh_weights(version, weights))
+            await self._timed(
+                "hybrid_weight_sync", self._refresh_weights(self.hybrid_ids, version, weights)
+            )
             return True
 
     async def rebalance(self) -> RebalanceReport:
@@ -304,78 +328,67 @@ class DynamicResourceController:
             try:
                 report = await self._rebalance_steps()
             except _StepFailed as failed:
-                raise await self._fail("rebalance", failed, start) from failed.cause
+                raise await self._fail(
+                    "rebalance", self.hybrid_ids, failed, start
+                ) from failed.cause
             self.last_rebalance = report
             return report
 
     async def reconcile(self) -> list[str]:
-        """Make routing agree with the state; return the replica ids that were fixed.
+        """Make the router agree with the state and the membership; return the ids fixed.
 
         In ``STANDALONE_ONLY`` no hybrid replica may be routable; in ``HYBRID_ACTIVE``
-        every hybrid replica must be. A transitional state left behind by a cancelled
-        switch is resolved to ``STANDALONE_ONLY`` first.
+        every live hybrid replica must be; a dead member never is. A transitional state
+        left behind by a cancelled switch is resolved to ``STANDALONE_ONLY`` first. The
+        router's own routable set is read, so a router that lost or kept routes behind
+        the `ReplicaSet`'s back (a reused router actor) is brought back in line.
         """
         async with self._lock:
             await self._recover_transitional()
+            self._drop_if_all_lost()
             routable = set(await self._bounded(self._router.routable()))
+            dead = [m.replica_id for m in self._replicas.members() if not m.alive]
+            stale = [rid for rid in dead if rid in routable]
+            if stale:
+                await self._bounded(self._replicas.unroute(stale))
             if self._sm.state is _S.HYBRID_ACTIVE:
                 fix = [rid for rid in self.hybrid_ids if rid not in routable]
                 if fix:
-                    await self._bounded(self._router.add_replicas(fix))
+                    await self._bounded(self._replicas.route(fix))
             else:
                 fix = [rid for rid in self.hybrid_ids if rid in routable]
                 if fix:
-                    await self._bounded(self._router.remove_replicas(fix))
-            if fix:
-                logger.warning("reconcile: routing of %s disagreed with state %s", fix, self.state)
-            return fix
+                    await self._bounded(self._replicas.unroute(fix))
+            if fix or stale:
+                logger.warning(
+                    "reconcile: routing of %s disagreed with state %s", fix + stale, self.state
+                )
+            return fix + stale
 
     # ------------------------------------------------------------------ steps
-    async def _deactivation_steps(self) -> None:
-        ids = list(self.hybrid_ids)
-        await self._router_step("remove_from_routing", lambda: self._router.remove_replicas(ids))
-        await self._each("abort", lambda r: r.abort(None))
-        await self._each("sleep", lambda r: r.sleep())
+    async def _deactivation_steps(self, ids: Sequence[str]) -> None:
+        await self._router_step("remove_from_routing", lambda: self._replicas.unroute(ids))
+        await self._each(ids, "abort", lambda r: r.abort(None))
+        await self._each(ids, "sleep", lambda r: r.sleep())
 
-    def remove_hybrid_replica(self, replica_id: str) -> bool:
-        """Forget a hybrid replica that died (call between switches, not during one).
-
-        The caller takes it out of routing (the Ray runtime does so when it detects the
-        death). When the last hybrid replica of an active set goes, the state returns to
-        ``STANDALONE_ONLY`` so the state machine never claims capacity that is gone.
-
-        Returns:
-            True when the replica was known.
-        """
-        if self._hybrid.pop(replica_id, None) is None:
-            return False
-        if not self._hybrid and self._sm.state is _S.HYBRID_ACTIVE:
-            self._sm.transition(_S.DEACTIVATING, reason=f"last hybrid replica {replica_id} lost")
-            self._sm.transition(_S.STANDALONE_ONLY, reason=f"last hybrid replica {replica_id} lost")
-        return True
-
-    async def _activation_steps(self, version: int, weights: Any) -> None:
-        ids = list(self.hybrid_ids)
-        await self._each("wake_up", lambda r: r.wake_up())
-        await self._each("update_weights", lambda r: r.update_weights(version, weights))
+    async def _activation_steps(self, ids: Sequence[str], version: int, weights: Any) -> None:
+        await self._each(ids, "wake_up", lambda r: r.wake_up())
+        await self._each(ids, "update_weights", lambda r: r.update_weights(version, weights))
         self._hybrid_version = version
-        await self._each("resume", lambda r: r.resume())
-        await self._router_step("add_to_routing", lambda: self._router.add_replicas(ids))
+        await self._each(ids, "resume", lambda r: r.resume())
+        await self._router_step("add_to_routing", lambda: self._replicas.route(ids))
 
-    async def _refresh_weights(self, version: int, weights: Any) -> None:
-        ids = list(self.hybrid_ids)
+    async def _refresh_weights(self, ids: Sequence[str], version: int, weights: Any) -> None:
         try:
-            await self._router_step(
-                "remove_from_routing", lambda: self._router.remove_replicas(ids)
-            )
-            await self._each("abort", lambda r: r.abort(None))
-            await self._each("update_weights", lambda r: r.update_weights(version, weights))
+            await self._router_step("remove_from_routing", lambda: self._replicas.unroute(ids))
+            await self._each(ids, "abort", lambda r: r.abort(None))
+            await self._each(ids, "update_weights", lambda r: r.update_weights(version, weights))
             self._hybrid_version = version
-            await self._each("resume", lambda r: r.resume())
-            await self._router_step("add_to_routing", lambda: self._router.add_replicas(ids))
+            await self._each(ids, "resume", lambda r: r.resume())
+            await self._router_step("add_to_routing", lambda: self._replicas.route(ids))
         except _StepFailed as failed:
             start = self._clock.now()
-            raise await self._fail("sync_weights", failed, start) from failed.cause
+            raise await self._fail("sync_weights", ids, failed, start) from failed.cause
 
     async def _rebalance_steps(self) -> RebalanceReport:
         start = self._clock.now()
@@ -432,12 +445,17 @@ class DynamicResourceController:
             raise _StepFailed(step, None, exc) from exc
 
     async def _each(
-        self, step: SwitchStep, call: Callable[[RolloutReplica], Awaitable[Any]]
+        self,
+        ids: Sequence[str],
+        step: SwitchStep,
+        call: Callable[[RolloutReplica], Awaitable[Any]],
     ) -> None:
-        """Run ``call`` on every hybrid replica concurrently; fail on the first error."""
-        ids = self.hybrid_ids
+        """Run ``call`` on every replica of ``ids`` concurrently; fail on the first error.
+
+        A replica that died since the switch started fails its step.
+        """
         results = await asyncio.gather(
-            *(self._bounded(call(self._hybrid[rid])) for rid in ids), return_exceptions=True
+            *(self._bounded(self._call_on(rid, call)) for rid in ids), return_exceptions=True
         )
         for rid, result in zip(ids, results, strict=True):
             if isinstance(result, BaseException):
@@ -445,9 +463,17 @@ class DynamicResourceController:
                     raise result
                 raise _StepFailed(step, rid, result)
 
-    async def _fail(self, operation: str, failed: _StepFailed, start: float) -> SwitchError:
+    async def _call_on(self, replica_id: str, call: Callable[[RolloutReplica], Awaitable[T]]) -> T:
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            raise RuntimeError(f"replica {replica_id!r} died during the switch")
+        return await call(replica)
+
+    async def _fail(
+        self, operation: str, ids: Sequence[str], failed: _StepFailed, start: float
+    ) -> SwitchError:
         """Restore the safe state after ``failed`` and return the error to raise."""
-        await self._make_safe()
+        await self._make_safe(ids)
         if self._sm.state is _S.HYBRID_ACTIVE:
             self._sm.transition(_S.DEACTIVATING, reason=f"{operation} failed at {failed.step}")
         if self._sm.state is not _S.STANDALONE_ONLY:
@@ -462,15 +488,21 @@ class DynamicResourceController:
         logger.error("%s; hybrid replicas are out of routing (STANDALONE_ONLY)", error)
         return error
 
-    async def _make_safe(self) -> None:
-        """Best effort: hybrid out of routing, aborted, asleep. Errors are logged only."""
-        ids = list(self.hybrid_ids)
+    async def _make_safe(self, ids: Sequence[str] | None = None) -> None:
+        """Best effort: hybrid out of routing, aborted, asleep. Errors are logged only.
+
+        ``ids``: the hybrid replicas of the failed switch (default: the live ones); dead
+        ones are taken out of routing and otherwise left alone.
+        """
+        ids = list(self.hybrid_ids if ids is None else ids)
         try:
-            await self._bounded(self._router.remove_replicas(ids))
+            await self._bounded(self._replicas.unroute(ids))
         except Exception:
             logger.exception("safe state: could not remove hybrid replicas %s from routing", ids)
         for rid in ids:
-            replica = self._hybrid[rid]
+            replica = self._replicas.get(rid)
+            if replica is None:
+                continue
             for name, call in (
                 ("abort", lambda r=replica: r.abort(None)),
                 ("sleep", replica.sleep),
@@ -504,6 +536,18 @@ class DynamicResourceController:
             stop = self._clock.now() if end is None else end
             self._events.emit(SwitchEvent(kind, start, stop, ok, detail))
 
+    def _on_membership(self, event: MembershipEvent) -> None:
+        if event.kind in ("died", "removed") and not self._lock.locked():
+            self._drop_if_all_lost()
+
+    def _drop_if_all_lost(self) -> None:
+        """Never claim capacity that is gone: no live hybrid replica -> ``STANDALONE_ONLY``."""
+        if self._sm.state is _S.HYBRID_ACTIVE and not self.has_hybrid_replicas:
+            reason = "every hybrid replica was lost"
+            logger.warning("%s while active; back to STANDALONE_ONLY", reason)
+            self._sm.transition(_S.DEACTIVATING, reason=reason)
+            self._sm.transition(_S.STANDALONE_ONLY, reason=reason)
+
     def _on_transition(self, tr: Transition) -> None:
         if self._events is not None:
             self._events.emit(TransitionEvent(tr.time, tr.source.name, tr.target.name, tr.reason))
@@ -513,17 +557,3 @@ class DynamicResourceController:
             f"DynamicResourceController(state={self.state}, hybrid={list(self.hybrid_ids)},"
             f" activations={self.activate_count}, deactivations={self.deactivate_count})"
         )
-
-
-def _as_mapping(
-    replicas: Mapping[str, RolloutReplica] | Sequence[RolloutReplica],
-) -> dict[str, RolloutReplica]:
-    if isinstance(replicas, Mapping):
-        return dict(replicas)
-    out: dict[str, RolloutReplica] = {}
-    for replica in replicas:
-        rid = replica.replica_id
-        if rid in out:
-            raise ValueError(f"duplicate hybrid replica id {rid!r}")
-        out[rid] = replica
-    return out

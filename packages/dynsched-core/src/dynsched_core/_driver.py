@@ -13,11 +13,12 @@ The embedding API for any RL stack is two awaits per micro-step plus one observa
    an activation, when rebalance is enabled) -> ``update_after_step``, with one context
    for both decisions of the cycle.
 
-Guard rails applied once for every policy: the wait target is clamped to the queue
-capacity; no activation on the last step or once the producer has finished; with no
-standalone replica (hybrid-only/colocated) hybrid replicas are activated even if the
-policy declines, and are deactivated only once the rest of the cycle's samples are
-buffered, since nothing else could produce them.
+After each decision the driver applies the `GuardRails` configured from the config, the
+same for every policy (deactivate ratio range, colocated schedule, queue capacity, end
+of run), and reports each correction: in the step's result (``overrides``), as a
+`GuardRailEvent` on its bus and in the log. Colocated mode (no live standalone replica)
+is derived once, from the `ReplicaSet` of the controller, and handed to the policy as
+``ctx.only_hybrid``.
 """
 
 from __future__ import annotations
@@ -29,20 +30,26 @@ from typing import Any, Literal
 
 import attrs
 
+from dynsched_core import validators as v
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._config import DynamicScheduleConfig
 from dynsched_core._context import DynamicScheduleContext
 from dynsched_core._controller import DynamicResourceController, RebalanceReport
 from dynsched_core._errors import SampleWaitTimeoutError, SwitchError
-from dynsched_core._events import EventBus
+from dynsched_core._events import EventBus, GuardRailEvent
+from dynsched_core._guards import GuardRailOverride, GuardRails, is_colocated
 from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core._protocols import SampleQueue
+from dynsched_core._replicas import ReplicaSet
 
-__all__ = ["AfterSyncResult", "BeforeStepResult", "ScheduleDriver"]
+__all__ = ["AfterSyncResult", "BeforeStepResult", "DriverOptions", "ScheduleDriver"]
 
 logger = logging.getLogger(__name__)
 
 _STATE_FORMAT = 1
+
+#: Guard-rail rules whose corrections mean the policy proposed something out of range.
+_POLICY_ERRORS = frozenset({"ratio_range", "queue_capacity"})
 
 
 @attrs.frozen(kw_only=True)
@@ -60,6 +67,8 @@ class BeforeStepResult:
         deactivate_s: Seconds the deactivation took.
         error: The switch error, when deactivation failed (hybrid is then out anyway).
         context: The context given to the policy (None when scheduling is disabled).
+        proposed_wait: What ``deactivate_wait_samples`` returned (None when not called).
+        overrides: The guard rails' corrections of the wait target.
     """
 
     global_steps: int
@@ -72,6 +81,8 @@ class BeforeStepResult:
     deactivate_s: float = 0.0
     error: SwitchError | None = attrs.field(default=None, eq=False)
     context: DynamicScheduleContext | None = None
+    proposed_wait: int | None = None
+    overrides: tuple[GuardRailOverride, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -82,7 +93,7 @@ class AfterSyncResult:
         global_steps: The step passed in.
         version: The weight version synced.
         should_activate: The policy's decision.
-        forced: A guard rail overrode the decision (see the module docstring).
+        forced: A guard rail overrode the decision (see ``overrides``).
         activated: Hybrid replicas were woken, synced and routed.
         hybrid_sync_skipped: The hybrid weight sync was skipped (no activation).
         rebalance: The rebalance report, when one ran.
@@ -90,6 +101,7 @@ class AfterSyncResult:
         error: The switch error, when activation failed.
         context: The context given to ``should_activate_after_step`` and
             ``update_after_step`` (None when scheduling is disabled).
+        overrides: The guard rails' corrections of the activation decision.
     """
 
     global_steps: int
@@ -102,6 +114,24 @@ class AfterSyncResult:
     activate_s: float = 0.0
     error: SwitchError | None = attrs.field(default=None, eq=False)
     context: DynamicScheduleContext | None = None
+    overrides: tuple[GuardRailOverride, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class DriverOptions:
+    """Settings of a `ScheduleDriver` (the guard rails come from the config).
+
+    Attributes:
+        wait_timeout_s: Bound of the wait before a deactivation (> 0). On timeout the
+            driver logs a warning and deactivates anyway (training must go on).
+        on_switch_error: ``"continue"`` (log, count, go on in standalone mode: the
+            controller has restored a safe state) or ``"raise"``.
+    """
+
+    wait_timeout_s: float = attrs.field(default=600.0, validator=v.float_gt(0.0))
+    on_switch_error: Literal["continue", "raise"] = attrs.field(
+        default="continue", validator=v.one_of(("continue", "raise"))
+    )
 
 
 class ScheduleDriver:
@@ -109,29 +139,30 @@ class ScheduleDriver:
 
     Args:
         policy: The scheduling policy.
-        controller: Switches the hybrid replicas.
+        controller: Switches the hybrid replicas of its `ReplicaSet`, which is also where
+            the driver counts the live replicas for the context.
         queue: The sample queue the trainer reads (for sizes, counters, end-of-stream).
-        config: Scheduler settings (required samples, ``T``, staleness, rebalance, GPUs).
+        config: Scheduler settings (required samples, ``T``, staleness, rebalance, GPUs,
+            guard rails).
+        options: Wait bound and switch-error handling (default: `DriverOptions()`).
         clock: Time source (default: the running loop).
-        events: Event bus (passed on for hosts; the controller emits the switch events).
-        wait_timeout_s: Bound of the wait before a deactivation (> 0). On timeout the
-            driver logs a warning and deactivates anyway (training must go on).
-        num_standalone_replicas: Standalone replicas serving (default: from the config).
-        on_switch_error: ``"continue"`` (log, count, go on in standalone mode — the
-            controller has restored a safe state) or ``"raise"``.
+        events: Event bus receiving `GuardRailEvent` (and passed on for hosts; the
+            controller emits the switch events).
 
     Example:
         >>> import asyncio
-        >>> from dynsched_core import AsyncSampleQueue, DynamicScheduleConfig, LoadBalancer
-        >>> from dynsched_core import DynamicSchedulePolicyBase
-        >>> from dynsched_core.testing import InMemoryReplica
+        >>> from dynsched_core import AsyncSampleQueue, DynamicScheduleConfig, InMemoryReplica
+        >>> from dynsched_core import DynamicResourceController, DynamicSchedulePolicyBase
+        >>> from dynsched_core import ReplicaSet
         >>> class Always(DynamicSchedulePolicyBase):
         ...     def should_deactivate(self, global_steps, is_hybrid_active, ctx): return True
         ...     def deactivate_wait_samples(self, ctx): return 0
         ...     def should_activate_after_step(self, global_steps, is_hybrid_active, ctx): return True
         >>> async def demo() -> tuple[bool, bool]:
-        ...     router = LoadBalancer(["s0"])
-        ...     ctrl = DynamicResourceController(router, [InMemoryReplica("h0", role="hybrid")])
+        ...     replicas = ReplicaSet(standalone=[InMemoryReplica("s0")],
+        ...                           hybrid=[InMemoryReplica("h0", role="hybrid")])
+        ...     await replicas.route(["s0"])
+        ...     ctrl = DynamicResourceController(replicas)
         ...     cfg = DynamicScheduleConfig(use_dynamic_resource_scheduling=True,
         ...                                 ppo_mini_batch_size=2)
         ...     driver = ScheduleDriver(Always(), ctrl, AsyncSampleQueue(), cfg)
@@ -148,36 +179,25 @@ class ScheduleDriver:
         controller: DynamicResourceController,
         queue: SampleQueue,
         config: DynamicScheduleConfig,
+        options: DriverOptions | None = None,
         *,
         clock: Clock | None = None,
         events: EventBus | None = None,
-        wait_timeout_s: float = 600.0,
-        num_standalone_replicas: int | None = None,
-        on_switch_error: Literal["continue", "raise"] = "continue",
     ) -> None:
         if not isinstance(policy, DynamicSchedulePolicyBase):
             raise TypeError(f"policy must be a DynamicSchedulePolicyBase, got {policy!r}")
-        if isinstance(wait_timeout_s, bool) or not isinstance(wait_timeout_s, int | float):
-            raise TypeError(f"wait_timeout_s must be a number > 0, got {wait_timeout_s!r}")
-        if not wait_timeout_s > 0:
-            raise ValueError(f"wait_timeout_s must be > 0, got {wait_timeout_s}")
-        if on_switch_error not in ("continue", "raise"):
-            raise ValueError(
-                f"on_switch_error must be 'continue' or 'raise', got {on_switch_error!r}"
-            )
+        if not isinstance(controller, DynamicResourceController):
+            raise TypeError(f"controller must be a DynamicResourceController, got {controller!r}")
+        self.options = options if options is not None else DriverOptions()
+        if not isinstance(self.options, DriverOptions):
+            raise TypeError(f"options must be a DriverOptions, got {self.options!r}")
         self.policy = policy
         self.controller = controller
         self.queue = queue
         self.config = config
         self.events = events
-        self.wait_timeout_s = float(wait_timeout_s)
-        self.on_switch_error = on_switch_error
+        self.guard_rails = GuardRails.from_config(config)
         self._clock: Clock = clock if clock is not None else LoopClock()
-        self.num_standalone_replicas = (
-            config.num_standalone_replicas
-            if num_standalone_replicas is None
-            else num_standalone_replicas
-        )
         # Counters (checkpointed).
         self.requested_samples = 0
         self.param_version = 0
@@ -186,24 +206,41 @@ class ScheduleDriver:
         self.deactivations = 0
         self.skipped_hybrid_syncs = 0
         self.switch_errors = 0
+        # Guard-rail corrections made by this driver (not checkpointed).
+        self.overrides = 0
+        self._warned_rules: set[tuple[str, str]] = set()
         # Observations of the current cycle.
         self._wait_times: list[float] = []
         self._wait_samples: list[int] = []
         self._cycle_activate_s = 0.0
         self._cycle_deactivate_s = 0.0
         self._cycle_requested = 0
-        self._warned_fallback = False
 
     # ------------------------------------------------------------------ properties
+    @property
+    def wait_timeout_s(self) -> float:
+        """Bound of the wait before a deactivation (`DriverOptions.wait_timeout_s`)."""
+        return self.options.wait_timeout_s
+
+    @property
+    def replicas(self) -> ReplicaSet:
+        """The replicas of the run (the controller's `ReplicaSet`)."""
+        return self.controller.replicas
+
     @property
     def enabled(self) -> bool:
         """Whether dynamic scheduling is on (otherwise the policy is never called)."""
         return self.config.use_dynamic_resource_scheduling
 
     @property
+    def num_standalone_replicas(self) -> int:
+        """Live standalone replicas (from the `ReplicaSet`)."""
+        return self.replicas.num_standalone
+
+    @property
     def only_hybrid(self) -> bool:
-        """No standalone replica: hybrid replicas are the only producers."""
-        return self.enabled and (self.config.only_hybrid or self.num_standalone_replicas == 0)
+        """Colocated mode: scheduling on and no live standalone replica (`is_colocated`)."""
+        return is_colocated(self.enabled, self.replicas.num_standalone)
 
     # ------------------------------------------------------------------ host API
     async def before_train_step(
@@ -220,7 +257,14 @@ class ScheduleDriver:
         ctx = await self.context(global_steps, is_last_step=is_last_step)
         if not self.policy.should_deactivate(global_steps, self.controller.is_hybrid_active, ctx):
             return BeforeStepResult(global_steps=global_steps, context=ctx)
-        target = self._wait_target(self.policy.deactivate_wait_samples(ctx))
+        proposed = self._checked_wait(self.policy.deactivate_wait_samples(ctx))
+        target, overrides = self.guard_rails.wait_target(
+            proposed,
+            ctx,
+            cycle_remaining=self._cycle_remaining(),
+            capacity=_capacity_of(self.queue),
+        )
+        self._report(global_steps, overrides)
         buffered, wait_s, timed_out = await self._wait_for_samples(target)
         switched, took, error = await self._switch(self.controller.deactivate)
         if switched:
@@ -237,6 +281,8 @@ class ScheduleDriver:
             deactivate_s=took,
             error=error,
             context=ctx,
+            proposed_wait=proposed,
+            overrides=overrides,
         )
 
     def record_collection(self, wait_s: float, waited_samples: int) -> None:
@@ -280,13 +326,15 @@ class ScheduleDriver:
                 global_steps, self.controller.is_hybrid_active, ctx
             )
         )
-        activate = self._guard_activation(wants, ctx)
+        activate, overrides = self.guard_rails.activation(wants, ctx)
+        self._report(global_steps, overrides)
         result = AfterSyncResult(
             global_steps=global_steps,
             version=version,
             should_activate=wants,
-            forced=activate != wants,
+            forced=bool(overrides),
             context=ctx,
+            overrides=overrides,
         )
         if activate and self.controller.has_hybrid_replicas:
             result = await self._activate(result, weights)
@@ -311,13 +359,15 @@ class ScheduleDriver:
         wants = bool(
             self.policy.should_activate_after_step(0, self.controller.is_hybrid_active, ctx)
         )
-        activate = self._guard_activation(wants, ctx)
+        activate, overrides = self.guard_rails.activation(wants, ctx)
+        self._report(0, overrides)
         result = AfterSyncResult(
             global_steps=0,
             version=version,
             should_activate=wants,
-            forced=activate != wants,
+            forced=bool(overrides),
             context=ctx,
+            overrides=overrides,
         )
         if activate and self.controller.has_hybrid_replicas:
             result = await self._activate(result, weights, allow_rebalance=False)
@@ -342,14 +392,16 @@ class ScheduleDriver:
             last_activate_duration_s=self._cycle_activate_s,
             last_deactivate_duration_s=self._cycle_deactivate_s,
             queue_size=stats.size,
-            num_standalone_replicas=self.num_standalone_replicas,
-            num_hybrid_replicas=len(self.controller.hybrid_ids),
+            num_standalone_replicas=self.replicas.num_standalone,
+            num_hybrid_replicas=self.replicas.num_hybrid,
             standalone_gpus=cfg.standalone_gpus,
             hybrid_gpus=cfg.hybrid_gpus,
             producer_finished=stats.closed,
             is_last_step=is_last_step,
             param_version=self.param_version,
             now=self._clock.now(),
+            min_deactivate_ratio=self.guard_rails.min_deactivate_ratio,
+            max_deactivate_ratio=self.guard_rails.max_deactivate_ratio,
         )
 
     # ------------------------------------------------------------------ checkpoint
@@ -401,7 +453,8 @@ class ScheduleDriver:
         self._cycle_requested = int(state["cycle_requested"])
 
     # ------------------------------------------------------------------ internals
-    def _wait_target(self, raw: Any) -> int:
+    def _checked_wait(self, raw: Any) -> int:
+        """The policy's wait as an int (its range is the guard rails' business)."""
         try:
             target = operator.index(raw)
         except TypeError:
@@ -409,26 +462,39 @@ class ScheduleDriver:
                 f"{type(self.policy).__name__}.deactivate_wait_samples must return an int, "
                 f"got {raw!r}"
             ) from None
-        if isinstance(raw, bool) or target < 0:
-            raise ValueError(
-                f"{type(self.policy).__name__}.deactivate_wait_samples must return an int >= 0, "
+        if isinstance(raw, bool):
+            raise TypeError(
+                f"{type(self.policy).__name__}.deactivate_wait_samples must return an int, "
                 f"got {raw!r}"
             )
-        if self.only_hybrid:
-            # Nothing produces once the hybrid replicas sleep: buffer the rest of the cycle.
-            remaining = (
-                self.config.step_required_samples
-                - self._cycle_requested
-                + self.config.required_samples
-            )
-            target = max(target, remaining)
-        capacity = getattr(self.queue, "capacity", None)
-        if isinstance(capacity, int) and target > capacity:
-            logger.warning(
-                "wait target %d exceeds the queue capacity %d; clamped", target, capacity
-            )
-            target = capacity
         return target
+
+    def _cycle_remaining(self) -> int:
+        """Samples the rest of the current cycle needs, this micro-step's included."""
+        return (
+            self.config.step_required_samples - self._cycle_requested + self.config.required_samples
+        )
+
+    def _report(self, global_steps: int, overrides: tuple[GuardRailOverride, ...]) -> None:
+        """Count, log and publish the guard rails' corrections."""
+        for override in overrides:
+            self.overrides += 1
+            key = (override.decision, override.rule)
+            # a policy out of its range is worth a warning; the colocated schedule and the
+            # end of the run are the framework doing its job (said once, then debug)
+            first = logging.WARNING if override.rule in _POLICY_ERRORS else logging.INFO
+            level = logging.DEBUG if key in self._warned_rules else first
+            self._warned_rules.add(key)
+            logger.log(
+                level,
+                "step %d: guard rail %r corrected %s: %s",
+                global_steps,
+                override.rule,
+                type(self.policy).__name__,
+                override.reason,
+            )
+            if self.events is not None:
+                self.events.emit(GuardRailEvent(self._clock.now(), global_steps, override))
 
     async def _wait_for_samples(self, target: int) -> tuple[int, float, bool]:
         """Wait until ``target`` samples are buffered, end-of-stream, or the timeout."""
@@ -445,19 +511,6 @@ class ScheduleDriver:
                 exc.available,
             )
         return buffered, self._clock.now() - start, timed_out
-
-    def _guard_activation(self, wants: bool, ctx: DynamicScheduleContext) -> bool:
-        if ctx.is_last_step or ctx.producer_finished:
-            return False
-        if not wants and self.only_hybrid:
-            if not self._warned_fallback:
-                logger.warning(
-                    "no standalone replica: activating hybrid replicas although the policy "
-                    "declined (hybrid replicas are the only producers; colocated fallback)"
-                )
-                self._warned_fallback = True
-            return True
-        return wants
 
     async def _activate(
         self, result: AfterSyncResult, weights: Any, *, allow_rebalance: bool = True
@@ -495,7 +548,7 @@ class ScheduleDriver:
             outcome = await operation()
         except SwitchError as exc:
             self.switch_errors += 1
-            if self.on_switch_error == "raise":
+            if self.options.on_switch_error == "raise":
                 raise
             logger.error("%s; continuing with standalone replicas only", exc)
             return False, self._clock.now() - start, exc
@@ -514,3 +567,8 @@ class ScheduleDriver:
             f"ScheduleDriver(policy={type(self.policy).__name__}, cycles={self.cycles}, "
             f"activations={self.activations}, deactivations={self.deactivations})"
         )
+
+
+def _capacity_of(queue: SampleQueue) -> int | None:
+    capacity = getattr(queue, "capacity", None)
+    return capacity if isinstance(capacity, int) and not isinstance(capacity, bool) else None

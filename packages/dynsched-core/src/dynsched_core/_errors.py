@@ -10,6 +10,7 @@ __all__ = [
     "DynschedError",
     "IllegalTransitionError",
     "NoRoutableReplicaError",
+    "PluginError",
     "PolicyRegistryError",
     "RequestFailedError",
     "SampleWaitTimeoutError",
@@ -40,7 +41,11 @@ class ConfigTypeError(ConfigError, TypeError):
     """A configuration value has the wrong type (also a `TypeError`)."""
 
 
-class PolicyRegistryError(DynschedError, LookupError):
+class PluginError(DynschedError, LookupError):
+    """A plug-in name is unknown, provided by two distributions, or fails to load."""
+
+
+class PolicyRegistryError(PluginError):
     """A policy name is unknown, registered twice, or points at a non-policy object."""
 
 

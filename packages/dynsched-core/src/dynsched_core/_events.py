@@ -17,6 +17,7 @@ __all__ = [
     "Event",
     "EventBus",
     "GroupMode",
+    "GuardRailEvent",
     "ReplicaModeEvent",
     "RolloutEvent",
     "RolloutEventKind",
@@ -126,6 +127,22 @@ class ReplicaModeEvent:
     gpus: int = 1
 
 
+@attrs.frozen
+class GuardRailEvent:
+    """The driver's guard rails corrected a policy decision.
+
+    Attributes:
+        time: Loop time of the correction.
+        global_steps: The step the decision was for.
+        override: What was proposed, what was applied, by which rule and why
+            (a `dynsched_core.GuardRailOverride`).
+    """
+
+    time: float
+    global_steps: int
+    override: Any
+
+
 Event = (
     RolloutEvent
     | StalenessResetEvent
@@ -133,6 +150,7 @@ Event = (
     | SwitchEvent
     | TransitionEvent
     | ReplicaModeEvent
+    | GuardRailEvent
 )
 Subscriber = Callable[[Any], None]
 

@@ -1,12 +1,15 @@
 """The reference fully-async loop: rollouter, queue, router, client, controller, driver.
 
-`FullyAsyncLoop` wires the core pieces over given replicas and a pluggable
-`TrainerBackend`, then runs training steps. The same code serves three hosts:
+`FullyAsyncLoop` runs training steps over parts it is given (a `ScheduleDriver`, whose
+controller switches the hybrid members of a `ReplicaSet`, and a `Rollouter` feeding the
+driver's queue) and a pluggable `TrainerBackend`; nothing is swapped after construction.
+`FullyAsyncLoop.build` assembles the standard parts from a config and replicas. The same
+code serves three hosts:
 
 - tests: in-memory replicas and a trainer that sleeps on the loop clock;
 - the simulator: simulated replicas and trainer on a virtual-time event loop;
-- the Ray runtime: actor-backed replicas, and optionally its own router, queue and client
-  (``router=``, ``queue=``, ``client=``), with a trainer that drives real workers.
+- the Ray runtime: actor-backed replicas, router and queue, with a trainer that drives
+  real workers.
 
 One micro-step: ``before_train_step`` (maybe wait and deactivate hybrid) -> collect
 ``required_samples`` from the queue (bounded wait; end-of-stream ends training) ->
@@ -23,18 +26,18 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
-from dynsched_core._client import RetryingClient
+from dynsched_core._client import ClientOptions, RetryingClient
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._config import DynamicScheduleConfig
-from dynsched_core._controller import DynamicResourceController
-from dynsched_core._driver import AfterSyncResult, BeforeStepResult, ScheduleDriver
+from dynsched_core._controller import ControllerOptions, DynamicResourceController
+from dynsched_core._driver import AfterSyncResult, BeforeStepResult, DriverOptions, ScheduleDriver
 from dynsched_core._errors import SwitchError
 from dynsched_core._events import EventBus, GroupMode, ReplicaModeEvent, TrainStepEvent
 from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core._protocols import QueueStats, RolloutReplica, Router, SampleQueue
 from dynsched_core._queue import AsyncSampleQueue
-from dynsched_core._rollouter import GenerateClient, Rollouter, RollouterStats
-from dynsched_core._routing import LoadBalancer
+from dynsched_core._replicas import ReplicaSet
+from dynsched_core._rollouter import GenerateClient, Rollouter, RollouterOptions, RollouterStats
 
 __all__ = ["FullyAsyncLoop", "LoopResult", "StepRecord", "TrainerBackend", "run_fully_async"]
 
@@ -151,31 +154,30 @@ class LoopResult:
 
 
 class FullyAsyncLoop:
-    """Reference fully-async trainer loop over given replicas.
+    """Reference fully-async trainer loop, assembled from the parts it is given.
 
     Args:
         config: Scheduler settings.
-        policy: Scheduling policy (e.g. ``config.build_policy()``).
         trainer: The `TrainerBackend`.
-        prompts: Prompt source for the `Rollouter` (sync or async iterable).
-        standalone: Standalone replicas (always routable).
-        hybrid: Hybrid replicas (asleep and out of routing until activated).
-        router: Router to use (default: a new `LoadBalancer`).
-        queue: Sample queue (default: `AsyncSampleQueue` of ``config.max_queue_size``).
-        client: Generation client (default: a `RetryingClient` over ``router``).
-        events: Event bus shared by every component (default: a new one).
+        driver: Runs the policy; its controller switches the hybrid members of the
+            `ReplicaSet` and its queue is what the trainer consumes.
+        rollouter: Produces samples into the driver's queue from the same replicas.
+        events: Bus for the `TrainStepEvent` and `ReplicaModeEvent` of the loop
+            (default: the driver's bus, else a new one).
         clock: Time source (default: the running loop).
-        wait_timeout_s: Bound of every wait for samples (> 0); a collection that times
-            out raises `SampleWaitTimeoutError` (the pipeline is stuck).
-        max_tokens: Response budget for raw prompt payloads (default:
-            ``config.max_response_length``).
-        client_kwargs: Extra `RetryingClient` arguments.
-        controller_kwargs: Extra `DynamicResourceController` arguments.
+
+    Raises:
+        ValueError: the rollouter does not feed the driver's queue or does not draw on
+            the controller's replicas.
+
+    The loop's waits for samples are bounded by the driver's
+    `DriverOptions.wait_timeout_s`; a collection that times out raises
+    `SampleWaitTimeoutError` (the pipeline is stuck).
 
     Example:
         >>> import asyncio
         >>> from dynsched_core import DynamicScheduleConfig, DynamicSchedulePolicyBase
-        >>> from dynsched_core.testing import InMemoryReplica
+        >>> from dynsched_core import InMemoryReplica
         >>> class Never(DynamicSchedulePolicyBase):
         ...     def should_deactivate(self, global_steps, is_hybrid_active, ctx): return False
         ...     def deactivate_wait_samples(self, ctx): return 0
@@ -184,9 +186,9 @@ class FullyAsyncLoop:
         ...     async def train_step(self, samples): return {"update_actor": 0.0}
         ...     async def sync_weights(self, version): return None
         >>> cfg = DynamicScheduleConfig(ppo_mini_batch_size=2, trigger_parameter_sync_step=1)
-        >>> loop = FullyAsyncLoop(cfg, Never(), Trainer(), prompts=range(10),
-        ...                       standalone=[InMemoryReplica("s0", tokens_per_s=1e5)],
-        ...                       max_tokens=8)
+        >>> loop = FullyAsyncLoop.build(cfg, Never(), Trainer(), prompts=range(10),
+        ...                             standalone=[InMemoryReplica("s0", tokens_per_s=1e5)],
+        ...                             max_tokens=8)
         >>> result = asyncio.run(loop.run(num_steps=3))
         >>> result.steps, result.samples_consumed
         (3, 6)
@@ -195,6 +197,29 @@ class FullyAsyncLoop:
     def __init__(
         self,
         config: DynamicScheduleConfig,
+        trainer: TrainerBackend,
+        *,
+        driver: ScheduleDriver,
+        rollouter: Rollouter,
+        events: EventBus | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if rollouter.queue is not driver.queue:
+            raise ValueError("the rollouter must feed the driver's queue (rollouter.queue)")
+        if rollouter.replicas is not driver.replicas:
+            raise ValueError("the rollouter and the driver's controller must share one ReplicaSet")
+        self.config = config
+        self.trainer = trainer
+        self.driver = driver
+        self.rollouter = rollouter
+        self.events = events if events is not None else driver.events or EventBus()
+        self.clock: Clock = clock if clock is not None else LoopClock()
+        self._mode: GroupMode | None = None
+
+    @classmethod
+    def build(
+        cls,
+        config: DynamicScheduleConfig,
         policy: DynamicSchedulePolicyBase,
         trainer: TrainerBackend,
         *,
@@ -202,79 +227,116 @@ class FullyAsyncLoop:
         standalone: Sequence[RolloutReplica] | Mapping[str, RolloutReplica] = (),
         hybrid: Sequence[RolloutReplica] | Mapping[str, RolloutReplica] = (),
         router: Router | None = None,
+        replicas: ReplicaSet | None = None,
         queue: SampleQueue | None = None,
         client: GenerateClient | None = None,
         events: EventBus | None = None,
         clock: Clock | None = None,
         wait_timeout_s: float = 3600.0,
         max_tokens: int | None = None,
-        client_kwargs: Mapping[str, Any] | None = None,
-        controller_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.config = config
-        self.trainer = trainer
-        self.events = events if events is not None else EventBus()
-        self.clock: Clock = clock if clock is not None else LoopClock()
-        self.wait_timeout_s = float(wait_timeout_s)
-        self.standalone = _by_id(standalone)
-        self.hybrid = _by_id(hybrid)
-        overlap = set(self.standalone) & set(self.hybrid)
-        if overlap:
-            raise ValueError(f"replica ids both standalone and hybrid: {sorted(overlap)}")
-        self.replicas: dict[str, RolloutReplica] = {**self.standalone, **self.hybrid}
-        self.router: Router = router if router is not None else LoadBalancer()
-        self.queue: SampleQueue = (
-            queue if queue is not None else AsyncSampleQueue(capacity=config.max_queue_size)
-        )
-        self.client: GenerateClient = (
-            client
-            if client is not None
-            else RetryingClient(
-                self.router,
-                self.replicas,
-                partial_rollout=config.partial_rollout,
-                clock=self.clock,
-                **self._client_defaults(client_kwargs),
-            )
-        )
-        self.controller = DynamicResourceController(
-            self.router,
-            self.hybrid,
-            replicas=self.replicas,
-            clock=self.clock,
-            events=self.events,
-            **dict(controller_kwargs or {}),
-        )
-        self.rollouter = Rollouter.from_config(
-            config,
-            prompts,
-            self.client,
-            self.router,
-            self.queue,
-            max_tokens=config.max_response_length if max_tokens is None else max_tokens,
-            clock=self.clock,
-            events=self.events,
-        )
-        self.driver = ScheduleDriver(
-            policy,
-            self.controller,
-            self.queue,
-            config,
-            clock=self.clock,
-            events=self.events,
-            wait_timeout_s=self.wait_timeout_s,
-            num_standalone_replicas=len(self.standalone),
-        )
-        self._mode: GroupMode | None = None
+        client_options: ClientOptions | None = None,
+        controller_options: ControllerOptions | None = None,
+    ) -> FullyAsyncLoop:
+        """Assemble the standard parts over the given replicas and build the loop.
 
-    def _client_defaults(self, client_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
-        """Client arguments; without standalone replicas (colocated mode) an aborted
-        request waits a whole training phase for a routable replica, so the wait for one
-        is bounded by the loop's sample-wait timeout instead of the client's default."""
-        kwargs = dict(client_kwargs or {})
-        if not self.standalone:
-            kwargs.setdefault("no_replica_timeout_s", self.wait_timeout_s)
-        return kwargs
+        Args:
+            config: Scheduler settings.
+            policy: Scheduling policy (e.g. ``config.build_policy()``).
+            trainer: The `TrainerBackend`.
+            prompts: Prompt source for the `Rollouter` (sync or async iterable).
+            standalone: Standalone replicas (routable from the start).
+            hybrid: Hybrid replicas (asleep and out of routing until activated).
+            router: Router that follows the replicas (default: a new `LoadBalancer`).
+            replicas: A `ReplicaSet` built by the caller, instead of ``standalone``,
+                ``hybrid`` and ``router``.
+            queue: Sample queue (default: `AsyncSampleQueue` of ``config.max_queue_size``).
+            client: Generation client (default: a `RetryingClient` over the replicas).
+            events: Event bus shared by every part (default: a new one).
+            clock: Time source (default: the running loop).
+            wait_timeout_s: Bound of every wait for samples (> 0).
+            max_tokens: Response budget for raw prompt payloads (default:
+                ``config.max_response_length``).
+            client_options: `RetryingClient` settings (default: from the config; without
+                standalone replicas an aborted request waits up to ``wait_timeout_s``
+                for a routable replica, a whole training phase in colocated mode).
+            controller_options: `DynamicResourceController` settings.
+
+        Raises:
+            ValueError: ``replicas`` together with ``standalone``/``hybrid``/``router``,
+                or a replica id given twice.
+        """
+        events = events if events is not None else EventBus()
+        clock = clock if clock is not None else LoopClock()
+        if replicas is None:
+            replicas = ReplicaSet(
+                router, standalone=standalone, hybrid=hybrid, clock=clock, events=events
+            )
+        elif standalone or hybrid or router is not None:
+            raise ValueError("pass either replicas= or standalone=/hybrid=/router=, not both")
+        queue = queue if queue is not None else AsyncSampleQueue(capacity=config.max_queue_size)
+        if client is None:
+            if client_options is None:
+                colocated = (
+                    {} if replicas.num_standalone else {"no_replica_timeout_s": wait_timeout_s}
+                )
+                client_options = ClientOptions.from_config(config, **colocated)
+            client = RetryingClient(replicas, client_options, clock=clock)
+        controller = DynamicResourceController(
+            replicas, controller_options, clock=clock, events=events
+        )
+        rollouter = Rollouter(
+            prompts,
+            client,
+            replicas,
+            queue,
+            RollouterOptions.from_config(
+                config,
+                max_tokens=config.max_response_length if max_tokens is None else max_tokens,
+            ),
+            clock=clock,
+            events=events,
+        )
+        driver = ScheduleDriver(
+            policy,
+            controller,
+            queue,
+            config,
+            DriverOptions(wait_timeout_s=wait_timeout_s),
+            clock=clock,
+            events=events,
+        )
+        return cls(config, trainer, driver=driver, rollouter=rollouter, events=events, clock=clock)
+
+    # ------------------------------------------------------------------ parts
+    @property
+    def controller(self) -> DynamicResourceController:
+        """The driver's controller."""
+        return self.driver.controller
+
+    @property
+    def replicas(self) -> ReplicaSet:
+        """The replicas of the run (the one owner of membership)."""
+        return self.driver.replicas
+
+    @property
+    def router(self) -> Router:
+        """The router that follows the replicas."""
+        return self.replicas.router
+
+    @property
+    def queue(self) -> SampleQueue:
+        """The sample queue between the rollouter and the trainer."""
+        return self.driver.queue
+
+    @property
+    def client(self) -> GenerateClient:
+        """The rollouter's generation client."""
+        return self.rollouter.client
+
+    @property
+    def wait_timeout_s(self) -> float:
+        """Bound of every wait for samples (the driver's)."""
+        return self.driver.wait_timeout_s
 
     # ------------------------------------------------------------------ run
     async def run(self, num_steps: int | None = None) -> LoopResult:
@@ -295,7 +357,7 @@ class FullyAsyncLoop:
         await self._setup()
         task = self.rollouter.start()
         try:
-            await self.driver.initial_activation(version=0)
+            await self.driver.initial_activation(version=self.driver.param_version)
             while num_steps is None or len(records) < num_steps:
                 record = await self._micro_step(len(records) + 1, num_steps)
                 if record is None:
@@ -309,7 +371,7 @@ class FullyAsyncLoop:
         return await self._result(records, ended_by, start)
 
     async def _setup(self) -> None:
-        await self.router.add_replicas(sorted(self.standalone))
+        await self.replicas.route(self.replicas.standalone_ids)
         await self.controller.reconcile()
         self._set_mode("idle")
 
@@ -447,19 +509,6 @@ async def run_fully_async(
     num_steps: int | None = None,
     **kwargs: Any,
 ) -> LoopResult:
-    """Build a `FullyAsyncLoop` (``kwargs`` as its constructor) and run it."""
-    loop = FullyAsyncLoop(config, policy, trainer, **kwargs)
+    """Build a `FullyAsyncLoop` (``kwargs`` as `FullyAsyncLoop.build`) and run it."""
+    loop = FullyAsyncLoop.build(config, policy, trainer, **kwargs)
     return await loop.run(num_steps)
-
-
-def _by_id(
-    replicas: Sequence[RolloutReplica] | Mapping[str, RolloutReplica],
-) -> dict[str, RolloutReplica]:
-    if isinstance(replicas, Mapping):
-        return dict(replicas)
-    out: dict[str, RolloutReplica] = {}
-    for replica in replicas:
-        if replica.replica_id in out:
-            raise ValueError(f"duplicate replica id {replica.replica_id!r}")
-        out[replica.replica_id] = replica
-    return out

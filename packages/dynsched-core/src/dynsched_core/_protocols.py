@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
-from dynsched_core import _validators as v
+from dynsched_core import validators as v
 
 __all__ = [
     "FinishReason",
@@ -161,6 +161,10 @@ RouterListener = Callable[[Sequence[str]], None]
 class Router(Protocol):
     """Places requests on routable replicas and counts in-flight requests.
 
+    A router *follows* a `dynsched_core.ReplicaSet`: the set decides which replicas are
+    routable and tells the router (``add_replicas`` / ``remove_replicas``) before it
+    publishes the change to its readers, so nothing needs to listen to the router.
+
     Optional extension: a router may also offer ``async requests_on(replica_id) ->
     list[str]`` (the request ids in flight on a replica). The controller uses it to
     rebalance by aborting only the excess requests of overloaded replicas; without it, a
@@ -199,10 +203,6 @@ class Router(Protocol):
         """Ids of the routable replicas, sorted."""
         ...
 
-    def add_listener(self, listener: RouterListener) -> None:
-        """Call ``listener(routable_ids)`` whenever the routable set changes."""
-        ...
-
 
 @attrs.frozen(kw_only=True)
 class QueueStats:
@@ -216,23 +216,12 @@ class QueueStats:
     capacity: int | None
 
 
-class _SampleQueueMeta(type(Protocol)):  # type: ignore[misc]
-    """Lets ``SampleQueue(capacity=...)`` build the in-process implementation."""
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls.__dict__.get("_is_protocol", False):
-            from dynsched_core._queue import AsyncSampleQueue
-
-            return AsyncSampleQueue(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
-
-
 @runtime_checkable
-class SampleQueue(Protocol, metaclass=_SampleQueueMeta):
+class SampleQueue(Protocol):
     """Bounded queue of finished samples between the rollouter and the trainer.
 
-    A protocol (Ray's queue actor proxy and the simulator implement it too); calling
-    ``SampleQueue(capacity=None)`` builds the in-process `AsyncSampleQueue`.
+    Implemented in process by `dynsched_core.AsyncSampleQueue` and by Ray's queue actor
+    proxy (dynsched-ray).
     """
 
     async def put(self, sample: Any, timeout: float | None = None) -> None:

@@ -3,21 +3,22 @@
 Policies are found by name from two sources:
 
 * classes decorated with `register_policy` in modules that have been imported;
-* the entry-point group ``dynsched.policies`` of installed distributions, discovered
-  once on the first lookup and imported lazily (only the policy asked for is loaded).
+* the entry-point group ``dynsched.policies`` of installed distributions, read through
+  the one plug-in loader (`dynsched_core.plugins`): discovered once on the first lookup,
+  imported lazily (only the policy asked for is loaded), a name two distributions provide
+  refused with both named.
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import threading
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any, TypeVar
 
 from dynsched_core._errors import PolicyRegistryError
 from dynsched_core._policy import DynamicSchedulePolicyBase
+from dynsched_core.plugins import PluginGroup
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -39,32 +40,11 @@ class _Registry:
         self._lock = threading.RLock()
         # name -> (class, where it was registered)
         self._local: dict[str, tuple[type[DynamicSchedulePolicyBase], str]] = {}
-        # name -> [(entry point, distribution name)], filled on first lookup
-        self._eps: dict[str, list[tuple[metadata.EntryPoint, str]]] | None = None
-        self._loaded: dict[str, type[DynamicSchedulePolicyBase]] = {}
-
-    # -- discovery -----------------------------------------------------------------
-    def _discover(self) -> dict[str, list[tuple[metadata.EntryPoint, str]]]:
-        with self._lock:
-            if self._eps is None:
-                found: dict[str, list[tuple[metadata.EntryPoint, str]]] = {}
-                for dist in metadata.distributions():
-                    dist_name = dist.metadata["Name"] or "<unknown distribution>"
-                    for ep in dist.entry_points:
-                        if ep.group != ENTRY_POINT_GROUP:
-                            continue
-                        entries = found.setdefault(ep.name, [])
-                        # one distribution installed twice on sys.path is not a collision
-                        if all(d != dist_name for _, d in entries):
-                            entries.append((ep, dist_name))
-                self._eps = found
-            return self._eps
+        self._plugins = PluginGroup(ENTRY_POINT_GROUP, kind="policy", error=PolicyRegistryError)
 
     def refresh(self) -> None:
         """Forget discovered entry points (not local registrations); rediscover on next lookup."""
-        with self._lock:
-            self._eps = None
-            self._loaded.clear()
+        self._plugins.refresh()
 
     # -- registration --------------------------------------------------------------
     def register(self, name: str, cls: type[DynamicSchedulePolicyBase], where: str) -> None:
@@ -87,61 +67,36 @@ class _Registry:
     # -- lookup --------------------------------------------------------------------
     def names(self) -> list[str]:
         with self._lock:
-            return sorted(set(self._local) | set(self._discover()))
+            return sorted(set(self._local) | set(self._plugins.names()))
 
     def get(self, name: str) -> type[DynamicSchedulePolicyBase]:
         with self._lock:
-            eps = self._discover().get(name, [])
-            if len(eps) > 1:
-                dists = " and ".join(repr(d) for _, d in eps)
-                raise PolicyRegistryError(
-                    f"policy name {name!r} is provided by more than one distribution: {dists}; "
-                    "uninstall one of them or rename its entry point"
-                )
             local = self._local.get(name)
-            if eps:
-                cls = self._loaded.get(name)
-                if cls is None:
-                    cls = self._load(name, *eps[0])
-                    self._loaded[name] = cls
-                if (
-                    local is not None
-                    and local[0] is not cls
-                    and _qualname(local[0]) != _qualname(cls)
-                ):
-                    raise PolicyRegistryError(
-                        f"policy name {name!r} is registered twice: by {local[1]} and by "
-                        f"distribution {eps[0][1]!r} ({eps[0][0].value})"
-                    )
-                return cls
-            if local is not None:
-                return local[0]
-        known = self.names()
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise PolicyRegistryError(
-            f"unknown policy {name!r}.{hint} Available policies: {known}. A policy is found when "
-            f"its distribution declares it in the entry-point group {ENTRY_POINT_GROUP!r} or when "
-            "the module that decorates it with @register_policy has been imported."
-        )
-
-    def _load(
-        self, name: str, ep: metadata.EntryPoint, dist: str
-    ) -> type[DynamicSchedulePolicyBase]:
-        try:
-            obj: Any = ep.load()
-        except Exception as exc:
-            raise PolicyRegistryError(
-                f"policy {name!r} from distribution {dist!r} ({ep.value}) failed to import: {exc!r}"
-            ) from exc
-        if not (isinstance(obj, type) and issubclass(obj, DynamicSchedulePolicyBase)):
-            raise PolicyRegistryError(
-                f"entry point {name!r} of distribution {dist!r} ({ep.value}) is {obj!r}, not a "
-                "subclass of dynsched_core.DynamicSchedulePolicyBase"
-            )
-        if not obj.__dict__.get("name"):
-            obj.name = name
-        return obj
+            if name not in self._plugins.discover():
+                if local is not None:
+                    return local[0]
+                raise PolicyRegistryError(
+                    self._plugins.unknown_message(name, self.names())
+                    + " A policy is found when its distribution declares it in that "
+                    "entry-point group or when the module that decorates it with "
+                    "@register_policy has been imported."
+                )
+            plugin = self._plugins.get(name)  # raises on a name two distributions provide
+            obj: Any = self._plugins.load(name)
+            if not (isinstance(obj, type) and issubclass(obj, DynamicSchedulePolicyBase)):
+                raise PolicyRegistryError(
+                    f"entry point {name!r} of distribution {plugin.distribution!r} "
+                    f"({plugin.value}) is {obj!r}, not a subclass of "
+                    "dynsched_core.DynamicSchedulePolicyBase"
+                )
+            if not obj.__dict__.get("name"):
+                obj.name = name
+            if local is not None and local[0] is not obj and _qualname(local[0]) != _qualname(obj):
+                raise PolicyRegistryError(
+                    f"policy name {name!r} is registered twice: by {local[1]} and by "
+                    f"distribution {plugin.distribution!r} ({plugin.value})"
+                )
+            return obj
 
 
 def _qualname(cls: type) -> str:

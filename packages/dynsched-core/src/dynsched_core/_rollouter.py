@@ -5,13 +5,15 @@ when the last response of the group finishes, one sample (the group) goes into t
 queue. Two limits gate the admission of a new prompt:
 
 - *staleness*: at most ``max_required_samples = (1 + staleness_threshold) *
-  required_samples * T`` samples are admitted per parameter version. As in verl, the
-  window opened by `Rollouter.reset_staleness` starts with the samples still in flight
-  or waiting in the queue (they count against the new version's budget), so
-  ``in flight + queued <= max_required_samples`` at all times;
+  required_samples * T`` samples are admitted per parameter version. The window opened
+  by `Rollouter.reset_staleness` starts with the samples still in flight (admitted under
+  an older version, they count against the new version's budget); finished samples
+  waiting in the queue do not count: they are bounded by the queue's capacity, whose
+  backpressure pauses the rollouter;
 - *concurrency*: at most ``min(routable * concurrent_samples_per_replica,
-  max_required_samples)`` samples in flight. The routable count comes from a router
-  listener, so added capacity is used the moment a replica joins routing.
+  max_required_samples)`` samples in flight. The routable count comes from the
+  `ReplicaSet` (the rollouter subscribes to it), so added capacity is used the moment a
+  replica joins routing.
 
 In-flight samples are counted explicitly (``dispatched - finished``), and the admission
 loop waits for an event without holding any lock. When the prompt source is exhausted
@@ -22,18 +24,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol
 
 import attrs
 
-from dynsched_core import _validators as v
+from dynsched_core import derived
+from dynsched_core import validators as v
 from dynsched_core._client import RolloutOutcome
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._events import EventBus, RolloutEvent, RolloutEventKind, StalenessResetEvent
-from dynsched_core._protocols import GenerateRequest, Router, SampleQueue
+from dynsched_core._protocols import GenerateRequest, SampleQueue
+from dynsched_core._replicas import MembershipEvent, ReplicaSet
 
-__all__ = ["GenerateClient", "Prompt", "RolloutSample", "Rollouter", "RollouterStats"]
+__all__ = [
+    "GenerateClient",
+    "Prompt",
+    "RolloutSample",
+    "Rollouter",
+    "RollouterOptions",
+    "RollouterStats",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +140,56 @@ class RollouterStats:
     finished: bool
 
 
+@attrs.frozen(kw_only=True)
+class RollouterOptions:
+    """Settings of a `Rollouter`.
+
+    Attributes:
+        required_samples: Samples per trainer micro-step (>= 1).
+        n: Responses per prompt (>= 1).
+        trigger_parameter_sync_step: Micro-steps per weight sync, ``T`` (>= 1).
+        staleness_threshold: Extra admission per version, as a fraction (>= 0).
+        concurrent_samples_per_replica: In-flight samples per routable replica (>= 1).
+        max_tokens: Response budget for raw payloads (>= 0; a `Prompt` carries its own).
+        put_timeout_s: Bound of one wait for room in the queue (> 0); the wait is retried
+            (with a log line) until the queue has room or the rollouter stops.
+    """
+
+    required_samples: int = attrs.field(validator=v.int_ge(1))
+    n: int = attrs.field(default=1, validator=v.int_ge(1))
+    trigger_parameter_sync_step: int = attrs.field(default=1, validator=v.int_ge(1))
+    staleness_threshold: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
+    concurrent_samples_per_replica: int = attrs.field(default=16, validator=v.int_ge(1))
+    max_tokens: int = attrs.field(default=256, validator=v.int_ge(0))
+    put_timeout_s: float = attrs.field(default=60.0, validator=v.float_gt(0.0))
+
+    @property
+    def max_required_samples(self) -> int:
+        """Admission budget per parameter version (`dynsched_core.derived`)."""
+        return derived.max_required_samples(
+            self.required_samples, self.trigger_parameter_sync_step, self.staleness_threshold
+        )
+
+    def capacity(self, routable_replicas: int) -> int:
+        """Concurrency cap with ``routable_replicas`` routable (`dynsched_core.derived`)."""
+        return derived.concurrency_cap(
+            routable_replicas, self.concurrent_samples_per_replica, self.max_required_samples
+        )
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> RollouterOptions:
+        """The options a `DynamicScheduleConfig` implies (``overrides`` win)."""
+        values: dict[str, Any] = {
+            "required_samples": config.required_samples,
+            "n": config.n,
+            "trigger_parameter_sync_step": config.trigger_parameter_sync_step,
+            "staleness_threshold": config.staleness_threshold,
+            "concurrent_samples_per_replica": config.concurrent_samples_per_replica,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
 class Rollouter:
     """Produces samples into a `SampleQueue` under staleness admission and a concurrency cap.
 
@@ -136,30 +197,22 @@ class Rollouter:
         source: Prompts, as a (sync or async) iterable of `Prompt` or of raw payloads
             (wrapped as ``Prompt(prompt_id=f"p{i}", prompt=payload)``).
         client: Sends requests (a `RetryingClient` or anything with ``generate``).
-        router: Router whose routable set sizes the concurrency cap (listener-driven).
+        replicas: The replicas whose routable count sizes the concurrency cap.
         queue: Where finished samples go; closed at end-of-stream.
-        required_samples: Samples per trainer micro-step (>= 1).
-        n: Responses per prompt (>= 1).
-        trigger_parameter_sync_step: Micro-steps per weight sync, ``T`` (>= 1).
-        staleness_threshold: Extra admission per version, as a fraction (>= 0).
-        concurrent_samples_per_replica: In-flight samples per routable replica (>= 1).
-        max_tokens: Budget for raw payloads (a `Prompt` carries its own).
-        put_timeout_s: Bound of one wait for room in the queue; the wait is retried
-            (with a warning) until the queue has room or the rollouter stops.
+        options: Admission settings (e.g. ``RollouterOptions.from_config(config)``).
         clock: Time source (default: the running loop).
         events: Bus receiving `RolloutEvent` and `StalenessResetEvent`.
 
     Example:
         >>> import asyncio
-        >>> from dynsched_core import AsyncSampleQueue, LoadBalancer, RetryingClient
-        >>> from dynsched_core.testing import InMemoryReplica
+        >>> from dynsched_core import AsyncSampleQueue, InMemoryReplica, ReplicaSet, RetryingClient
         >>> async def demo() -> list[str]:
-        ...     replicas = {"s0": InMemoryReplica("s0", tokens_per_s=1e5)}
-        ...     router = LoadBalancer(["s0"])
+        ...     replicas = ReplicaSet(standalone=[InMemoryReplica("s0", tokens_per_s=1e5)])
+        ...     await replicas.route(["s0"])
         ...     queue = AsyncSampleQueue()
         ...     prompts = [Prompt(prompt_id=f"p{i}", max_tokens=16) for i in range(3)]
-        ...     rollouter = Rollouter(prompts, RetryingClient(router, replicas), router, queue,
-        ...                           required_samples=3, n=2)
+        ...     options = RollouterOptions(required_samples=3, n=2)
+        ...     rollouter = Rollouter(prompts, RetryingClient(replicas), replicas, queue, options)
         ...     await rollouter.run()  # returns at end-of-stream (3 <= admission budget)
         ...     return [s.sample_id for s in await queue.get(3, timeout=1.0)]
         >>> sorted(asyncio.run(demo()))
@@ -170,40 +223,23 @@ class Rollouter:
         self,
         source: Iterable[Any] | AsyncIterable[Any],
         client: GenerateClient,
-        router: Router,
+        replicas: ReplicaSet,
         queue: SampleQueue,
+        options: RollouterOptions,
         *,
-        required_samples: int,
-        n: int = 1,
-        trigger_parameter_sync_step: int = 1,
-        staleness_threshold: float = 0.0,
-        concurrent_samples_per_replica: int = 16,
-        max_tokens: int = 256,
-        put_timeout_s: float = 60.0,
         clock: Clock | None = None,
         events: EventBus | None = None,
     ) -> None:
-        _check_int("required_samples", required_samples, 1)
-        _check_int("n", n, 1)
-        _check_int("trigger_parameter_sync_step", trigger_parameter_sync_step, 1)
-        _check_int("concurrent_samples_per_replica", concurrent_samples_per_replica, 1)
-        _check_int("max_tokens", max_tokens, 0)
-        _check_float("staleness_threshold", staleness_threshold, 0.0)
-        _check_float("put_timeout_s", put_timeout_s, 0.0)
+        if not isinstance(replicas, ReplicaSet):
+            raise TypeError(f"replicas must be a ReplicaSet, got {type(replicas).__name__}")
+        if not isinstance(options, RollouterOptions):
+            raise TypeError(f"options must be a RollouterOptions, got {options!r}")
         self._source = source
         self._client = client
-        self._router = router
+        self._replicas = replicas
         self._queue = queue
-        self.n = n
-        self.required_samples = required_samples
-        self.trigger_parameter_sync_step = trigger_parameter_sync_step
-        self.staleness_threshold = float(staleness_threshold)
-        self.concurrent_samples_per_replica = concurrent_samples_per_replica
-        self.max_tokens = max_tokens
-        self.put_timeout_s = float(put_timeout_s)
-        self.max_required_samples = int(
-            required_samples * trigger_parameter_sync_step * (1.0 + self.staleness_threshold)
-        )
+        self.options = options
+        self.max_required_samples = options.max_required_samples
         self._clock: Clock = clock if clock is not None else LoopClock()
         self._events = events
         # Explicit counters: in flight = dispatched - finished.
@@ -225,7 +261,7 @@ class Rollouter:
         self._done = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._run_task: asyncio.Task[None] | None = None
-        router.add_listener(self._on_routable_change)
+        replicas.subscribe(self._on_membership)
 
     @classmethod
     def from_config(
@@ -233,20 +269,31 @@ class Rollouter:
         config: Any,
         source: Iterable[Any] | AsyncIterable[Any],
         client: GenerateClient,
-        router: Router,
+        replicas: ReplicaSet,
         queue: SampleQueue,
-        **kwargs: Any,
+        *,
+        clock: Clock | None = None,
+        events: EventBus | None = None,
+        **overrides: Any,
     ) -> Rollouter:
-        """Build from a `DynamicScheduleConfig` (``kwargs`` override its values)."""
-        params: dict[str, Any] = {
-            "required_samples": config.required_samples,
-            "n": config.n,
-            "trigger_parameter_sync_step": config.trigger_parameter_sync_step,
-            "staleness_threshold": config.staleness_threshold,
-            "concurrent_samples_per_replica": config.concurrent_samples_per_replica,
-        }
-        params.update(kwargs)
-        return cls(source, client, router, queue, **params)
+        """Build from a `DynamicScheduleConfig` (``overrides`` are `RollouterOptions` fields)."""
+        options = RollouterOptions.from_config(config, **overrides)
+        return cls(source, client, replicas, queue, options, clock=clock, events=events)
+
+    @property
+    def client(self) -> GenerateClient:
+        """The client that sends the requests."""
+        return self._client
+
+    @property
+    def queue(self) -> SampleQueue:
+        """The queue finished samples go to."""
+        return self._queue
+
+    @property
+    def replicas(self) -> ReplicaSet:
+        """The replicas whose routable count sizes the concurrency cap."""
+        return self._replicas
 
     # ------------------------------------------------------------------ properties
     @property
@@ -309,7 +356,7 @@ class Rollouter:
         if self._finished:
             raise RuntimeError("this Rollouter already ran; build a new one")
         self._emit("seed")  # capacity may still be the placeholder 0, as in verl
-        self._set_routable(len(await self._router.routable()))
+        self._set_routable(self._replicas.num_routable)
         try:
             await self._admit_all()
             await self._wait_idle()
@@ -444,7 +491,7 @@ class Rollouter:
     def _as_prompt(self, item: Any, index: int) -> Prompt:
         if isinstance(item, Prompt):
             return item
-        return Prompt(prompt_id=f"p{index}", prompt=item, max_tokens=self.max_tokens)
+        return Prompt(prompt_id=f"p{index}", prompt=item, max_tokens=self.options.max_tokens)
 
     # ------------------------------------------------------------------ one sample
     async def _run_group(self, prompt: Prompt, version: int) -> None:
@@ -478,7 +525,7 @@ class Rollouter:
     async def _generate_group(
         self, prompt: Prompt, version: int
     ) -> tuple[RolloutOutcome, ...] | None:
-        requests = [self._request(prompt, i, version) for i in range(self.n)]
+        requests = [self._request(prompt, i, version) for i in range(self.options.n)]
         results = await asyncio.gather(
             *(self._client.generate(r) for r in requests), return_exceptions=True
         )
@@ -492,7 +539,7 @@ class Rollouter:
                 "sample %s failed: %d of %d response(s) failed (first: %r)",
                 prompt.prompt_id,
                 len(errors),
-                self.n,
+                self.options.n,
                 errors[0],
             )
             return None
@@ -515,7 +562,7 @@ class Rollouter:
     async def _put(self, sample: RolloutSample) -> None:
         while True:
             try:
-                await self._queue.put(sample, timeout=self.put_timeout_s)
+                await self._queue.put(sample, timeout=self.options.put_timeout_s)
                 return
             except TimeoutError:
                 if self._stopping:
@@ -523,7 +570,7 @@ class Rollouter:
                 # backpressure is the steady state of a training-bound run
                 logger.info(
                     "queue full for %.0f s; still waiting to queue %s",
-                    self.put_timeout_s,
+                    self.options.put_timeout_s,
                     sample.sample_id,
                 )
 
@@ -535,12 +582,13 @@ class Rollouter:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ capacity
-    def _on_routable_change(self, routable_ids: Sequence[str]) -> None:
-        self._set_routable(len(routable_ids))
+    def _on_membership(self, event: MembershipEvent) -> None:
+        if event.routable_changed:
+            self._set_routable(len(event.routable))
 
     def _set_routable(self, count: int) -> None:
         self._routable = count
-        capacity = min(count * self.concurrent_samples_per_replica, self.max_required_samples)
+        capacity = self.options.capacity(count)
         if capacity != self._capacity:
             self._capacity = capacity
             self._emit("capacity")
@@ -555,17 +603,3 @@ class Rollouter:
             f"Rollouter(active={self.active}, capacity={self._capacity}, "
             f"v{self._param_version}, completed={self._completed})"
         )
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"Rollouter.{name} must be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"Rollouter.{name} must be >= {minimum}, got {value}")
-
-
-def _check_float(name: str, value: Any, minimum: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"Rollouter.{name} must be a number >= {minimum}, got {value!r}")
-    if not value >= minimum or value == float("inf"):
-        raise ValueError(f"Rollouter.{name} must be a finite number >= {minimum}, got {value}")

@@ -5,7 +5,10 @@ entry point's name is the sub-command; its value is a callable
 ``register(subparsers) -> None`` that adds one parser with
 ``subparsers.add_parser(name, help=...)`` and sets ``func`` on it with
 ``parser.set_defaults(func=handler)``, where ``handler(args) -> int | None``.
-A plug-in that fails to load is reported in ``--help`` and on stderr, never fatal.
+Sub-commands are read through the one plug-in loader (`dynsched_core.plugins`), so the
+rules are those of every dynsched plug-in: a name two distributions provide is refused
+(both named), and a plug-in that fails to load is reported in ``--help`` and on stderr,
+never fatal; running an unavailable sub-command exits with status 2.
 
 Example plug-in declaration (pyproject.toml)::
 
@@ -19,18 +22,14 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from importlib import metadata
+
+from dynsched_core.plugins import PluginError, PluginGroup
 
 __all__ = ["CLI_ENTRY_POINT_GROUP", "build_parser", "main"]
 
 CLI_ENTRY_POINT_GROUP = "dynsched.cli"
 
 logger = logging.getLogger(__name__)
-
-
-def _dist_name(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return getattr(dist, "name", None) or "<unknown distribution>"
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
@@ -55,25 +54,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     )
     sub = parser.add_subparsers(title="sub-commands", dest="command", metavar="COMMAND")
     problems: list[str] = []
-    eps = sorted(metadata.entry_points(group=CLI_ENTRY_POINT_GROUP), key=lambda e: e.name)
-    seen: dict[str, str] = {}
-    for ep in eps:
-        dist = _dist_name(ep)
-        if ep.name in seen:
-            if seen[ep.name] != dist:
-                problems.append(
-                    f"sub-command {ep.name!r} is provided by both {seen[ep.name]!r} and {dist!r}; using the first"
-                )
-            continue
-        seen[ep.name] = dist
+    group = PluginGroup(CLI_ENTRY_POINT_GROUP, kind="sub-command")
+    for name in group.names():
         try:
-            register = ep.load()
+            register = group.load(name)
             register(sub)
         except Exception as exc:  # a broken plug-in must not break the command
             problems.append(
-                f"sub-command {ep.name!r} from {dist!r} ({ep.value}) failed to load: {exc!r}"
+                str(exc)
+                if isinstance(exc, PluginError)
+                else f"sub-command {name!r} failed to register: {exc!r}"
             )
-            sub.add_parser(ep.name, help=f"(unavailable: failed to load from {dist})")
+            sub.add_parser(name, help="(unavailable: see the problems below)")
     if problems:
         parser.epilog = "problems with installed plug-ins:\n  " + "\n  ".join(problems)
     return parser, problems

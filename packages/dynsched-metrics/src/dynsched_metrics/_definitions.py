@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from dynsched_core import RolloutEvent
+from dynsched_core.derived import concurrency_cap
+from dynsched_core.events import RolloutEvent
 
 __all__ = [
     "CYCLE_METRIC_KEYS",
@@ -82,6 +83,9 @@ def rollout_capacity(
 ) -> int:
     """``cap = min(servers * concurrent_samples_per_replica, max_required_samples)``.
 
+    The core's one definition (`dynsched_core.derived.concurrency_cap`), with the
+    arguments checked.
+
     Raises:
         ValueError: an argument is negative (names the argument).
     """
@@ -92,7 +96,7 @@ def rollout_capacity(
     ):
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return min(servers * concurrent_samples_per_replica, max_required_samples)
+    return concurrency_cap(servers, concurrent_samples_per_replica, max_required_samples)
 
 
 def _as_points(history: Iterable[Any]) -> tuple[list[HistoryPoint], bool]:

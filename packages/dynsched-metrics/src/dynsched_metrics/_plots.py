@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 import numpy as np
-from dynsched_core import ReplicaModeEvent, RolloutEvent, TrainStepEvent, TransitionEvent
+from dynsched_core.events import ReplicaModeEvent, RolloutEvent, TrainStepEvent, TransitionEvent
 
 from dynsched_metrics._aggregator import CycleMetrics, MetricsAggregator
 from dynsched_metrics._definitions import (

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from dynsched_core import (
-    EventBus,
+from dynsched_core import EventBus
+from dynsched_core.events import (
     ReplicaModeEvent,
     RolloutEvent,
     StalenessResetEvent,
@@ -177,7 +177,7 @@ class MetricsRecorder:
     can be fed events directly (``recorder(event)``) when no bus exists.
 
     Example:
-        >>> from dynsched_core import EventBus, RolloutEvent, StalenessResetEvent
+        >>> from dynsched_core.events import EventBus, RolloutEvent, StalenessResetEvent
         >>> bus = EventBus(); rec = MetricsRecorder(bus)
         >>> bus.emit(RolloutEvent(0.0, 0, 4, "seed")); bus.emit(RolloutEvent(1.0, 4, 4, "submit"))
         >>> bus.emit(StalenessResetEvent(2.0, 1, 0))

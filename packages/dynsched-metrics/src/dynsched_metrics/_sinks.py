@@ -1,15 +1,21 @@
-"""Exporters (flat dict, JSON lines) and their discovery through entry points."""
+"""Exporters (flat dict, JSON lines) and their discovery through entry points.
+
+Sinks are plug-ins of the entry-point group ``dynsched.metrics_sinks``, read through
+dynsched's one plug-in loader (`dynsched_core.plugins`), so they follow its rules: a name
+two distributions provide is refused with both named, an unknown name is answered with
+the known names and the closest match.
+"""
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import math
 import os
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
 from typing import IO, Any
+
+from dynsched_core.plugins import PluginError, PluginGroup
 
 from dynsched_metrics._aggregator import CycleMetrics, MetricsSink
 
@@ -17,6 +23,7 @@ __all__ = [
     "SINK_ENTRY_POINT_GROUP",
     "DictSink",
     "JsonLinesSink",
+    "SinkLookupError",
     "available_sinks",
     "build_sink",
     "read_json_lines",
@@ -136,24 +143,20 @@ def read_json_lines(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def _entry_points() -> dict[str, EntryPoint]:
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=SINK_ENTRY_POINT_GROUP):
-        if ep.name in found and found[ep.name].value != ep.value:
-            logger.warning(
-                "metrics sink %r registered twice (%s and %s); keeping the first",
-                ep.name,
-                found[ep.name].value,
-                ep.value,
-            )
-            continue
-        found[ep.name] = ep
-    return found
+class SinkLookupError(PluginError, KeyError):
+    """A metrics sink name is unknown, provided by two distributions, or fails to load."""
+
+    def __str__(self) -> str:  # not KeyError's quoted repr
+        return str(self.args[0]) if self.args else ""
+
+
+def _sinks() -> PluginGroup:
+    return PluginGroup(SINK_ENTRY_POINT_GROUP, kind="metrics sink", error=SinkLookupError)
 
 
 def available_sinks() -> list[str]:
     """Names registered in the ``dynsched.metrics_sinks`` entry-point group, sorted."""
-    return sorted(_entry_points())
+    return _sinks().names()
 
 
 def build_sink(name: str, **kwargs: Any) -> MetricsSink:
@@ -163,15 +166,11 @@ def build_sink(name: str, **kwargs: Any) -> MetricsSink:
     ``prometheus`` (`PrometheusSink`, needs the ``prometheus`` extra).
 
     Raises:
-        KeyError: unknown name (the message lists the available ones and a close match).
+        SinkLookupError: unknown name (the message lists the available ones and a close
+            match), a name two distributions provide, or a sink that fails to import (a
+            ``KeyError`` too).
     """
-    eps = _entry_points()
-    if name not in eps:
-        names = sorted(eps)
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"unknown metrics sink {name!r}; available: {names}{hint}")
-    factory = eps[name].load()
+    factory = _sinks().load(name)
     sink = factory(**kwargs)
     if not isinstance(sink, MetricsSink):
         raise TypeError(f"metrics sink {name!r} built {sink!r}, which has no write()/close()")

@@ -2,7 +2,9 @@
 
 Convergence and speed models, greedy allocation by marginal gain per dominant share,
 fewest-servers placement (Theorem 1), the parameter assignment algorithm (PAA) and, in
-:mod:`dynsched_optimus.cluster`, a cluster simulator.
+:mod:`dynsched_optimus.cluster`, a cluster simulator. The pure-Python test oracles
+(``allocate_reference``, ``place_reference``) are not public: they live in the private
+modules ``_allocation`` and ``_placement``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from dynsched_optimus._allocation import (
     Allocation,
     AllocationJob,
     allocate,
-    allocate_reference,
     dominant_share,
 )
 from dynsched_optimus._convergence import (
@@ -43,7 +44,6 @@ from dynsched_optimus._placement import (
     PlacementResult,
     even_split,
     place,
-    place_reference,
 )
 from dynsched_optimus._speed import (
     AllReduceSpeedModel,
@@ -79,7 +79,6 @@ __all__ = [
     "StepTimeModel",
     "__version__",
     "allocate",
-    "allocate_reference",
     "assign_mxnet_default",
     "assign_paa",
     "assign_paa_rules",
@@ -93,7 +92,6 @@ __all__ = [
     "fit_speed",
     "model_blocks",
     "place",
-    "place_reference",
     "placement_shape",
     "plan_sampling",
     "remaining_steps_interval",

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dynsched_optimus import Allocation, PSSpeedModel, allocate_reference
+from dynsched_optimus import Allocation, PSSpeedModel
+from dynsched_optimus._allocation import allocate_reference
 from dynsched_optimus.cluster import (
     ClusterSpec,
     ClusterState,

@@ -24,35 +24,20 @@ logger = logging.getLogger(__name__)
 
 
 class _RatioPolicy(DynamicSchedulePolicyBase):
-    """Common part of `default` and `fixed_ratio`: the ratio, its bounds, deactivation."""
+    """Common part of `default` and `fixed_ratio`: the ratio and deactivation.
 
-    def __init__(
-        self,
-        deactivate_ratio: float = 0.3,
-        only_hybrid: bool = False,
-        min_deactivate_ratio: float = 0.0,
-        max_deactivate_ratio: float = 1.0,
-    ) -> None:
+    Bounds and the colocated schedule are not here: the driver's guard rails apply them
+    to every policy (`dynsched_core.GuardRails`).
+    """
+
+    def __init__(self, deactivate_ratio: float = 0.3, only_hybrid: bool = False) -> None:
         owner = type(self).__name__
+        #: What verl passes to a policy's constructor; the driver derives colocated mode
+        #: from the live membership and applies the colocated schedule itself.
         self.only_hybrid: bool = check_bool(owner, "only_hybrid", only_hybrid)
-        self.min_deactivate_ratio: float = check_number(
-            owner, "min_deactivate_ratio", min_deactivate_ratio, 0.0, 1.0
+        self.deactivate_ratio: float = check_number(
+            owner, "deactivate_ratio", deactivate_ratio, 0.0, 1.0
         )
-        self.max_deactivate_ratio: float = check_number(
-            owner, "max_deactivate_ratio", max_deactivate_ratio, self.min_deactivate_ratio, 1.0
-        )
-        ratio = check_number(
-            owner,
-            "deactivate_ratio",
-            deactivate_ratio,
-            self.min_deactivate_ratio,
-            self.max_deactivate_ratio,
-        )
-        # Colocated mode: wait for the whole cycle before giving the GPUs back to training.
-        self.deactivate_ratio: float = 1.0 if self.only_hybrid else ratio
-
-    def _colocated(self, ctx: DynamicScheduleContext) -> bool:
-        return self.only_hybrid or ctx.only_hybrid
 
     def _gap(self, ctx: DynamicScheduleContext) -> float:
         """Samples still missing from the ratio's target: ``ratio * S - surplus``."""
@@ -65,9 +50,8 @@ class _RatioPolicy(DynamicSchedulePolicyBase):
         return is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
-        """``int(deactivate_ratio * step_required_samples)``; the whole cycle when colocated."""
-        ratio = 1.0 if self._colocated(ctx) else self.deactivate_ratio
-        return floor_samples(ratio, ctx.step_required_samples)
+        """``int(deactivate_ratio * step_required_samples)``."""
+        return floor_samples(self.deactivate_ratio, ctx.step_required_samples)
 
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
         """Ask the driver for a rebalance after each activation (subject to its config)."""
@@ -92,19 +76,15 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
 
     After each weight sync the ratio adapts: if samples had to be waited for (rollout
     was the bottleneck) ``ratio += clip(S / step_required_samples, 0.02, 0.1)`` where
-    ``S = sum(step_wait_samples)``, else ``ratio -= 0.02``; then it is clamped to
-    ``[min_deactivate_ratio, max_deactivate_ratio]``.
-
-    With ``only_hybrid`` (or a context whose ``only_hybrid`` is set: no standalone
-    replicas) the policy runs the colocated schedule: it activates after every weight
-    sync and deactivates once the whole cycle's samples are buffered (ratio 1.0).
+    ``S = sum(step_wait_samples)``, else ``ratio -= 0.02``; then it is clamped to the
+    guard rails' range ``[ctx.min_deactivate_ratio, ctx.max_deactivate_ratio]`` (default
+    ``[0, 1]``). Cycles run under the framework's colocated schedule (``ctx.only_hybrid``:
+    no standalone replica) teach it nothing and are skipped.
 
     Args:
-        deactivate_ratio: Initial ratio, in ``[min_deactivate_ratio, max_deactivate_ratio]``.
-            Forced to 1.0 with ``only_hybrid``.
-        only_hybrid: No standalone replicas (colocated mode).
-        min_deactivate_ratio: Lower bound of the ratio, in ``[0, 1]``.
-        max_deactivate_ratio: Upper bound of the ratio, in ``[min_deactivate_ratio, 1]``.
+        deactivate_ratio: Initial ratio, in ``[0, 1]``.
+        only_hybrid: What verl passes (colocated as configured); kept for compatibility,
+            the driver applies the colocated schedule.
         prior_per_sample_time_s: Per-sample time assumed before any measurement (> 0).
         default_switch_cost_s: Switch cost assumed before any measurement (>= 0).
         overhead_window: How many recent switch overheads are averaged (>= 1).
@@ -129,14 +109,12 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
         self,
         deactivate_ratio: float = 0.3,
         only_hybrid: bool = False,
-        min_deactivate_ratio: float = 0.0,
-        max_deactivate_ratio: float = 1.0,
         *,
         prior_per_sample_time_s: float = 1000.0,
         default_switch_cost_s: float = 10.0,
         overhead_window: int = 3,
     ) -> None:
-        super().__init__(deactivate_ratio, only_hybrid, min_deactivate_ratio, max_deactivate_ratio)
+        super().__init__(deactivate_ratio, only_hybrid)
         owner = type(self).__name__
         self.prior_per_sample_time_s = check_number(
             owner, "prior_per_sample_time_s", prior_per_sample_time_s, math.ulp(0.0), math.inf
@@ -188,10 +166,8 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
     ) -> bool:
         """Cost/benefit gate: activate iff ``gap * per_sample_time > switch_cost``.
 
-        Always True when colocated. Does not change the policy's state.
+        Does not change the policy's state.
         """
-        if self._colocated(ctx):
-            return True
         gap = self._gap(ctx)
         if gap <= 0:
             return False
@@ -199,7 +175,7 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
         """Record the switch overhead and per-sample time, then adapt the ratio."""
-        if global_steps <= 0 or self._colocated(ctx):
+        if global_steps <= 0 or ctx.only_hybrid:
             return
         overhead = ctx.last_activate_duration_s + ctx.last_deactivate_duration_s
         if 0 < overhead < math.inf:
@@ -216,9 +192,7 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
         else:
             ratio = self.deactivate_ratio - self.DECREASE
         ratio = round_ratio(ratio)
-        self.deactivate_ratio = min(
-            max(ratio, self.min_deactivate_ratio), self.max_deactivate_ratio
-        )
+        self.deactivate_ratio = min(max(ratio, ctx.min_deactivate_ratio), ctx.max_deactivate_ratio)
         logger.debug(
             "step %d: deactivate_ratio=%.4f per_sample_time=%.4gs switch_cost=%.4gs",
             global_steps,
@@ -242,22 +216,13 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
         Raises:
             TypeError: a value has the wrong type.
             ValueError: keys are missing or unknown, or a value is out of range (the
-                ratio must lie within this policy's bounds; 1.0 with ``only_hybrid``).
+                ratio must lie in ``[0, 1]``).
         """
         owner = type(self).__name__
         check_state_keys(owner, state, self._STATE_KEYS)
-        if self.only_hybrid:
-            ratio = check_number(
-                owner, "state['deactivate_ratio']", state["deactivate_ratio"], 1.0, 1.0
-            )
-        else:
-            ratio = check_number(
-                owner,
-                "state['deactivate_ratio']",
-                state["deactivate_ratio"],
-                self.min_deactivate_ratio,
-                self.max_deactivate_ratio,
-            )
+        ratio = check_number(
+            owner, "state['deactivate_ratio']", state["deactivate_ratio"], 0.0, 1.0
+        )
         raw = state["switch_overheads_s"]
         if isinstance(raw, str | bytes) or not hasattr(raw, "__iter__"):
             raise TypeError(
@@ -284,8 +249,7 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(deactivate_ratio={self.deactivate_ratio!r}, "
-            f"only_hybrid={self.only_hybrid!r}, min_deactivate_ratio={self.min_deactivate_ratio!r}, "
-            f"max_deactivate_ratio={self.max_deactivate_ratio!r})"
+            f"only_hybrid={self.only_hybrid!r})"
         )
 
 
@@ -295,15 +259,12 @@ class FixedRatioDynamicSchedulePolicy(_RatioPolicy):
     Deactivates like `DefaultDynamicSchedulePolicy`; the ratio never changes
     (`update_after_step` does nothing) and the activation rule is the gap test alone:
     activate iff ``total_generated_samples - expected_samples < deactivate_ratio *
-    step_required_samples`` (always when colocated).
+    step_required_samples``.
 
     Args:
-        deactivate_ratio: The ratio, in ``[min_deactivate_ratio, max_deactivate_ratio]``.
-            Forced to 1.0 with ``only_hybrid``.
-        only_hybrid: No standalone replicas (colocated mode).
-        min_deactivate_ratio: Lower bound accepted for ``deactivate_ratio``, in ``[0, 1]``.
-        max_deactivate_ratio: Upper bound accepted for ``deactivate_ratio``, in
-            ``[min_deactivate_ratio, 1]``.
+        deactivate_ratio: The ratio, in ``[0, 1]``.
+        only_hybrid: What verl passes (colocated as configured); kept for compatibility,
+            the driver applies the colocated schedule.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -314,8 +275,6 @@ class FixedRatioDynamicSchedulePolicy(_RatioPolicy):
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
         """Activate iff the surplus is below ``deactivate_ratio * step_required_samples``."""
-        if self._colocated(ctx):
-            return True
         return ctx.surplus_samples < self.deactivate_ratio * ctx.step_required_samples
 
     def __repr__(self) -> str:

@@ -16,8 +16,9 @@ from typing import Any
 
 import attrs
 import ray
-from dynsched_core import GenerateRequest, GenerateResult, NoRoutableReplicaError, QueueStats
-from dynsched_core._protocols import FinishReason
+from dynsched_core import GenerateRequest, GenerateResult
+from dynsched_core._protocols import FinishReason, QueueStats
+from dynsched_core.errors import NoRoutableReplicaError
 
 __all__ = [
     "QueueActor",

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import ray
+from dynsched_core import InMemoryReplica
+from dynsched_core import validators as v
 
 from dynsched_ray._actors import (
     QueueActor,
@@ -17,6 +19,7 @@ from dynsched_ray._actors import (
     TrainerWorkerActor,
     remote_class,
 )
+from dynsched_ray._errors import ActorUnavailableError
 from dynsched_ray._placement import ResourcePools
 from dynsched_ray._proxies import DeathCallback, RayQueue, RayReplica, RayRouter
 from dynsched_ray._remote import await_ref
@@ -31,25 +34,9 @@ the replica actor (so it must be importable/picklable, e.g. a class)."""
 
 
 def default_replica_factory() -> ReplicaFactory:
-    """The in-memory replica of ``dynsched_core.testing`` (CPU, real time inside the actor)."""
-    from dynsched_core.testing import InMemoryReplica
-
+    """The core's in-memory engine, `dynsched_core.InMemoryReplica` (CPU, real time inside
+    the actor)."""
     return InMemoryReplica
-
-
-def _frac(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-        raise ValueError(f"{attr.name} must be a number in (0, 1], got {value!r}")
-
-
-def _pos(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{attr.name} must be a number > 0, got {value!r}")
-
-
-def _nonneg_int(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{attr.name} must be an int >= 0, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -88,12 +75,14 @@ class FleetSpec:
 
     name: str = "dynsched"
     namespace: str | None = None
-    trainer_gpus: int = attrs.field(default=2, validator=_nonneg_int)
-    standalone_replicas: int = attrs.field(default=2, validator=_nonneg_int)
+    trainer_gpus: int = attrs.field(default=2, validator=v.int_ge(0))
+    standalone_replicas: int = attrs.field(default=2, validator=v.int_ge(0))
     hybrid_replicas: int | None = None
-    gpus_per_replica: int = attrs.field(default=1, validator=_nonneg_int)
+    gpus_per_replica: int = attrs.field(default=1, validator=v.int_ge(1))
     trainer_workers: int | None = None
-    hybrid_gpu_fraction: float = attrs.field(default=0.5, validator=_frac)
+    hybrid_gpu_fraction: float = attrs.field(
+        default=0.5, validator=v.float_in(0.0, 1.0, lo_open=True)
+    )
     cpus_per_bundle: float = 0.0
     placement_strategy: str = "PACK"
     replica_factory: ReplicaFactory | None = None
@@ -102,15 +91,13 @@ class FleetSpec:
     queue_capacity: int | None = None
     detached_router: bool = False
     batch_router_calls: bool = True
-    call_timeout_s: float = attrs.field(default=60.0, validator=_pos)
-    generate_timeout_s: float = attrs.field(default=600.0, validator=_pos)
-    start_timeout_s: float = attrs.field(default=300.0, validator=_pos)
+    call_timeout_s: float = attrs.field(default=60.0, validator=v.float_gt(0.0))
+    generate_timeout_s: float = attrs.field(default=600.0, validator=v.float_gt(0.0))
+    start_timeout_s: float = attrs.field(default=300.0, validator=v.float_gt(0.0))
     trainer_step_time_s: float = 0.05
     stream_tokens: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.gpus_per_replica < 1:
-            raise ValueError(f"gpus_per_replica must be an int >= 1, got {self.gpus_per_replica}")
         most = self.trainer_gpus // self.gpus_per_replica
         if self.hybrid_replicas is not None and not 0 <= self.hybrid_replicas <= most:
             raise ValueError(
@@ -198,100 +185,20 @@ class RayFleet:
         handles: list[Any] = []
         try:
             await pools.ready(spec.start_timeout_s)
-            router_handle, reused = await _router_actor(spec)
-            t = spec.start_timeout_s
-            queue_handle = await _spawn(
-                QueueActor,
-                {"num_cpus": 0, "name": f"{spec.name}-queue", "namespace": spec.namespace},
-                spec.queue_capacity,
-                timeout_s=t,
+            router, reused = await _attach_router(spec)
+            queue_handle = await _spawn_queue(spec, handles)
+            standalone = await _spawn_replicas(spec, pools, "standalone", handles)
+            hybrid = await _spawn_replicas(spec, pools, "hybrid", handles)
+            workers = await _spawn_trainer_workers(spec, pools, handles)
+            standalone_list, hybrid_list = await _connect_replicas(
+                spec, standalone, hybrid, on_death
             )
-            handles.append(queue_handle)
-            factory = spec.replica_factory or default_replica_factory()
-            seg = spec.stream_tokens or 16
-            standalone_handles: list[Any] = []
-            opts: dict[str, Any]
-            for i in range(spec.standalone_replicas):
-                rid = f"standalone-{i}"
-                kwargs = {
-                    "role": "standalone",
-                    "num_gpus": spec.gpus_per_replica,
-                    **spec.standalone_kwargs,
-                }
-                opts = {
-                    "num_cpus": 0,
-                    "num_gpus": spec.gpus_per_replica,
-                    "scheduling_strategy": pools.standalone_strategy(i),
-                    "name": f"{spec.name}-{rid}",
-                    "namespace": spec.namespace,
-                }
-                h = await _spawn(ReplicaActor, opts, factory, (rid,), kwargs, seg, timeout_s=t)
-                handles.append(h)
-                standalone_handles.append(h)
-            hybrid_handles: list[Any] = []
-            for i in range(spec.num_hybrid):
-                rid = f"hybrid-{i}"
-                kwargs = {"role": "hybrid", "num_gpus": spec.gpus_per_replica, **spec.hybrid_kwargs}
-                opts = {
-                    "num_cpus": 0,
-                    "num_gpus": spec.hybrid_gpu_fraction,
-                    "scheduling_strategy": pools.hybrid_strategy(i),
-                    "name": f"{spec.name}-{rid}",
-                    "namespace": spec.namespace,
-                }
-                h = await _spawn(ReplicaActor, opts, factory, (rid,), kwargs, seg, timeout_s=t)
-                handles.append(h)
-                hybrid_handles.append(h)
-            trainer_fraction = 1.0 - spec.hybrid_gpu_fraction if spec.num_hybrid else 1.0
-            workers: list[Any] = []
-            for rank in range(spec.num_trainer_workers):
-                opts = {
-                    "num_cpus": 0,
-                    "scheduling_strategy": pools.trainer_strategy(rank),
-                    "name": f"{spec.name}-trainer-{rank}",
-                    "namespace": spec.namespace,
-                }
-                if trainer_fraction > 0:
-                    opts["num_gpus"] = trainer_fraction
-                w = await _spawn(
-                    TrainerWorkerActor, opts, rank, spec.trainer_step_time_s, timeout_s=t
-                )
-                handles.append(w)
-                workers.append(w)
-
-            kw: dict[str, Any] = {
-                "timeout_s": spec.start_timeout_s,
-                "call_timeout_s": spec.call_timeout_s,
-                "generate_timeout_s": spec.generate_timeout_s,
-                "on_death": on_death,
-                "stream": spec.stream_tokens is not None,
-            }
-            standalone_list, hybrid_list = await asyncio.gather(
-                asyncio.gather(*(RayReplica.connect(h, **kw) for h in standalone_handles)),
-                asyncio.gather(*(RayReplica.connect(h, **kw) for h in hybrid_handles)),
-            )
-            await asyncio.gather(
-                await_ref(
-                    queue_handle.ping.remote(), timeout_s=spec.start_timeout_s, what="queue.ping"
-                ),
-                *(
-                    await_ref(
-                        w.describe.remote(), timeout_s=spec.start_timeout_s, what="trainer.describe"
-                    )
-                    for w in workers
-                ),
-            )
+            await _await_ready(spec, queue_handle, workers)
         except BaseException:
             for h in handles:
                 _kill(h)
             pools.remove()
             raise
-        router = RayRouter(
-            router_handle,
-            call_timeout_s=spec.call_timeout_s,
-            batch=spec.batch_router_calls,
-            name=spec.router_name,
-        )
         fleet = cls(
             spec=spec,
             pools=pools,
@@ -306,10 +213,8 @@ class RayFleet:
             standalone={r.replica_id: r for r in standalone_list},
             hybrid={r.replica_id: r for r in hybrid_list},
             trainer_workers=workers,
-            handles=[*handles, router_handle],
+            handles=[*handles, router.handle],
         )
-        # A (re)started run begins with the standalone replicas routable, hybrid asleep.
-        await router.set_routable(sorted(fleet.standalone))
         logger.info(
             "fleet %s up: %d standalone, %d hybrid replica(s), %d trainer worker(s), router %s",
             spec.name,
@@ -346,6 +251,112 @@ class RayFleet:
         self.pools.remove()
 
 
+async def _spawn_queue(spec: FleetSpec, handles: list[Any]) -> Any:
+    handle = await _spawn(
+        QueueActor,
+        {"num_cpus": 0, "name": f"{spec.name}-queue", "namespace": spec.namespace},
+        spec.queue_capacity,
+        timeout_s=spec.start_timeout_s,
+    )
+    handles.append(handle)
+    return handle
+
+
+async def _spawn_replicas(
+    spec: FleetSpec,
+    pools: ResourcePools,
+    role: Literal["standalone", "hybrid"],
+    handles: list[Any],
+) -> list[Any]:
+    """Start the replica actors of ``role`` (``<role>-<i>``) on their bundles."""
+    factory = spec.replica_factory or default_replica_factory()
+    hybrid = role == "hybrid"
+    count = spec.num_hybrid if hybrid else spec.standalone_replicas
+    extra = spec.hybrid_kwargs if hybrid else spec.standalone_kwargs
+    out = []
+    for i in range(count):
+        rid = f"{role}-{i}"
+        kwargs = {"role": role, "num_gpus": spec.gpus_per_replica, **extra}
+        options = {
+            "num_cpus": 0,
+            "num_gpus": spec.hybrid_gpu_fraction if hybrid else spec.gpus_per_replica,
+            "scheduling_strategy": pools.hybrid_strategy(i)
+            if hybrid
+            else pools.standalone_strategy(i),
+            "name": f"{spec.name}-{rid}",
+            "namespace": spec.namespace,
+        }
+        handle = await _spawn(
+            ReplicaActor,
+            options,
+            factory,
+            (rid,),
+            kwargs,
+            spec.stream_tokens or 16,
+            timeout_s=spec.start_timeout_s,
+        )
+        handles.append(handle)
+        out.append(handle)
+    return out
+
+
+async def _spawn_trainer_workers(
+    spec: FleetSpec, pools: ResourcePools, handles: list[Any]
+) -> list[Any]:
+    """One stand-in trainer worker per trainer GPU (sharing it with a hybrid replica)."""
+    fraction = 1.0 - spec.hybrid_gpu_fraction if spec.num_hybrid else 1.0
+    workers = []
+    for rank in range(spec.num_trainer_workers):
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "scheduling_strategy": pools.trainer_strategy(rank),
+            "name": f"{spec.name}-trainer-{rank}",
+            "namespace": spec.namespace,
+        }
+        if fraction > 0:
+            options["num_gpus"] = fraction
+        worker = await _spawn(
+            TrainerWorkerActor,
+            options,
+            rank,
+            spec.trainer_step_time_s,
+            timeout_s=spec.start_timeout_s,
+        )
+        handles.append(worker)
+        workers.append(worker)
+    return workers
+
+
+async def _connect_replicas(
+    spec: FleetSpec,
+    standalone: list[Any],
+    hybrid: list[Any],
+    on_death: DeathCallback | None,
+) -> tuple[list[RayReplica], list[RayReplica]]:
+    """Wait for the replica actors to answer and build their proxies."""
+    kw: dict[str, Any] = {
+        "timeout_s": spec.start_timeout_s,
+        "call_timeout_s": spec.call_timeout_s,
+        "generate_timeout_s": spec.generate_timeout_s,
+        "on_death": on_death,
+        "stream": spec.stream_tokens is not None,
+    }
+    s, h = await asyncio.gather(
+        asyncio.gather(*(RayReplica.connect(handle, **kw) for handle in standalone)),
+        asyncio.gather(*(RayReplica.connect(handle, **kw) for handle in hybrid)),
+    )
+    return list(s), list(h)
+
+
+async def _await_ready(spec: FleetSpec, queue: Any, workers: list[Any]) -> None:
+    """Wait until the queue and every trainer worker answer."""
+    t = spec.start_timeout_s
+    await asyncio.gather(
+        await_ref(queue.ping.remote(), timeout_s=t, what="queue.ping"),
+        *(await_ref(w.describe.remote(), timeout_s=t, what="trainer.describe") for w in workers),
+    )
+
+
 async def _spawn(cls: type, options: dict[str, Any], *args: Any, timeout_s: float) -> Any:
     """Create a (named) actor; wait while the name of a just-killed one is released."""
     loop = asyncio.get_running_loop()
@@ -367,6 +378,41 @@ def _kill(handle: Any) -> None:
         logger.debug("actor already gone", exc_info=True)
 
 
+async def _attach_router(spec: FleetSpec) -> tuple[RayRouter, bool]:
+    """The run's router proxy, routing nothing yet, and whether its actor was reused.
+
+    A reused router may still route a previous run's replicas, so it starts from an empty
+    routable set (the run's `ReplicaSet` routes its standalone replicas when the loop
+    starts). A named actor that answered the liveness ping may still be on its way out
+    (``ray.kill`` is asynchronous): when that first real call finds it dead, a fresh
+    router is built under the same name.
+    """
+    handle, reused = await _router_actor(spec)
+    router = _router_proxy(spec, handle)
+    try:
+        await router.set_routable([])
+    except ActorUnavailableError as exc:
+        if not reused:
+            raise
+        logger.warning(
+            "reused router %s died before use (%r); rebuilding it", spec.router_name, exc
+        )
+        _kill(handle)
+        handle, reused = await _new_router_actor(spec), False
+        router = _router_proxy(spec, handle)
+        await router.set_routable([])
+    return router, reused
+
+
+def _router_proxy(spec: FleetSpec, handle: Any) -> RayRouter:
+    return RayRouter(
+        handle,
+        call_timeout_s=spec.call_timeout_s,
+        batch=spec.batch_router_calls,
+        name=spec.router_name,
+    )
+
+
 async def _router_actor(spec: FleetSpec) -> tuple[Any, bool]:
     """Find the named router (reuse it when it answers) or create it."""
     try:
@@ -383,9 +429,13 @@ async def _router_actor(spec: FleetSpec) -> tuple[Any, bool]:
                 "named router %s does not answer (%r); rebuilding it", spec.router_name, exc
             )
             _kill(handle)
+    return await _new_router_actor(spec), False
+
+
+async def _new_router_actor(spec: FleetSpec) -> Any:
     opts: dict[str, Any] = {"num_cpus": 0, "name": spec.router_name, "namespace": spec.namespace}
     if spec.detached_router:
         opts["lifetime"] = "detached"
     handle = await _spawn(RouterActor, opts, timeout_s=spec.start_timeout_s)
     await await_ref(handle.ping.remote(), timeout_s=spec.start_timeout_s, what="router.ping")
-    return handle, False
+    return handle

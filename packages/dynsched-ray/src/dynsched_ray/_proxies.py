@@ -15,14 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-from dynsched_core import (
-    GenerateRequest,
-    GenerateResult,
-    NoRoutableReplicaError,
-    QueueStats,
-    ReplicaCapabilities,
-)
-from dynsched_core._protocols import RouterListener
+from dynsched_core import GenerateRequest, GenerateResult, ReplicaCapabilities
+from dynsched_core._protocols import QueueStats, RouterListener
+from dynsched_core.errors import NoRoutableReplicaError
 from ray import exceptions as rex
 
 from dynsched_ray._errors import (

@@ -5,11 +5,13 @@ process on one asyncio loop; replicas, router, queue and trainer workers are act
 (see `RayFleet`). The runner adds what a distributed run needs:
 
 - failure handling: a replica actor found dead (failed call or health-check ping) is
-  taken out of routing and out of the run; its in-flight requests are retried elsewhere
-  by the core `RetryingClient`, continuing after the tokens it already holds; a hybrid
-  replica dying during activation leaves the controller in ``STANDALONE_ONLY`` (the
-  driver goes on with the survivors and activates the remaining hybrid replicas at later
-  cycles); when every replica is gone the run stops with `AllReplicasLostError`;
+  marked dead in the run's `ReplicaSet`, the one owner of membership, so routing, the
+  retrying client, the rollouter's cap, the controller and the driver's context all drop
+  it at once; its in-flight requests are retried elsewhere by the core `RetryingClient`,
+  continuing after the tokens it already holds; a hybrid replica dying during activation
+  leaves the controller in ``STANDALONE_ONLY`` (the driver goes on with the survivors and
+  activates the remaining hybrid replicas at later cycles); when every replica is gone the
+  run stops with `AllReplicasLostError`. The runner keeps no membership of its own;
 - checkpoints: after every weight sync (and at the end) the driver state (policy
   ``state_dict``, parameter version, counters) and the consumed sample ids are written
   as JSON; ``resume=True`` restores them and continues at the saved version, reusing the
@@ -29,21 +31,23 @@ from typing import Any
 
 import attrs
 from dynsched_core import (
-    AfterSyncResult,
-    BeforeStepResult,
+    ClientOptions,
+    ConfigError,
+    ControllerOptions,
     DynamicScheduleConfig,
     DynamicSchedulePolicyBase,
     EventBus,
     FullyAsyncLoop,
     LoopResult,
     Prompt,
-    ScheduleDriver,
-    SwitchEvent,
-    TrainStepEvent,
+    ReplicaSet,
 )
+from dynsched_core import validators as v
+from dynsched_core.events import SwitchEvent, TrainStepEvent
 
 from dynsched_ray._errors import AllReplicasLostError
 from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory
+from dynsched_ray._proxies import RayReplica
 from dynsched_ray._trainer import RayTrainerBackend
 
 __all__ = [
@@ -58,21 +62,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = 1
-
-
-def _pos(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{attr.name} must be a number > 0, got {value!r}")
-
-
-def _opt_int(minimum: int) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
-    def check(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{attr.name} must be None or an int >= {minimum}, got {value!r}")
-
-    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -98,7 +87,8 @@ class RayRunOptions:
         trainer_workers: Trainer worker actors (None: one per trainer GPU; 0: none).
         trainer_step_time_s: Time of one stand-in training step.
         hybrid_gpu_fraction: Share of a trainer GPU declared by a hybrid replica.
-        replica_factory: Builds each hosted replica (default: `InMemoryReplica`).
+        replica_factory: Builds each hosted replica (default: the core's
+            `dynsched_core.InMemoryReplica`).
         metrics_path: Write ``dynamic_resource/*`` metrics as JSON lines here.
         checkpoint_path: Write the driver checkpoint here after each weight sync.
         resume: Restore from ``checkpoint_path`` before running.
@@ -115,13 +105,13 @@ class RayRunOptions:
 
     name: str = "dynsched"
     namespace: str | None = None
-    num_steps: int | None = attrs.field(default=None, validator=_opt_int(1))
-    num_prompts: int | None = attrs.field(default=None, validator=_opt_int(1))
+    num_steps: int | None = attrs.field(default=None, validator=v.int_ge(1, optional=True))
+    num_prompts: int | None = attrs.field(default=None, validator=v.int_ge(1, optional=True))
     max_tokens: int = 64
     prompt_len: int = 16
     min_response_len: int = 16
     max_response_len: int = 48
-    tokens_per_s: float = attrs.field(default=2000.0, validator=_pos)
+    tokens_per_s: float = attrs.field(default=2000.0, validator=v.float_gt(0.0))
     chunk_tokens: int = 8
     switch_delay_s: float = 0.0
     stream_tokens: int | None = 16
@@ -135,21 +125,27 @@ class RayRunOptions:
     keep_router: bool = False
     detached_router: bool = False
     batch_router_calls: bool = True
-    health_check_interval_s: float = attrs.field(default=0.5, validator=_pos)
-    call_timeout_s: float = attrs.field(default=60.0, validator=_pos)
-    generate_timeout_s: float = attrs.field(default=600.0, validator=_pos)
-    wait_timeout_s: float = attrs.field(default=600.0, validator=_pos)
-    no_replica_timeout_s: float = attrs.field(default=30.0, validator=_pos)
+    health_check_interval_s: float = attrs.field(default=0.5, validator=v.float_gt(0.0))
+    call_timeout_s: float = attrs.field(default=60.0, validator=v.float_gt(0.0))
+    generate_timeout_s: float = attrs.field(default=600.0, validator=v.float_gt(0.0))
+    wait_timeout_s: float = attrs.field(default=600.0, validator=v.float_gt(0.0))
+    no_replica_timeout_s: float = attrs.field(default=30.0, validator=v.float_gt(0.0))
     max_failures: int = 3
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.min_response_len <= self.max_response_len <= self.max_tokens:
-            raise ValueError(
-                "need 1 <= min_response_len <= max_response_len <= max_tokens, got"
-                f" {self.min_response_len}, {self.max_response_len}, {self.max_tokens}"
+            raise ConfigError(
+                "RayRunOptions.max_response_len: need 1 <= min_response_len <= "
+                f"max_response_len <= max_tokens, got {self.min_response_len}, "
+                f"{self.max_response_len}, {self.max_tokens}",
+                key="max_response_len",
             )
         if self.resume and not self.checkpoint_path:
-            raise ValueError("resume=True needs checkpoint_path (the checkpoint to restore)")
+            raise ConfigError(
+                "RayRunOptions.resume: resume=True needs checkpoint_path (the checkpoint to"
+                " restore)",
+                key="resume",
+            )
 
 
 @attrs.frozen(kw_only=True)
@@ -221,32 +217,6 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-class _RayScheduleDriver(ScheduleDriver):
-    """`ScheduleDriver` that starts at a restored version and reaps dead replicas first."""
-
-    def __init__(self, *args: Any, reap: Callable[[], None], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._reap = reap
-
-    async def before_train_step(
-        self, global_steps: int, *, is_last_step: bool = False
-    ) -> BeforeStepResult:
-        self._reap()
-        return await super().before_train_step(global_steps, is_last_step=is_last_step)
-
-    async def after_weight_sync(
-        self, global_steps: int, version: int, *, weights: Any = None, is_last_step: bool = False
-    ) -> AfterSyncResult:
-        self._reap()
-        return await super().after_weight_sync(
-            global_steps, version, weights=weights, is_last_step=is_last_step
-        )
-
-    async def initial_activation(self, version: int = 0, weights: Any = None) -> AfterSyncResult:
-        self._reap()
-        return await super().initial_activation(max(version, self.param_version), weights)
-
-
 class RayRunner:
     """Runs the reference fully-async loop on a Ray cluster.
 
@@ -283,15 +253,16 @@ class RayRunner:
         self._prompts = prompts
         self._progress = progress
         self.fleet: RayFleet | None = None
+        #: The run's replicas: the one owner of their membership, liveness and routing.
+        self.replicas: ReplicaSet | None = None
         self.loop: FullyAsyncLoop | None = None
-        self._dead: list[str] = []
-        self._to_reap: list[str] = []
         self._fatal: asyncio.Event | None = None
         self._consumed: list[str] = []
+        self._consumed_steps: list[int] = []
         self._step_offset = 0
         self._switches: list[str] = []
         self._failed_switches: list[str] = []
-        self._fleet_ready: asyncio.Event | None = None
+        self._transitions: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -341,53 +312,26 @@ class RayRunner:
 
     # ------------------------------------------------------------------ failures
     def _on_death(self, replica_id: str, exc: BaseException) -> None:
-        """A replica proxy found its actor dead (called once per replica)."""
-        if replica_id in self._dead:
-            return
-        self._dead.append(replica_id)
-        self._to_reap.append(replica_id)
+        """A replica proxy found its actor dead: tell the one owner of membership."""
+        replicas = self.replicas
+        if replicas is None or not replicas.mark_dead(replica_id):
+            return  # during launch (the launch fails), or already known
         self._say(f"replica {replica_id} is dead ({type(exc).__name__}); removing it from the run")
-        fleet, loop = self.fleet, self.loop
-        if loop is not None:
-            loop.replicas.pop(replica_id, None)
-            if replica_id in loop.standalone:
-                loop.standalone.pop(replica_id, None)
-                loop.driver.num_standalone_replicas = len(loop.standalone)
-        if fleet is not None:
-            task = asyncio.ensure_future(self._unroute(replica_id))
-            task.add_done_callback(_log_task_error)
-            alive = [r for r in fleet.replicas.values() if not r.is_dead]
-            if not alive and self._fatal is not None:
-                self._fatal.set()
-
-    async def _unroute(self, replica_id: str) -> None:
-        assert self.fleet is not None
-        try:
-            await self.fleet.router.remove_replicas([replica_id])
-        except Exception as exc:
-            logger.warning("could not remove dead replica %s from routing: %r", replica_id, exc)
-
-    def _reap(self) -> None:
-        """Drop dead hybrid replicas from the controller (called between switches)."""
-        loop = self.loop
-        if loop is None or not self._to_reap:
-            return
-        ids, self._to_reap = self._to_reap, []
-        ctrl = loop.controller
-        for rid in ids:
-            if rid in ctrl.hybrid_ids:
-                ctrl.remove_hybrid_replica(rid)
-                loop.hybrid.pop(rid, None)
-                logger.info("hybrid replica %s dropped from the controller", rid)
+        if not replicas and self._fatal is not None:
+            self._fatal.set()
 
     async def _health_checks(self) -> None:
-        assert self.fleet is not None
+        assert self.replicas is not None
         interval = self.options.health_check_interval_s
         while True:
             await asyncio.sleep(interval)
-            replicas = [r for r in self.fleet.replicas.values() if not r.is_dead]
+            live = list(self.replicas.values())
             await asyncio.gather(
-                *(r.ping(timeout_s=max(interval * 4, 1.0)) for r in replicas),
+                *(
+                    r.ping(timeout_s=max(interval * 4, 1.0))
+                    for r in live
+                    if isinstance(r, RayReplica)
+                ),
                 return_exceptions=True,
             )
 
@@ -448,85 +392,21 @@ class RayRunner:
             AllReplicasLostError: every replica died; the run cannot continue.
             SampleWaitTimeoutError: the trainer waited longer than ``wait_timeout_s``.
         """
-        opt, cfg = self.options, self.config
         self._fatal = asyncio.Event()
-        self._consumed_steps: list[int] = []
-        restored: dict[str, Any] | None = None
-        if opt.resume:
-            assert opt.checkpoint_path is not None
-            restored = load_checkpoint(opt.checkpoint_path)
-            self._consumed = list(restored["consumed_sample_ids"])
-            self._step_offset = int(restored["steps_done"])
+        restored = self._read_checkpoint()
         self.fleet = fleet = await RayFleet.launch(self.fleet_spec(), on_death=self._on_death)
         self._say(
-            f"fleet {opt.name}: {len(fleet.standalone)} standalone + {len(fleet.hybrid)} hybrid"
-            f" replica(s), {len(fleet.trainer_workers)} trainer worker(s), router"
-            f" {'reused' if fleet.router_reused else 'created'}"
+            f"fleet {self.options.name}: {len(fleet.standalone)} standalone +"
+            f" {len(fleet.hybrid)} hybrid replica(s), {len(fleet.trainer_workers)} trainer"
+            f" worker(s), router {'reused' if fleet.router_reused else 'created'}"
         )
         bus = EventBus()
         aggregator, sink = self._metrics(bus)
-        transitions: list[tuple[str, str]] = []
         health: asyncio.Task[None] | None = None
         try:
-            trainer = RayTrainerBackend(
-                fleet.trainer_workers,
-                fleet.standalone,
-                call_timeout_s=opt.call_timeout_s,
-                step_time_s=opt.trainer_step_time_s,
-                on_step=self._record_step,
-            )
-            source = self._prompts
-            if source is None:
-                source = synthetic_prompts(
-                    opt.num_prompts
-                    or 2 * (self._step_offset + self.num_steps) * cfg.required_samples + 8,
-                    max_tokens=opt.max_tokens,
-                    prompt_len=opt.prompt_len,
-                    n=cfg.n,
-                    min_len=opt.min_response_len,
-                    max_len=opt.max_response_len,
-                    skip=frozenset(self._consumed),
-                )
-            self.loop = loop = FullyAsyncLoop(
-                cfg,
-                self.policy,
-                trainer,
-                prompts=source,
-                standalone=fleet.standalone,
-                hybrid=fleet.hybrid,
-                router=fleet.router,
-                queue=fleet.queue,
-                events=bus,
-                wait_timeout_s=opt.wait_timeout_s,
-                max_tokens=opt.max_tokens,
-                client_kwargs={
-                    "no_replica_timeout_s": opt.no_replica_timeout_s,
-                    "max_failures": opt.max_failures,
-                },
-                controller_kwargs={"call_timeout_s": opt.call_timeout_s},
-            )
-            loop.driver = _RayScheduleDriver(
-                self.policy,
-                loop.controller,
-                loop.queue,
-                cfg,
-                events=bus,
-                wait_timeout_s=opt.wait_timeout_s,
-                num_standalone_replicas=len(loop.standalone),
-                reap=self._reap,
-            )
-            loop.controller.state_machine.add_listener(
-                lambda tr: transitions.append((tr.source.name, tr.target.name))
-            )
-            if self._on_transition is not None:
-                loop.controller.state_machine.add_listener(self._on_transition)
-            if restored is not None:
-                loop.driver.load_state_dict(restored["driver"])
-                await loop.rollouter.reset_staleness(loop.driver.param_version)
-                self._say(
-                    f"resumed from {opt.checkpoint_path}: version {loop.driver.param_version},"
-                    f" {self._step_offset} step(s) and {len(self._consumed)} sample(s) done"
-                )
+            self.replicas = self._membership(fleet, bus)
+            self.loop = loop = self._build_loop(fleet, self.replicas, bus)
+            await self._restore(loop, restored)
             bus.subscribe(self._on_event)
             health = asyncio.ensure_future(self._health_checks())
             result = await self._run_loop(loop)
@@ -534,29 +414,119 @@ class RayRunner:
                 aggregator.finish(loop.clock.now())
             self._write_checkpoint()
         finally:
-            if health is not None:
-                health.cancel()
-                await asyncio.gather(health, return_exceptions=True)
-            await fleet.router.drain(timeout_s=5.0)
-            if sink is not None:
-                sink.close()
-            fleet.shutdown(keep_router=opt.keep_router)
+            await self._release(fleet, health, sink)
         self._say(
             f"done: {result.steps} step(s), {result.samples_consumed} sample(s) consumed,"
             f" {result.samples_left} left, version {result.final_version},"
             f" {result.activations} activation(s), {result.deactivations} deactivation(s),"
-            f" dead replicas: {self._dead or 'none'}"
+            f" dead replicas: {self.replicas.dead_ids or 'none'}"
         )
+        return self._result(result, fleet, restored is not None, aggregator)
+
+    def _read_checkpoint(self) -> dict[str, Any] | None:
+        """The checkpoint to resume from (None for a fresh run); sets the step offset."""
+        opt = self.options
+        if not opt.resume:
+            return None
+        assert opt.checkpoint_path is not None
+        restored = load_checkpoint(opt.checkpoint_path)
+        self._consumed = list(restored["consumed_sample_ids"])
+        self._step_offset = int(restored["steps_done"])
+        return restored
+
+    def _membership(self, fleet: RayFleet, bus: EventBus) -> ReplicaSet:
+        """The run's `ReplicaSet` over the fleet's replicas (router follows it)."""
+        replicas = ReplicaSet(
+            fleet.router, standalone=fleet.standalone, hybrid=fleet.hybrid, events=bus
+        )
+        for rid, proxy in fleet.replicas.items():
+            if proxy.is_dead:  # died before the set existed
+                replicas.mark_dead(rid)
+        return replicas
+
+    def _build_loop(self, fleet: RayFleet, replicas: ReplicaSet, bus: EventBus) -> FullyAsyncLoop:
+        """Assemble the core loop over the fleet: every part given, none swapped later."""
+        opt, cfg = self.options, self.config
+        trainer = RayTrainerBackend(
+            fleet.trainer_workers,
+            replicas,
+            call_timeout_s=opt.call_timeout_s,
+            step_time_s=opt.trainer_step_time_s,
+            on_step=self._record_step,
+        )
+        loop = FullyAsyncLoop.build(
+            cfg,
+            self.policy,
+            trainer,
+            prompts=self._prompt_source(),
+            replicas=replicas,
+            queue=fleet.queue,
+            events=bus,
+            wait_timeout_s=opt.wait_timeout_s,
+            max_tokens=opt.max_tokens,
+            client_options=ClientOptions.from_config(
+                cfg, no_replica_timeout_s=opt.no_replica_timeout_s, max_failures=opt.max_failures
+            ),
+            controller_options=ControllerOptions(call_timeout_s=opt.call_timeout_s),
+        )
+        loop.controller.state_machine.add_listener(
+            lambda tr: self._transitions.append((tr.source.name, tr.target.name))
+        )
+        if self._on_transition is not None:
+            loop.controller.state_machine.add_listener(self._on_transition)
+        return loop
+
+    def _prompt_source(self) -> Any:
+        if self._prompts is not None:
+            return self._prompts
+        opt, cfg = self.options, self.config
+        return synthetic_prompts(
+            opt.num_prompts or 2 * (self._step_offset + self.num_steps) * cfg.required_samples + 8,
+            max_tokens=opt.max_tokens,
+            prompt_len=opt.prompt_len,
+            n=cfg.n,
+            min_len=opt.min_response_len,
+            max_len=opt.max_response_len,
+            skip=frozenset(self._consumed),
+        )
+
+    async def _restore(self, loop: FullyAsyncLoop, restored: dict[str, Any] | None) -> None:
+        """Load the driver's checkpoint; the run continues at its parameter version."""
+        if restored is None:
+            return
+        loop.driver.load_state_dict(restored["driver"])
+        await loop.rollouter.reset_staleness(loop.driver.param_version)
+        self._say(
+            f"resumed from {self.options.checkpoint_path}: version {loop.driver.param_version},"
+            f" {self._step_offset} step(s) and {len(self._consumed)} sample(s) done"
+        )
+
+    async def _release(self, fleet: RayFleet, health: asyncio.Task[None] | None, sink: Any) -> None:
+        """Stop the health checks, flush pending router calls, free the actors."""
+        if health is not None:
+            health.cancel()
+            await asyncio.gather(health, return_exceptions=True)
+        if self.replicas is not None:
+            await self.replicas.settle(timeout_s=5.0)
+        await fleet.router.drain(timeout_s=5.0)
+        if sink is not None:
+            sink.close()
+        fleet.shutdown(keep_router=self.options.keep_router)
+
+    def _result(
+        self, result: LoopResult, fleet: RayFleet, resumed: bool, aggregator: Any
+    ) -> RayRunResult:
+        assert self.replicas is not None
         return RayRunResult(
             loop=result,
             first_step=self._step_offset + 1,
             final_version=result.final_version,
             switches=tuple(self._switches),
             failed_switches=tuple(self._failed_switches),
-            transitions=tuple(transitions),
-            dead_replicas=tuple(self._dead),
+            transitions=tuple(self._transitions),
+            dead_replicas=tuple(self.replicas.dead_ids),
             router_reused=fleet.router_reused,
-            resumed=restored is not None,
+            resumed=resumed,
             metrics=tuple(r.as_dict() for r in aggregator.records)
             if aggregator is not None
             else (),
@@ -569,7 +539,7 @@ class RayRunner:
         )
 
     async def _run_loop(self, loop: FullyAsyncLoop) -> LoopResult:
-        assert self._fatal is not None and self.fleet is not None
+        assert self._fatal is not None and self.replicas is not None
         run = asyncio.ensure_future(loop.run(self.num_steps))
         fatal = asyncio.ensure_future(self._fatal.wait())
         try:
@@ -581,7 +551,7 @@ class RayRunner:
         # Every replica is gone: stop the loop (bounded), then report.
         run.cancel()
         await asyncio.wait({run}, timeout=self.options.call_timeout_s)
-        raise AllReplicasLostError(list(self._dead))
+        raise AllReplicasLostError(self.replicas.dead_ids)
 
     def _metrics(self, bus: EventBus) -> tuple[Any, Any]:
         try:
@@ -603,11 +573,6 @@ class RayRunner:
             sinks=[sink] if sink is not None else [],
         )
         return aggregator, sink
-
-
-def _log_task_error(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("background task failed: %r", task.exception())
 
 
 def run_ray(

@@ -7,8 +7,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dynsched_core import ReplicaSet
+
 from dynsched_ray._errors import ActorUnavailableError
-from dynsched_ray._proxies import RayReplica
 from dynsched_ray._remote import await_ref
 
 __all__ = ["RayTrainerBackend"]
@@ -21,12 +22,13 @@ class RayTrainerBackend:
 
     ``train_step`` runs one step on every trainer worker actor at once (a stand-in for a
     data-parallel optimizer step); ``sync_weights`` records the version on the workers and
-    pushes it to the live standalone replicas (a dead replica is skipped, it is being
-    removed from the run). Without workers a step sleeps ``step_time_s`` in the driver.
+    pushes it to the live standalone members of the run's `ReplicaSet` (a replica found
+    dead during the push is skipped: the set already knows). Without workers a step
+    sleeps ``step_time_s`` in the driver.
 
     Args:
         workers: Trainer worker actor handles.
-        standalone: Live mapping of standalone replica proxies (dead ones are skipped).
+        replicas: The run's replicas (their live standalone members get the weights).
         call_timeout_s: Timeout of every actor call.
         step_time_s: Step time when there are no worker actors.
         on_step: Called with the samples of every step (e.g. to record consumed ids).
@@ -35,14 +37,14 @@ class RayTrainerBackend:
     def __init__(
         self,
         workers: Sequence[Any],
-        standalone: Mapping[str, RayReplica],
+        replicas: ReplicaSet,
         *,
         call_timeout_s: float = 600.0,
         step_time_s: float = 0.05,
         on_step: Callable[[Sequence[Any]], None] | None = None,
     ) -> None:
         self.workers = list(workers)
-        self.standalone = standalone
+        self.replicas = replicas
         self.call_timeout_s = float(call_timeout_s)
         self.step_time_s = float(step_time_s)
         self._on_step = on_step
@@ -88,11 +90,11 @@ class RayTrainerBackend:
                 for w in self.workers
             )
         )
-        replicas = [r for r in list(self.standalone.values()) if not r.is_dead]
+        standalone = self.replicas.of_role("standalone")
         results = await asyncio.gather(
-            *(r.update_weights(version) for r in replicas), return_exceptions=True
+            *(r.update_weights(version) for r in standalone), return_exceptions=True
         )
-        for replica, res in zip(replicas, results, strict=True):
+        for replica, res in zip(standalone, results, strict=True):
             if isinstance(res, ActorUnavailableError):
                 logger.warning(
                     "weight sync v%d skipped dead replica %s", version, replica.replica_id

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
-from dynsched_core import EventBus, ReplicaModeEvent
+from dynsched_core import EventBus
+from dynsched_core.events import ReplicaModeEvent
 
 __all__ = ["MODES", "GroupAccountant", "GroupUsage"]
 

@@ -34,6 +34,7 @@ import math
 
 import attrs
 import numpy as np
+from dynsched_core import DynamicScheduleConfig
 
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._workload import Workload
@@ -51,21 +52,34 @@ class LowerBound:
     peak_tokens_per_gpu_s: float
 
 
-def admissible_prompts(scenario: Scenario, conf: Configuration) -> int:
-    """``A``: prompts the rollouter can ever admit in ``scenario.steps`` micro-steps."""
-    cfg = scenario.schedule_config(conf)
+def admissible_prompts(
+    scenario: Scenario, conf: Configuration, config: DynamicScheduleConfig | None = None
+) -> int:
+    """``A``: prompts the rollouter can ever admit in ``scenario.steps`` micro-steps.
+
+    ``config``: the run's schedule config, when already built (default: built here).
+    """
+    cfg = config if config is not None else scenario.schedule_config(conf)
     versions = math.ceil(scenario.steps / cfg.trigger_parameter_sync_step)
     return (versions + 1) * cfg.max_required_samples
 
 
-def lower_bound(scenario: Scenario, conf: Configuration, workload: Workload) -> LowerBound:
-    """The lower bound of the module docstring for ``conf`` on ``workload``."""
-    cfg = scenario.schedule_config(conf)
+def lower_bound(
+    scenario: Scenario,
+    conf: Configuration,
+    workload: Workload,
+    config: DynamicScheduleConfig | None = None,
+) -> LowerBound:
+    """The lower bound of the module docstring for ``conf`` on ``workload``.
+
+    ``config``: the run's schedule config, when already built (default: built here).
+    """
+    cfg = config if config is not None else scenario.schedule_config(conf)
     eng, hw, llm, tr = scenario.engine, scenario.hardware, scenario.model, scenario.trainer
     roles = (["standalone"] if conf.rollout_gpus else []) + (["hybrid"] if conf.hybrid else [])
     p = max(eng.peak_throughput(r, hw, llm) for r in roles) / eng.gpus_per_replica
     s = scenario.steps * cfg.required_samples
-    a = min(admissible_prompts(scenario, conf), len(workload))
+    a = min(admissible_prompts(scenario, conf, cfg), len(workload))
     if s > a:
         raise ValueError(f"workload has {a} admissible prompts, fewer than the {s} consumed")
     resp = workload.response_lens[:a].sum(axis=1).astype(np.float64)

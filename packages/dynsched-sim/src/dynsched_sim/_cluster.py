@@ -53,11 +53,15 @@ def build_cluster(
     seed: int,
     events: EventBus,
     clock: Callable[[], float],
+    config: DynamicScheduleConfig | None = None,
 ) -> SimCluster:
-    """Build the replicas, trainer and accountant of ``conf`` (call inside the loop)."""
-    cfg = scenario.schedule_config(conf)
+    """Build the replicas, trainer and accountant of ``conf`` (call inside the loop).
+
+    ``config``: the run's schedule config, when already built (default: built here).
+    """
+    cfg = config if config is not None else scenario.schedule_config(conf)
     eng, hw, llm = scenario.engine, scenario.hardware, scenario.model
-    workload = scenario.workload.generate(admissible_prompts(scenario, conf), seed)
+    workload = scenario.workload.generate(admissible_prompts(scenario, conf, cfg), seed)
     acct = GroupAccountant(clock, events)
     ledger: dict[str, int] = {}
     g = eng.gpus_per_replica

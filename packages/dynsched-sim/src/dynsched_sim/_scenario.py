@@ -108,9 +108,16 @@ class Scenario:
             f"known: {[c.name for c in self.configurations]}"
         )
 
-    def schedule_config(self, conf: Configuration) -> DynamicScheduleConfig:
-        """The core's `DynamicScheduleConfig` of ``conf`` (validated by the core)."""
+    def schedule_config(
+        self, conf: Configuration, policy: str | None = None
+    ) -> DynamicScheduleConfig:
+        """The core's `DynamicScheduleConfig` of ``conf`` (validated by the core).
+
+        ``policy``: the ``dynamic_schedule_policy`` to run (default: the scenario's).
+        """
         flat = dict(self.schedule)
+        if policy is not None:
+            flat["dynamic_schedule_policy"] = policy
         flat.update(
             use_dynamic_resource_scheduling=conf.hybrid,
             n=self.workload.n,

@@ -9,15 +9,14 @@ from typing import Any
 
 import attrs
 from dynsched_core import (
+    DynamicScheduleConfig,
     EventBus,
     FullyAsyncLoop,
     LoopResult,
-    ReplicaModeEvent,
     RetryingClient,
     RolloutSample,
-    TrainStepEvent,
-    TransitionEvent,
 )
+from dynsched_core.events import ReplicaModeEvent, TrainStepEvent, TransitionEvent
 from dynsched_metrics import CycleMetrics, MetricsAggregator
 
 from dynsched_sim._bound import LowerBound, lower_bound
@@ -126,15 +125,20 @@ class _Outcome:
 
 
 async def _run(
-    scenario: Scenario, conf: Configuration, policy: str, seed: int, progress: ProgressFn | None
+    scenario: Scenario,
+    conf: Configuration,
+    cfg: DynamicScheduleConfig,
+    seed: int,
+    progress: ProgressFn | None,
 ) -> _Outcome:
     loop = asyncio.get_running_loop()
     bus = EventBus()
     truth_bus = EventBus()
     mode_events: list[ReplicaModeEvent] = []
     truth_bus.subscribe(mode_events.append)
-    cluster = build_cluster(scenario, conf, seed=seed, events=truth_bus, clock=loop.time)
-    cfg = cluster.config.evolve(dynamic_schedule_policy=policy)
+    cluster = build_cluster(
+        scenario, conf, seed=seed, events=truth_bus, clock=loop.time, config=cfg
+    )
     pol = cfg.build_policy()
     agg = MetricsAggregator(
         hybrid_gpus=conf.trainer_gpus, standalone_gpus=conf.rollout_gpus, bus=bus
@@ -149,7 +153,7 @@ async def _run(
             progress(e.step, total, e.time)
 
         bus.subscribe(on_step, TrainStepEvent)
-    floop = FullyAsyncLoop(
+    floop = FullyAsyncLoop.build(
         cfg,
         pol,
         cluster.trainer,
@@ -170,7 +174,7 @@ async def _run(
     left = (
         await floop.queue.get(await floop.queue.size(), timeout=0.0) if result.samples_left else []
     )
-    bound = lower_bound(scenario, conf, cluster.workload)
+    bound = lower_bound(scenario, conf, cluster.workload, cfg)
     return _Outcome(cluster, result, cycles, left, mode_events, bound, floop, state_events, blocked)
 
 
@@ -215,23 +219,60 @@ def run_configuration(
         conf = scenario.configuration(conf)
     seed = scenario.seed if seed is None else seed
     policy = policy_for(conf, policy)
+    cfg = scenario.schedule_config(conf, policy)  # built and validated once per run
+    out, events = _simulate(scenario, conf, cfg, seed, progress)
+    res, wall = out.result, out.result.duration_s
+    return RunResult(
+        scenario=scenario.name,
+        configuration=conf.name,
+        policy=policy,
+        seed=seed,
+        wall_clock_s=wall,
+        lower_bound_s=out.bound.seconds,
+        efficiency=out.bound.seconds / wall if wall > 0 else 0.0,
+        summary=_summary(out),
+        true_utilization=out.cluster.accountant.pool_fractions(),
+        proxy_metrics=_proxy_means(out.cycles),
+        cycles=tuple(c.as_dict() for c in out.cycles),
+        steps=tuple((r.step, r.time - res.start, r.mq_size, r.collect_wait_s) for r in res.records),
+        conservation=_conservation(scenario, out),
+        events=events,
+        mode_events=tuple(out.mode_events),
+        state_events=tuple(out.state_events),
+        queue_capacity=out.cluster.config.max_queue_size,
+    )
+
+
+def _simulate(
+    scenario: Scenario,
+    conf: Configuration,
+    cfg: DynamicScheduleConfig,
+    seed: int,
+    progress: ProgressFn | None,
+) -> tuple[_Outcome, int]:
+    """Run the loop on a fresh virtual-time event loop; the outcome and its callback count."""
     loop = VirtualTimeEventLoop()
     try:
         asyncio.set_event_loop(loop)
-        out = loop.run_until_complete(_run(scenario, conf, policy, seed, progress))
-        events = loop.callbacks_scheduled
+        out = loop.run_until_complete(_run(scenario, conf, cfg, seed, progress))
+        return out, loop.callbacks_scheduled
     finally:
         asyncio.set_event_loop(None)
         loop.close()
 
-    cluster, res, cycles, left = out.cluster, out.result, out.cycles, out.left
-    bound, floop, blocked = out.bound, out.floop, out.blocked
-    wall = res.duration_s
-    client = floop.client
+
+def _client(out: _Outcome) -> RetryingClient:
+    client = out.floop.client
     assert isinstance(client, RetryingClient)
+    return client
+
+
+def _conservation(scenario: Scenario, out: _Outcome) -> dict[str, bool]:
+    """No sample or request lost or duplicated; every response exact."""
+    cluster, res, left, client = out.cluster, out.result, out.left, _client(out)
     consumed_ids = res.consumed_sample_ids
     left_ids = [s.sample_id for s in left]
-    # conservation: tokens of every produced sample equal the workload's lengths
+    # tokens of every produced sample equal the workload's lengths
     rl = cluster.workload.response_lens
     exact = all(
         tuple(o.num_tokens for o in s.responses) == tuple(int(x) for x in rl[int(s.sample_id[1:])])
@@ -240,7 +281,7 @@ def run_configuration(
     for s in left:  # the ledger check of the samples the trainer did not consume
         cluster.trainer.check_sample(s)
     consumed_set = set(consumed_ids)
-    checks = {
+    return {
         "produced_equals_consumed_plus_left": res.samples_produced
         == res.samples_consumed + res.samples_left,
         "no_sample_consumed_twice": len(consumed_set) == len(consumed_ids),
@@ -255,8 +296,13 @@ def run_configuration(
         "cancelled_only_in_flight_at_end": client.failed
         <= res.samples_cancelled * scenario.workload.n,
     }
+
+
+def _summary(out: _Outcome) -> dict[str, Any]:
+    """The run's counters (samples, switches, requests, tokens, queue, admission)."""
+    cluster, res, client, blocked = out.cluster, out.result, _client(out), out.blocked
     rep_stats = list(cluster.replicas.values())
-    summary = {
+    return {
         "steps": res.steps,
         "samples_produced": res.samples_produced,
         "samples_consumed": res.samples_consumed,
@@ -278,31 +324,15 @@ def run_configuration(
         "train_overlap_steps": cluster.trainer.overlap_steps,
         "mismatched_responses": cluster.trainer.mismatched_responses,
         "requests_routed_before_resume": sum(r.requests_while_paused for r in rep_stats),
-        "final_deactivate_ratio": getattr(floop.driver.policy, "deactivate_ratio", None),
+        "final_deactivate_ratio": getattr(out.floop.driver.policy, "deactivate_ratio", None),
         "mq_size_mean": _mean([float(r.mq_size) for r in res.records]),
         "queue_capacity": cluster.config.max_queue_size,
         "staleness_bound_fraction": blocked[1] / blocked[0] if blocked[0] else 0.0,
         "concurrency_bound_fraction": blocked[2] / blocked[0] if blocked[0] else 0.0,
     }
+
+
+def _proxy_means(cycles: list[CycleMetrics]) -> dict[str, float]:
+    """Mean over the sync cycles of each ``dynamic_resource/*`` proxy."""
     rows = [c.as_dict() for c in cycles]
-    proxy = {k: _mean([float(r[k]) for r in rows if k in r]) for k in PROXY_KEYS}
-    steps = tuple((r.step, r.time - res.start, r.mq_size, r.collect_wait_s) for r in res.records)
-    return RunResult(
-        scenario=scenario.name,
-        configuration=conf.name,
-        policy=policy,
-        seed=seed,
-        wall_clock_s=wall,
-        lower_bound_s=bound.seconds,
-        efficiency=bound.seconds / wall if wall > 0 else 0.0,
-        summary=summary,
-        true_utilization=cluster.accountant.pool_fractions(),
-        proxy_metrics=proxy,
-        cycles=tuple(rows),
-        steps=steps,
-        conservation=checks,
-        events=events,
-        mode_events=tuple(out.mode_events),
-        state_events=tuple(out.state_events),
-        queue_capacity=cluster.config.max_queue_size,
-    )
+    return {k: _mean([float(r[k]) for r in rows if k in r]) for k in PROXY_KEYS}

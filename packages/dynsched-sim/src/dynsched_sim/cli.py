@@ -51,7 +51,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _handler(args: argparse.Namespace) -> int:
-    from dynsched_core import PolicyRegistryError, available_policies
+    from dynsched_core import available_policies
+    from dynsched_core.errors import PolicyRegistryError
 
     from dynsched_sim._report import ProgressBar, compare, format_table, write_outputs
     from dynsched_sim._scenario import ScenarioError, builtin_scenarios, load_scenario

@@ -1,57 +1,46 @@
 """Test helpers for dynsched and for third-party policy authors.
 
-In-memory implementations of the core protocols, hypothesis strategies for valid
-contexts, and the policy conformance kit. Importing this module needs hypothesis
-(``pip install dynsched-core[testing]``).
+Recording fakes of the core protocols (`CallRecorder`, `RecordingRouter`), the
+in-memory replica (re-exported from the runtime, `dynsched_core.InMemoryReplica`),
+hypothesis strategies for valid contexts and the policy conformance kit
+`check_policy`. The fakes import without hypothesis; the strategies and the kit need it
+(``pip install dynsched-core[testing]``) and import it only when first used.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import importlib
+from typing import Any
 
-# --- core-A: in-memory fakes (section owned by core-A) ---
-from dynsched_core.testing._fakes import (
-    Call,
-    CallRecorder,
-    InMemoryReplica,
-    RecordingRouter,
-    ReplicaDeadError,
-    ReplicaNotReadyError,
-)
+from dynsched_core._inmemory import InMemoryReplica, ReplicaDeadError, ReplicaNotReadyError
+from dynsched_core.testing._fakes import Call, CallRecorder, RecordingRouter
 
-__all__ = [  # a dunder assignment (not `+=`) keeps the next sections' imports E402-clean
-    *__all__,
+#: Names that need hypothesis, by the module that defines them (imported on first use).
+_NEEDS_HYPOTHESIS = {
+    "POLICY_PROPERTIES": "_conformance",
+    "PolicyConformanceError": "_conformance",
+    "check_policy": "_conformance",
+    "PolicyStep": "_strategies",
+    "StepInput": "_strategies",
+    "colocated_contexts": "_strategies",
+    "contexts": "_strategies",
+    "drive_step": "_strategies",
+    "drive_steps": "_strategies",
+    "global_steps": "_strategies",
+    "step_sequences": "_strategies",
+}
+
+__all__ = [
+    "POLICY_PROPERTIES",
     "Call",
     "CallRecorder",
     "InMemoryReplica",
+    "PolicyConformanceError",
+    "PolicyStep",
     "RecordingRouter",
     "ReplicaDeadError",
     "ReplicaNotReadyError",
-]
-# --- end core-A ---
-
-# --- policies: hypothesis strategies and the policy conformance kit (section owned by policies) ---
-from dynsched_core.testing._conformance import (
-    POLICY_PROPERTIES,
-    PolicyConformanceError,
-    check_policy,
-)
-from dynsched_core.testing._strategies import (
-    StepInput,
-    StepRecord,
-    colocated_contexts,
-    contexts,
-    drive_step,
-    drive_steps,
-    global_steps,
-    step_sequences,
-)
-
-__all__ += [
-    "POLICY_PROPERTIES",
-    "PolicyConformanceError",
     "StepInput",
-    "StepRecord",
     "check_policy",
     "colocated_contexts",
     "contexts",
@@ -60,4 +49,24 @@ __all__ += [
     "global_steps",
     "step_sequences",
 ]
-# --- end policies ---
+
+
+def __getattr__(name: str) -> Any:
+    module = _NEEDS_HYPOTHESIS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "hypothesis":
+            raise
+        raise ModuleNotFoundError(
+            f"dynsched_core.testing.{name} needs hypothesis: pip install 'dynsched-core[testing]'",
+            name=exc.name,
+        ) from exc
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from dynsched_core._context import DynamicScheduleContext
+from dynsched_core._guards import GuardRails
 from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core.testing._strategies import (
+    PolicyStep,
     StepInput,
-    StepRecord,
     colocated_contexts,
     contexts,
     drive_steps,
@@ -57,9 +58,9 @@ POLICY_PROPERTIES: Mapping[str, str] = {
         "then makes the same decisions as the original on the same inputs"
     ),
     "only_hybrid_no_deadlock": (
-        "with only_hybrid contexts (no standalone replica) a simulated colocated run never "
-        "needs samples that nothing can produce: the policy activates, or its schedule "
-        "keeps enough samples buffered"
+        "with only_hybrid contexts (no standalone replica) a simulated colocated run, with "
+        "the policy's decisions bounded by the driver's guard rails as in a real run, never "
+        "needs samples that nothing can produce"
     ),
 }
 
@@ -205,7 +206,7 @@ def _make(factory: PolicyFactory, label: str) -> _Probe:
     return _Probe(policy, label)
 
 
-def _first_difference(a: Sequence[StepRecord], b: Sequence[StepRecord]) -> str:
+def _first_difference(a: Sequence[PolicyStep], b: Sequence[PolicyStep]) -> str:
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x != y:
             return f"step #{i}: {x} vs {y}"
@@ -254,7 +255,9 @@ class _ColocatedRun:
     run produces), within the staleness window ``step_required + buffer`` per weight
     version; while asleep nothing is produced. Each cycle: for every micro-step the
     policy may deactivate (after buffering its threshold), then the trainer takes
-    ``required_samples``; after the weight sync the policy may activate.
+    ``required_samples``; after the weight sync the policy may activate. As in the
+    reference loop, the driver's `GuardRails` bound every decision (so the colocated
+    schedule is the framework's, not the policy's).
     """
 
     SECONDS_PER_SAMPLE = 0.5
@@ -275,6 +278,10 @@ class _ColocatedRun:
         self.waits: list[tuple[float, int]] = []
         self.last_activate = self.last_deactivate = 0.0
         self.trace: list[str] = []
+        self.rails = GuardRails(
+            min_deactivate_ratio=base.min_deactivate_ratio,
+            max_deactivate_ratio=base.max_deactivate_ratio,
+        )
 
     def ctx(self, *, demand: int, last: bool) -> DynamicScheduleContext:
         return DynamicScheduleContext(
@@ -297,6 +304,8 @@ class _ColocatedRun:
             is_last_step=last,
             param_version=self.version,
             now=self.now,
+            min_deactivate_ratio=self.base.min_deactivate_ratio,
+            max_deactivate_ratio=self.base.max_deactivate_ratio,
         )
 
     def produce_until(self, target: int) -> int:
@@ -320,8 +329,9 @@ class _ColocatedRun:
 
     def after_sync(self, g: int, last: bool) -> None:
         ctx = self.ctx(demand=0, last=last)
-        activate = self.p.should_activate_after_step(g, self.active, ctx)
-        self.trace.append(f"g={g} after sync: activate={activate}")
+        proposed = self.p.should_activate_after_step(g, self.active, ctx)
+        activate, _ = self.rails.activation(proposed, ctx)
+        self.trace.append(f"g={g} after sync: activate={activate} (policy: {proposed})")
         if activate:
             if not self.active:
                 self.active = True
@@ -341,7 +351,10 @@ class _ColocatedRun:
                 produced = 0
                 ctx = self.ctx(demand=self.R, last=last)
                 if self.p.should_deactivate(g, self.active, ctx):
-                    threshold = self.p.deactivate_wait_samples(ctx)
+                    proposed = self.p.deactivate_wait_samples(ctx)
+                    threshold, _ = self.rails.wait_target(
+                        proposed, ctx, cycle_remaining=(self.T - micro) * self.R
+                    )
                     produced += self.produce_until(threshold)
                     self.trace.append(f"g={g} deactivate after {threshold} buffered")
                     if self.queue < threshold:
@@ -400,8 +413,9 @@ def check_policy(
       policy restored from ``state_dict()`` at any point keeps agreeing with the original
       (``state_dict_round_trip``);
     * colocated runs: a counts-only model of the reference loop with hybrid replicas only
-      (started asleep with an initial weight sync at step 0, or started active) must
-      never wait for samples that nothing can produce (``only_hybrid_no_deadlock``).
+      (started asleep with an initial weight sync at step 0, or started active), with the
+      driver's guard rails applied to the decisions as in a real run, must never wait
+      for samples that nothing can produce (``only_hybrid_no_deadlock``).
 
     Call it from a plain test function (not from inside another ``@given`` test).
 

@@ -17,8 +17,8 @@ from dynsched_core._context import DynamicScheduleContext
 from dynsched_core._policy import DynamicSchedulePolicyBase
 
 __all__ = [
+    "PolicyStep",
     "StepInput",
-    "StepRecord",
     "colocated_contexts",
     "contexts",
     "drive_step",
@@ -46,6 +46,11 @@ class _Deployment:
     n_standalone: int
     n_hybrid: int
     gpus_per_replica: int
+    ratio_range: tuple[float, float] = (0.0, 1.0)
+
+
+#: Guard-rail deactivate ratio ranges a deployment may configure (mostly the default).
+_RATIO_RANGES = st.sampled_from([(0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.2, 0.8), (0.5, 0.5)])
 
 
 @st.composite
@@ -63,6 +68,7 @@ def _deployments(
         n_standalone=0 if colocated else draw(st.integers(min_value=0, max_value=64)),
         n_hybrid=draw(st.integers(min_value=1 if colocated else 0, max_value=64)),
         gpus_per_replica=draw(st.integers(min_value=1, max_value=8)),
+        ratio_range=draw(_RATIO_RANGES),
     )
 
 
@@ -105,6 +111,8 @@ def _observed(draw: st.DrawFn, dep: _Deployment, max_collections: int) -> Dynami
         is_last_step=draw(st.booleans()),
         param_version=draw(st.integers(min_value=0, max_value=10**6)),
         now=draw(st.floats(min_value=0.0, max_value=1e7)),
+        min_deactivate_ratio=dep.ratio_range[0],
+        max_deactivate_ratio=dep.ratio_range[1],
     )
 
 
@@ -169,7 +177,7 @@ class StepInput:
 
 
 @attrs.frozen
-class StepRecord:
+class PolicyStep:
     """The decisions a policy made during one step run by `drive_step`.
 
     ``deactivate_wait_samples`` is None when it was not called (no deactivation) and
@@ -239,7 +247,7 @@ def step_sequences(
 
 def drive_step(
     policy: DynamicSchedulePolicyBase, step: StepInput, is_hybrid_active: bool
-) -> StepRecord:
+) -> PolicyStep:
     """Run one step's policy calls in the driver's order and record the decisions.
 
     Order: `should_deactivate` (before training) -> `deactivate_wait_samples` if it
@@ -254,7 +262,7 @@ def drive_step(
     activate = policy.should_activate_after_step(g, active, step.after)
     rebalance = policy.request_rebalance(g, step.after) if activate else None
     policy.update_after_step(g, step.after)
-    return StepRecord(
+    return PolicyStep(
         global_steps=g,
         was_active=is_hybrid_active,
         should_deactivate=deactivate,
@@ -268,9 +276,9 @@ def drive_step(
 
 def drive_steps(
     policy: DynamicSchedulePolicyBase, steps: Sequence[StepInput], is_hybrid_active: bool = False
-) -> list[StepRecord]:
+) -> list[PolicyStep]:
     """`drive_step` over ``steps``, carrying the hybrid state from one step to the next."""
-    records: list[StepRecord] = []
+    records: list[PolicyStep] = []
     for step in steps:
         rec = drive_step(policy, step, is_hybrid_active)
         is_hybrid_active = rec.is_active_after

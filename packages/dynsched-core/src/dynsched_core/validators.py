@@ -1,9 +1,22 @@
 """attrs validators whose errors name the field and the allowed range.
 
-Every config and value class of the core validates through these, so one message
+The one validator module of dynsched: every config, options and value class of the core
+validates through these (the sibling packages' options classes too), so one message
 format holds everywhere: ``"<Class>.<field> must be <allowed>, got <value>"``. Range
-errors are `ConfigError` (a ``ValueError``), type errors `ConfigTypeError` (also a
-``TypeError``); both carry the field name in ``key``.
+errors are `dynsched_core.ConfigError` (a ``ValueError``), type errors
+`dynsched_core.errors.ConfigTypeError` (also a ``TypeError``); both carry the field
+name in ``key``.
+
+Example:
+    >>> import attrs
+    >>> from dynsched_core import validators as v
+    >>> @attrs.frozen
+    ... class Options:
+    ...     timeout_s: float = attrs.field(default=1.0, validator=v.float_gt(0.0))
+    >>> Options(timeout_s=0.0)
+    Traceback (most recent call last):
+    ...
+    dynsched_core._errors.ConfigError: Options.timeout_s must be a finite number > 0, got 0.0
 """
 
 from __future__ import annotations
@@ -17,8 +30,10 @@ import attrs
 from dynsched_core._errors import ConfigError, ConfigTypeError
 
 __all__ = [
+    "Validator",
     "bool_",
     "float_ge",
+    "float_gt",
     "float_in",
     "int_ge",
     "non_empty_str",
@@ -65,6 +80,21 @@ def float_ge(minimum: float) -> Validator:
             raise _bad(inst, attr, f"must be a number >= {minimum}, got {value!r}", wrong_type=True)
         if not math.isfinite(value) or value < minimum:
             raise _bad(inst, attr, f"must be a finite number >= {minimum}, got {value}")
+
+    return check
+
+
+def float_gt(minimum: float, *, optional: bool = False) -> Validator:
+    """Value must be a finite real number ``> minimum`` (or None if ``optional``)."""
+    what = f"a number > {minimum:g}" + (" or null" if optional else "")
+
+    def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+        if optional and value is None:
+            return
+        if not _is_number(value):
+            raise _bad(inst, attr, f"must be {what}, got {value!r}", wrong_type=True)
+        if not math.isfinite(value) or value <= minimum:
+            raise _bad(inst, attr, f"must be a finite number > {minimum:g}, got {value}")
 
     return check
 

@@ -1,0 +1,36 @@
+"""Every error dynsched raises, all subclasses of `DynschedError`.
+
+The most common (`DynschedError`, `ConfigError`, `SwitchError`) are also importable from
+``dynsched_core``.
+"""
+
+from __future__ import annotations
+
+from dynsched_core._errors import (
+    ConfigError,
+    ConfigTypeError,
+    DynschedError,
+    IllegalTransitionError,
+    NoRoutableReplicaError,
+    PluginError,
+    PolicyRegistryError,
+    RequestFailedError,
+    SampleWaitTimeoutError,
+    SwitchError,
+)
+from dynsched_core._inmemory import ReplicaDeadError, ReplicaNotReadyError
+
+__all__ = [
+    "ConfigError",
+    "ConfigTypeError",
+    "DynschedError",
+    "IllegalTransitionError",
+    "NoRoutableReplicaError",
+    "PluginError",
+    "PolicyRegistryError",
+    "ReplicaDeadError",
+    "ReplicaNotReadyError",
+    "RequestFailedError",
+    "SampleWaitTimeoutError",
+    "SwitchError",
+]
