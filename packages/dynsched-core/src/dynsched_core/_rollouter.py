@@ -5,10 +5,19 @@ when the last response of the group finishes, one sample (the group) goes into t
 queue. Two limits gate the admission of a new prompt:
 
 - *staleness*: at most ``max_required_samples = (1 + staleness_threshold) *
-  required_samples * T`` samples are admitted per parameter version. As in verl, the
-  window opened by `Rollouter.reset_staleness` starts with the samples still in flight
-  or waiting in the queue (they count against the new version's budget), so
-  ``in flight + queued <= max_required_samples`` at all times;
+  required_samples * T`` samples are admitted per parameter version. The window opened
+  by `Rollouter.reset_staleness` starts with the samples that still count against the
+  new version's budget, chosen by ``staleness_rule``:
+
+  - ``"in_flight_and_queued"`` (default, verl's rule: its ``reset_staleness`` sets
+    ``staleness_samples = len(active_tasks) + queue size``): samples in flight *and*
+    samples finished but still waiting in the queue count, so ``in flight + queued <=
+    max_required_samples`` at all times and at most ``max_required_samples`` samples
+    generated under older weights ever wait for the trainer;
+  - ``"in_flight"``: only samples still in flight count; finished samples in the queue
+    are bounded by the queue's capacity alone (its backpressure pauses the rollouter),
+    so a rollout-rich configuration keeps the queue full. Admits more samples per
+    version than verl does, hence staler ones; an explicit option, never the default;
 - *concurrency*: at most ``min(routable * concurrent_samples_per_replica,
   max_required_samples)`` samples in flight. The routable count comes from a router
   listener, so added capacity is used the moment a replica joins routing.
@@ -23,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import attrs
 
@@ -33,9 +42,23 @@ from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._events import EventBus, RolloutEvent, RolloutEventKind, StalenessResetEvent
 from dynsched_core._protocols import GenerateRequest, Router, SampleQueue
 
-__all__ = ["GenerateClient", "Prompt", "RolloutSample", "Rollouter", "RollouterStats"]
+__all__ = [
+    "STALENESS_RULES",
+    "GenerateClient",
+    "Prompt",
+    "RolloutSample",
+    "Rollouter",
+    "RollouterStats",
+    "StalenessRule",
+]
 
 logger = logging.getLogger(__name__)
+
+StalenessRule = Literal["in_flight_and_queued", "in_flight"]
+"""What a new staleness window starts with (see the module docstring)."""
+
+STALENESS_RULES: tuple[str, ...] = get_args(StalenessRule)
+"""The allowed values of ``staleness_rule``, the default (verl's rule) first."""
 
 
 class GenerateClient(Protocol):
@@ -143,6 +166,9 @@ class Rollouter:
         trigger_parameter_sync_step: Micro-steps per weight sync, ``T`` (>= 1).
         staleness_threshold: Extra admission per version, as a fraction (>= 0).
         concurrent_samples_per_replica: In-flight samples per routable replica (>= 1).
+        staleness_rule: What a new staleness window starts with:
+            ``"in_flight_and_queued"`` (default, verl's rule) or ``"in_flight"`` (queued
+            samples do not count; see the module docstring).
         max_tokens: Budget for raw payloads (a `Prompt` carries its own).
         put_timeout_s: Bound of one wait for room in the queue; the wait is retried
             (with a warning) until the queue has room or the rollouter stops.
@@ -178,6 +204,7 @@ class Rollouter:
         trigger_parameter_sync_step: int = 1,
         staleness_threshold: float = 0.0,
         concurrent_samples_per_replica: int = 16,
+        staleness_rule: StalenessRule = "in_flight_and_queued",
         max_tokens: int = 256,
         put_timeout_s: float = 60.0,
         clock: Clock | None = None,
@@ -190,6 +217,11 @@ class Rollouter:
         _check_int("max_tokens", max_tokens, 0)
         _check_float("staleness_threshold", staleness_threshold, 0.0)
         _check_float("put_timeout_s", put_timeout_s, 0.0)
+        if staleness_rule not in STALENESS_RULES:
+            raise ValueError(
+                f"Rollouter.staleness_rule must be one of {list(STALENESS_RULES)}, "
+                f"got {staleness_rule!r}"
+            )
         self._source = source
         self._client = client
         self._router = router
@@ -199,6 +231,7 @@ class Rollouter:
         self.trigger_parameter_sync_step = trigger_parameter_sync_step
         self.staleness_threshold = float(staleness_threshold)
         self.concurrent_samples_per_replica = concurrent_samples_per_replica
+        self.staleness_rule: StalenessRule = staleness_rule
         self.max_tokens = max_tokens
         self.put_timeout_s = float(put_timeout_s)
         self.max_required_samples = int(
@@ -244,6 +277,7 @@ class Rollouter:
             "trigger_parameter_sync_step": config.trigger_parameter_sync_step,
             "staleness_threshold": config.staleness_threshold,
             "concurrent_samples_per_replica": config.concurrent_samples_per_replica,
+            "staleness_rule": getattr(config, "staleness_rule", "in_flight_and_queued"),
         }
         params.update(kwargs)
         return cls(source, client, router, queue, **params)
@@ -364,18 +398,19 @@ class Rollouter:
     async def reset_staleness(self, version: int) -> StalenessResetEvent:
         """Open the admission window of ``version`` (call at each weight sync).
 
-        The new window starts with the samples still in flight (admitted under an older
-        version, still counted against the budget, as verl's buffer-resident count);
-        samples already in the queue do not count, so a rollout-rich configuration fills
-        the queue up to its capacity, where `put` applies backpressure. Emits a ``reset``
-        `RolloutEvent` (closing the window) and a `StalenessResetEvent` carrying the
-        samples generated during the closed window.
+        The new window starts with the samples still in flight plus, under the default
+        ``staleness_rule="in_flight_and_queued"`` (verl's rule), the samples waiting in
+        the queue: they were admitted under older weights and count against the new
+        version's budget. Under ``"in_flight"`` queued samples do not count. Emits a
+        ``reset`` `RolloutEvent` (closing the window) and a `StalenessResetEvent` carrying
+        the samples generated during the closed window.
         """
+        queued = await self._queue.size() if self.staleness_rule == "in_flight_and_queued" else 0
         event = StalenessResetEvent(self._clock.now(), version, self._step_generated)
         self._emit("reset")
         self._param_version = version
         self._step_generated = 0
-        self._window_admitted = self.active
+        self._window_admitted = self.active + queued
         if self._events is not None:
             self._events.emit(event)
         logger.debug(
