@@ -132,9 +132,12 @@ def test_staleness_rule_is_validated_and_read_from_the_config() -> None:
     router = LoadBalancer(["r0"])
     r = Rollouter.from_config(cfg, range(3), GatedClient(), router, AsyncSampleQueue())
     assert r.staleness_rule == "in_flight"
-    assert Rollouter.from_config(
-        DynamicScheduleConfig(), range(3), GatedClient(), router, AsyncSampleQueue()
-    ).staleness_rule == "in_flight_and_queued"
+    assert (
+        Rollouter.from_config(
+            DynamicScheduleConfig(), range(3), GatedClient(), router, AsyncSampleQueue()
+        ).staleness_rule
+        == "in_flight_and_queued"
+    )
 
 
 @given(
