@@ -1,18 +1,11 @@
-"""Workload draws, the lower bound by hand, ground-truth accounting."""
+"""Workload draws and trajectories, ground-truth accounting."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from dynsched_core import EventBus, ReplicaModeEvent
-from dynsched_sim import (
-    GroupAccountant,
-    LengthDistribution,
-    WorkloadModel,
-    load_scenario,
-    lower_bound,
-)
-from dynsched_sim._workload import Workload
+from dynsched_sim import GroupAccountant, LengthDistribution, WorkloadModel
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -42,19 +35,65 @@ def test_empirical_distribution_draws_from_values() -> None:
     assert set(np.unique(w.response_lens)) <= {10, 20, 1000}
 
 
-def test_lower_bound_by_hand() -> None:
-    sc = load_scenario("seed-qwen35").with_steps(4)  # one cycle: 64 samples consumed
-    conf = sc.configuration("static-16-16")
-    a = 2 * 96  # (steps/T + 1) * max_required_samples
-    w = Workload(prompt_lens=np.full(a, 100), response_lens=np.tile(np.arange(1, 9) * 100, (a, 1)))
-    lb = lower_bound(sc, conf, w)
-    eng, hw, llm, tr = sc.engine, sc.hardware, sc.model, sc.trainer
-    p = eng.peak_throughput("standalone", hw, llm) / 8
-    r_i, k_i = 3600.0, 800.0 + 3600.0
-    work = (4 * tr.step_overhead_s * 16 + 64 * (r_i / p + tr.gpu_s_per_token * k_i)) / 32
-    train = 4 * tr.step_overhead_s + tr.gpu_s_per_token * 64 * k_i / 16
-    assert lb.seconds == pytest.approx(max(work, train))
-    assert lb.work_term_s == pytest.approx(work) and lb.train_term_s == pytest.approx(train)
+def test_stationary_workload_is_unchanged_by_empty_trajectories() -> None:
+    base = WorkloadModel(n=4, response_len=LengthDistribution(median=500, sigma=0.7))
+    same = WorkloadModel(
+        n=4,
+        response_len=LengthDistribution(median=500, sigma=0.7),
+        length_trajectory=[],
+        difficulty_trajectory=[],
+    )
+    assert base.stationary and same.stationary
+    a, b = base.generate(40, 3), same.generate(40, 3, run_samples=40)
+    assert np.array_equal(a.response_lens, b.response_lens)
+
+
+@given(seed=st.integers(0, 1000), growth=st.floats(1.2, 3.0))
+def test_length_trajectory_scales_responses_with_training_progress(
+    seed: int, growth: float
+) -> None:
+    kw = {
+        "n": 8,
+        "response_len": LengthDistribution(median=1000, sigma=0.5),
+        "max_response_len": 10**7,
+    }
+    flat = WorkloadModel(**kw).generate(200, seed)
+    grown = WorkloadModel(**kw, length_trajectory=[[0.0, 1.0], [1.0, growth]]).generate(
+        200, seed, run_samples=200
+    )
+    ratio = grown.response_lens.sum(axis=1) / flat.response_lens.sum(axis=1)
+    # prompt i sits at progress i / 199: its lengths are multiplied by 1 + (growth - 1) i / 199
+    expect = 1 + (growth - 1) * np.arange(200) / 199
+    assert np.allclose(ratio, expect, rtol=0.01)
+    # the progress is over the run's consumed samples: prompts beyond it keep the end value
+    longer = WorkloadModel(**kw, length_trajectory=[[0.0, 1.0], [1.0, growth]]).generate(
+        300, seed, run_samples=200
+    )
+    tail = longer.response_lens[200:].sum(axis=1) / WorkloadModel(**kw).generate(
+        300, seed
+    ).response_lens[200:].sum(axis=1)
+    assert np.allclose(tail, growth, rtol=0.01)
+
+
+def test_difficulty_trajectory_widens_the_spread_between_prompts() -> None:
+    wm = WorkloadModel(
+        n=8,
+        response_len=LengthDistribution(median=1000, sigma=0.1),
+        difficulty_trajectory=[[0.0, 0.0], [1.0, 1.0]],
+        max_response_len=10**7,
+    )
+    w = wm.generate(2000, 5)
+    per_prompt = np.log(w.response_lens.mean(axis=1))
+    assert per_prompt[:300].std() < 0.15 < per_prompt[-300:].std()
+
+
+def test_bad_trajectories_are_refused() -> None:
+    with pytest.raises(ValueError, match="strictly increasing"):
+        WorkloadModel(length_trajectory=[[0.5, 1.0], [0.2, 2.0]])
+    with pytest.raises(ValueError, match="must be > 0"):
+        WorkloadModel(length_trajectory=[[0.0, 0.0]])
+    with pytest.raises(ValueError, match=r"\[progress, value\] pairs"):
+        WorkloadModel(length_trajectory=[[0.0]])
 
 
 def test_accountant_mode_priority_and_fractions() -> None:

@@ -57,7 +57,9 @@ def build_cluster(
     """Build the replicas, trainer and accountant of ``conf`` (call inside the loop)."""
     cfg = scenario.schedule_config(conf)
     eng, hw, llm = scenario.engine, scenario.hardware, scenario.model
-    workload = scenario.workload.generate(admissible_prompts(scenario, conf), seed)
+    workload = scenario.workload.generate(
+        admissible_prompts(scenario, conf), seed, run_samples=scenario.steps * cfg.required_samples
+    )
     acct = GroupAccountant(clock, events)
     ledger: dict[str, int] = {}
     g = eng.gpus_per_replica
@@ -77,8 +79,6 @@ def build_cluster(
         )
     hybrid = []
     if conf.hybrid:
-        off = scenario.trainer.offload_s(hw, llm, conf.trainer_gpus)
-        on = scenario.trainer.onload_s(hw, llm, conf.trainer_gpus)
         for i, grp in enumerate(trainer_groups):
             hybrid.append(
                 SimReplica(
@@ -89,8 +89,6 @@ def build_cluster(
                     role="hybrid",
                     group=grp,
                     accountant=acct,
-                    extra_wake_s=off,
-                    extra_sleep_s=on,
                     ledger=ledger,
                 )
             )
@@ -103,6 +101,8 @@ def build_cluster(
         accountant=acct,
         tokens_of=_tokens_of(scenario.workload.n),
         ledger=ledger,
+        hardware=hw,
+        llm=llm,
     )
     return SimCluster(
         scenario, conf, cfg, workload, acct, standalone, hybrid, trainer, trainer_groups
