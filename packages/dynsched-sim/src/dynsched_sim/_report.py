@@ -291,7 +291,7 @@ def format_table(scenario: Scenario, runs: Comparison) -> str:
                 a.configuration,
                 a.policy,
                 _pm(a.wall_clock_s, 3600.0),
-                *[_ratio(a.speedup_vs.get(n)) for n in statics],
+                *[_ratio(a.speedup_vs.get(n)) if n != a.configuration else "-" for n in statics],
                 _pm(a.lower_bound_s, 3600.0),
                 _pm(a.efficiency),
                 f"{p['dynamic_resource/train_resource_utilization']:.2f} / {_cell(t['train'])}",
