@@ -28,22 +28,30 @@ their trainer trains, blocking weight syncs and stragglers. Notation for one con
   conserved) and only after a first wake-up and weight sync of ``h`` seconds.
 
 Writing ``SK(v, x)`` / ``SR(v, x)`` for the sum of the ``x`` smallest ``K`` / ``R`` among the
-first ``A(v)`` prompts, a lower bound ``t_k`` on the start of step ``k``'s training is the
-largest of
+first ``A(v)`` prompts, and ``train(j..k)`` for the least training time of steps ``j..k``
+(``(k - j + 1)(o + swap) + c K / g_T`` with ``K`` the larger of ``SK(v(k), (k - j + 1) q)``
+and ``SK(v(k), k q)`` minus the ``(j - 1) q`` largest ``K`` of the first ``A(v(j - 1))``:
+steps ``1..k`` train ``k q`` of those prompts, steps ``< j`` at most the largest), a lower
+bound ``t_k`` on the start of step ``k``'s training is the largest of
 
-1. *serial trainer*: ``t_j + (k - j)(o + swap) + c SK(v(k-1), (k - j) q) / g_T + y *
-   (syncs in steps j..k-1)`` for every ``j < k``;
+1. *serial trainer*: ``t_j + train(j..k-1) + y * (syncs in steps j..k-1)`` for every
+   ``j < k``;
 2. *tokens*: the ``k q`` samples need ``SR(v(k), k q)`` tokens, and by time ``t`` the
-   replicas produced at most ``P_s (t - y (k-1)//T) + P_h (t - h - train_{<k})``; the same
-   holds from the opening ``O_w`` of every window ``w <= v(k)`` for the samples that must
-   come from prompts admitted at or after it (at least ``k q - A(w - 1)`` of them);
-3. *stragglers*: sample ``i`` is complete no earlier than ``e_i = O_{w(i)} + c_p P_i +
-   L_i / r_1``, so ``t_k`` is at least the ``k q``-th smallest ``e_i`` of the first
-   ``A(v(k))`` prompts;
+   replicas produced at most ``P_s (t - y (k-1)//T) + P_h (t - h - train(1..k-1))``; the
+   same holds from the opening ``O_w`` of every window ``w <= v(k)`` for the samples that
+   must come from prompts admitted at or after it (at least ``k q - A(w - 1)`` of them);
+3. *sample slots*: at most ``C = min(replicas * concurrent_samples_per_replica, M)`` samples
+   are in flight at any time (all replicas, hybrid ones included: the cap drops at a
+   deactivation while the samples admitted under the larger one finish), and sample ``i``
+   holds its slot at least ``s_i = c_p P_i + L_i / r_1``, so ``C t_k`` is at least the sum of
+   the ``k q`` smallest ``s_i`` (again also from every ``O_w``);
+4. *stragglers*: sample ``i`` is complete no earlier than ``e_i = O_{w(i)} + s_i``, so
+   ``t_k`` is at least the ``k q``-th smallest ``e_i`` of the first ``A(v(k))`` prompts;
 
-with ``O_0 = 0`` and ``O_w >= t_{Tw} + o + c (q smallest K) / g_T + y``. The run ends no
-earlier than ``max_j t_j + (S - j + 1)(o + swap) + c SK(v(S), (S - j + 1) q) / g_T + y *
-(syncs in steps j..S)``. Every term drops work or waiting that a real schedule has
+with ``O_0 = 0`` and ``O_w >= t_{Tw} + train(Tw..Tw) + y``. The run ends no earlier than
+``max_j t_j + train(j..S) + y * (syncs in steps j..S)``. On a fully serial run (one sample
+per version) every step is bound exactly and so is the run. Every term drops work or
+waiting that a real schedule has
 (switching costs after the first wake-up, prefill, imbalance, the pipeline start), so
 ``efficiency = bound / achieved <= 1`` for every policy; `tests/test_bound.py` and
 ``benchmarks/sim_bound_validity.py`` check it on every built-in scenario and hundreds of
@@ -72,7 +80,8 @@ class LowerBound:
     Attributes:
         seconds: The lower bound on the run's wall-clock.
         binding: Which constraint set the start of the step the final bound chains from:
-            ``"tokens"``, ``"stragglers"`` or ``"trainer"`` (serial training from step 1).
+            ``"tokens"``, ``"slots"``, ``"stragglers"`` or ``"trainer"`` (serial training
+            from step 1).
         standalone_tokens_per_s: ``P_s``.
         hybrid_tokens_per_s: ``P_h``.
         step_starts_s: Lower bounds on the start of each step's training.

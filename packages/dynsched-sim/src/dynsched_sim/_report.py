@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 LOWER_BOUND = (
     "role- and cap-aware lower bound: serial trainer with blocking weight syncs, in-order "
     "staleness admission, replica throughput saturating at its concurrency cap, hybrid "
-    "replicas idle while their trainer trains, each sample's straggler (dynsched_sim._bound)"
+    "replicas idle while their trainer trains, sample slots, each sample's straggler "
+    "(dynsched_sim._bound)"
 )
 
 WITHIN_SPREAD_SIGMAS = 2.0
