@@ -16,17 +16,25 @@ def _dynsched() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "dynsched_core.cli"]
 
 
-def test_simulate_with_no_arguments_reproduces_the_published_ordering(tmp_path: Path) -> None:
+def test_simulate_with_no_arguments_predicts_the_published_experiment(tmp_path: Path) -> None:
     proc = subprocess.run(
         [*_dynsched(), "simulate"], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "dynsched-out"
     res = json.loads((out / "result.json").read_text())
-    wall = {r["configuration"]: r["wall_clock_s"] for r in res["runs"]}
-    assert wall["dynamic-16-16"] < wall["static-8-24"] < wall["static-16-16"]
-    assert wall["static-16-16"] / wall["dynamic-16-16"] == pytest.approx(1.21, abs=0.03)
-    assert wall["static-8-24"] / wall["dynamic-16-16"] == pytest.approx(1.18, abs=0.03)
+    assert res["seeds"] == [0, 1, 2, 3, 4]  # the seed scenario's default
+    mean = {a["configuration"]: a["wall_clock_s"]["mean"] for a in res["aggregate"]}
+    # the static runs are what the two rates were fitted to; the dynamic run is predicted
+    # (the published ordering is a statement of the document, not a fitted number)
+    assert mean["static-16-16"] == pytest.approx(
+        res["published_wall_clock_s"]["static-16-16"], rel=0.01
+    )
+    assert mean["static-8-24"] == pytest.approx(
+        res["published_wall_clock_s"]["static-8-24"], rel=0.01
+    )
+    assert mean["dynamic-16-16"] < mean["static-8-24"] < mean["static-16-16"]
+    assert "predicted" in proc.stdout and "residual" in proc.stdout
     for r in res["runs"]:
         assert {"configuration", "policy", "wall_clock_s", "lower_bound_s", "efficiency"} <= set(r)
         assert 0 < r["efficiency"] <= 1
@@ -56,7 +64,6 @@ def test_simulate_runs_a_third_party_policy(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((tmp_path / "result.json").read_text())
-    assert [r["policy"] for r in res["runs"] if r["configuration"] == "dynamic-16-16"] == [
-        "default",
-        "example_threshold",
-    ]
+    dynamic = [r["policy"] for r in res["runs"] if r["configuration"] == "dynamic-16-16"]
+    assert list(dict.fromkeys(dynamic)) == ["default", "example_threshold"]
+    assert len(dynamic) == 2 * len(res["seeds"])

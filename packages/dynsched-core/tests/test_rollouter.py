@@ -90,12 +90,89 @@ async def test_staleness_admission_per_version() -> None:
     await queue.get(4)
     await rollouter.reset_staleness(1)
     await settle()
-    # queued samples do not count against the new window (nothing is in flight):
-    # a full budget of 6 more may be admitted; the queue's capacity bounds the rest
-    assert rollouter.stats().admitted == 12
+    # verl's rule: the new window starts with the 2 queued samples: 4 more may be admitted
+    assert rollouter.options.staleness_rule == "in_flight_and_queued"
+    assert rollouter.stats().admitted == 10
     assert rollouter.stats().window_admitted == 6
     await rollouter.stop()
     await task
+
+
+async def test_in_flight_staleness_rule_ignores_queued_samples() -> None:
+    # same sequence as above, with the explicit "in_flight" rule
+    rollouter, client, _, queue = await make(
+        prompts=range(100),
+        staleness_threshold=0.5,
+        trigger_parameter_sync_step=2,
+        concurrent_samples_per_replica=100,
+        staleness_rule="in_flight",
+    )
+    task = rollouter.start()
+    await settle()
+    client.release_all()
+    await settle()
+    await queue.get(4)
+    await rollouter.reset_staleness(1)
+    await settle()
+    # nothing in flight, 2 queued: they do not count, a full budget of 6 is admitted
+    assert rollouter.stats().admitted == 12
+    assert rollouter.stats().window_admitted == 6
+    # so in flight + queued exceeds the budget verl's rule would keep
+    assert rollouter.active + await queue.size() == 8 > rollouter.max_required_samples
+    # in flight samples do count: 6 in flight now, the next window starts full
+    await rollouter.reset_staleness(2)
+    await settle()
+    assert rollouter.stats().admitted == 12 and rollouter.stats().window_admitted == 6
+    await rollouter.stop()
+    await task
+
+
+def test_staleness_rule_is_validated_and_read_from_the_config() -> None:
+    from dynsched_core import DynamicScheduleConfig
+    from dynsched_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="staleness_rule"):
+        RollouterOptions(required_samples=2, staleness_rule="queued_only")  # type: ignore[arg-type]
+    cfg = DynamicScheduleConfig.from_dict({"async_training": {"staleness_rule": "in_flight"}})
+    assert RollouterOptions.from_config(cfg).staleness_rule == "in_flight"
+    default = RollouterOptions.from_config(DynamicScheduleConfig())
+    assert default.staleness_rule == "in_flight_and_queued"
+
+
+@given(
+    rule=st.sampled_from(["in_flight_and_queued", "in_flight"]),
+    ops=st.lists(st.sampled_from(["release", "consume", "reset", "tick"]), max_size=30),
+)
+async def test_verl_rule_bounds_in_flight_plus_queued(rule: str, ops: list[str]) -> None:
+    """Under verl's rule in flight + queued never exceeds max_required_samples; under the
+    in-flight rule the queue may hold more (bounded only by its capacity)."""
+    rollouter, client, _, queue = await make(
+        prompts=range(1000),
+        staleness_threshold=0.5,
+        trigger_parameter_sync_step=2,
+        concurrent_samples_per_replica=100,
+        staleness_rule=rule,
+    )
+    task = rollouter.start()
+    await settle()
+    version = 0
+    peak = rollouter.active + await queue.size()
+    for op in ops:
+        if op == "release":
+            client.release_all()
+        elif op == "consume" and await queue.size() >= 2:
+            await queue.get(2)
+        elif op == "reset":
+            version += 1
+            await rollouter.reset_staleness(version)
+        await settle()
+        total = rollouter.active + await queue.size()
+        peak = max(peak, total)
+        if rule == "in_flight_and_queued":
+            assert total <= rollouter.max_required_samples
+    await rollouter.stop()
+    await task
+    assert peak >= rollouter.max_required_samples  # the first window is admitted at once
 
 
 async def test_concurrency_cap_follows_routable_set_immediately() -> None:

@@ -16,6 +16,7 @@ from dynsched_sim.cli import main
 @pytest.fixture()
 def short_scenario(tmp_path: Path) -> Path:
     d = scenario_to_dict(load_scenario("seed-qwen35").with_steps(8))
+    d["seeds"] = 1
     p = tmp_path / "short.yaml"
     p.write_text(yaml.safe_dump(d))
     return p
@@ -107,3 +108,41 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--list"]) == 0
     out = capsys.readouterr().out
     assert "seed-qwen35" in out and "fixed_ratio" in out
+
+
+def test_seeds_report_mean_and_spread(
+    short_scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--scenario", str(short_scenario), "--no-plots", "--quiet", "--out", str(tmp_path)]
+    assert main([*args, "--seeds", "3", "--seed", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "over 3 workload seeds (4..6)" in text and "±" in text
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["seeds"] == [4, 5, 6]
+    assert len(res["runs"]) == 9 and {r["seed"] for r in res["runs"]} == {4, 5, 6}
+    agg = {a["configuration"]: a for a in res["aggregate"]}
+    dyn = agg["dynamic-16-16"]
+    assert dyn["seeds"] == [4, 5, 6] and dyn["wall_clock_s"]["n"] == 3
+    walls = [r["wall_clock_s"] for r in res["runs"] if r["configuration"] == "dynamic-16-16"]
+    assert dyn["wall_clock_s"]["mean"] == pytest.approx(sum(walls) / 3)
+    # paired speed-ups: per seed, static over dynamic on the same workload
+    static = {
+        r["seed"]: r["wall_clock_s"] for r in res["runs"] if r["configuration"] == "static-16-16"
+    }
+    dyn_runs = [r for r in res["runs"] if r["configuration"] == "dynamic-16-16"]
+    ratios = [static[r["seed"]] / r["wall_clock_s"] for r in dyn_runs]
+    assert dyn["speedup_vs"]["static-16-16"]["mean"] == pytest.approx(sum(ratios) / 3)
+    # a configuration compared with itself: ratio 1 on every seed, no difference
+    assert agg["static-16-16"]["speedup_within_spread"]["static-16-16"] is True
+    assert main([*args, "--seeds", "0"]) == 2
+
+
+def test_within_spread_marker() -> None:
+    from dynsched_sim import Spread
+    from dynsched_sim._report import _ratio
+
+    noisy = Spread.of([0.99, 1.03, 1.01])
+    clear = Spread.of([1.20, 1.21, 1.19])
+    assert noisy.within_spread_of_one() and not clear.within_spread_of_one()
+    assert _ratio(noisy).startswith("~") and not _ratio(clear).startswith("~")
+    assert not Spread.of([1.0]).within_spread_of_one()  # one seed: no spread to judge by

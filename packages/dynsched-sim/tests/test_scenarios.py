@@ -38,6 +38,53 @@ def test_seed_qwen35_has_the_published_settings() -> None:
     assert dyn.use_dynamic_resource_scheduling and dyn.rollout_tensor_parallel_size == 8
     assert sc.workload.max_response_len == 64000
     assert all(c.total_gpus == 32 for c in sc.configurations)
+    # public configuration of the published deployment (see the scenario's provenance)
+    assert dyn.staleness_rule == "in_flight_and_queued"
+    assert dyn.concurrent_samples_per_replica == 16 and sc.engine.max_num_seqs == 128
+    assert sc.engine.standalone_memory_fraction == 0.7
+    assert sc.engine.hybrid_memory_fraction == 0.45
+    assert sc.trainer.offload_state
+    assert sc.workload.length_trajectory  # responses grow over training
+
+
+def test_every_parameter_is_labelled_with_its_source() -> None:
+    from dynsched_sim import PROVENANCE_LABELS
+
+    for name in builtin_scenarios():
+        sc = load_scenario(name)
+        assert sc.unlabelled() == [], name
+        for path in sc.parameter_paths():
+            label = sc.label_of(path)
+            assert label is not None and label[0] in PROVENANCE_LABELS and label[1], (name, path)
+    seed = load_scenario("seed-qwen35")
+    labels = {seed.label_of(p)[0] for p in seed.parameter_paths()}  # type: ignore[index]
+    assert labels == {"published", "public config", "judgement", "fitted"}
+    # only the two rates the static runs identify are fitted
+    assert set(seed.fitted()) == {
+        "engine.decode_base_s",
+        "engine.decode_per_seq_s",
+        "trainer.gpu_s_per_token",
+    }
+    for path in ("engine.hybrid_memory_fraction", "workload.n", "schedule.staleness_rule"):
+        assert seed.label_of(path)[0] == "public config"  # type: ignore[index]
+
+
+def test_bad_provenance_is_refused_with_the_key() -> None:
+    d = _minimal()
+    d["provenance"] = {"engine.max_num_seqs": "guess: I think so"}
+    with pytest.raises(ScenarioError, match=r"provenance.engine.max_num_seqs: label 'guess'"):
+        scenario_from_dict(d)
+    d["provenance"] = {"engine.speed": "judgement: fast"}
+    with pytest.raises(ScenarioError, match="provenance.engine.speed: not a parameter"):
+        scenario_from_dict(d)
+    d["provenance"] = {"engine.max_num_seqs": "judgement:"}
+    with pytest.raises(ScenarioError, match="the source is empty"):
+        scenario_from_dict(d)
+    d["provenance"] = {"engine": "judgement: all of it", "workload.response_len": "fitted: x"}
+    sc = scenario_from_dict(d)
+    assert sc.label_of("engine.max_num_seqs") == ("judgement", "all of it")
+    assert sc.label_of("workload.response_len.median") == ("fitted", "x")
+    assert "steps" in sc.unlabelled()
 
 
 def test_family_shapes() -> None:

@@ -40,6 +40,7 @@ from dynsched_core import validators as v
 from dynsched_core._errors import ConfigError, ConfigTypeError
 from dynsched_core._guards import is_colocated
 from dynsched_core._policy import DynamicSchedulePolicyBase
+from dynsched_core._rollouter import STALENESS_RULES
 
 __all__ = ["ConfigTypeError", "ConfigWarning", "DynamicScheduleConfig"]
 
@@ -68,6 +69,8 @@ _VERL_PATHS: dict[str, tuple[str, ...]] = {
         "rollout.max_concurrent_samples_per_replica",
     ),
     "staleness_threshold": ("async_training.staleness_threshold",),
+    # dynsched extension (verl has only the default rule)
+    "staleness_rule": ("async_training.staleness_rule",),
     "trigger_parameter_sync_step": ("async_training.trigger_parameter_sync_step",),
     "require_batches": ("async_training.require_batches",),
     "partial_rollout": ("async_training.partial_rollout",),
@@ -145,6 +148,11 @@ class DynamicScheduleConfig:
         concurrent_samples_per_replica: Samples in flight per routable replica (>= 1).
         staleness_threshold: Extra samples the rollouter may produce ahead of demand, as a
             fraction of a cycle's demand (>= 0).
+        staleness_rule: What a new staleness window starts with (dynsched extension,
+            ``async_training.staleness_rule``): ``"in_flight_and_queued"`` (default,
+            verl's rule: samples in flight and samples waiting in the queue count against
+            the new version's budget) or ``"in_flight"`` (queued samples do not count;
+            the queue's capacity alone bounds them). See `Rollouter`.
         trigger_parameter_sync_step: Micro-steps per weight sync, ``T`` (>= 1).
         require_batches: PPO mini-batches the trainer consumes per micro-step (> 0).
         partial_rollout: Resume aborted requests keeping their tokens. Required by dynamic
@@ -188,6 +196,9 @@ class DynamicScheduleConfig:
     )
     concurrent_samples_per_replica: int = attrs.field(default=16, validator=v.int_ge(1))
     staleness_threshold: float = attrs.field(default=0.1, validator=v.float_in(0.0))
+    staleness_rule: str = attrs.field(
+        default="in_flight_and_queued", validator=v.one_of(STALENESS_RULES)
+    )
     trigger_parameter_sync_step: int = attrs.field(default=4, validator=v.int_ge(1))
     require_batches: float = attrs.field(default=1, validator=v.float_in(0.0, lo_open=True))
     partial_rollout: bool = attrs.field(default=True, validator=v.bool_())

@@ -6,10 +6,18 @@ queue. Two limits gate the admission of a new prompt:
 
 - *staleness*: at most ``max_required_samples = (1 + staleness_threshold) *
   required_samples * T`` samples are admitted per parameter version. The window opened
-  by `Rollouter.reset_staleness` starts with the samples still in flight (admitted under
-  an older version, they count against the new version's budget); finished samples
-  waiting in the queue do not count: they are bounded by the queue's capacity, whose
-  backpressure pauses the rollouter;
+  by `Rollouter.reset_staleness` starts with the samples that still count against the
+  new version's budget, chosen by ``staleness_rule``:
+
+  - ``"in_flight_and_queued"`` (default, verl's rule: its ``reset_staleness`` sets
+    ``staleness_samples = len(active_tasks) + queue size``): samples in flight *and*
+    samples finished but still waiting in the queue count, so ``in flight + queued <=
+    max_required_samples`` at all times and at most ``max_required_samples`` samples
+    generated under older weights ever wait for the trainer;
+  - ``"in_flight"``: only samples still in flight count; finished samples in the queue
+    are bounded by the queue's capacity alone (its backpressure pauses the rollouter),
+    so a rollout-rich configuration keeps the queue full. Admits more samples per
+    version than verl does, hence staler ones; an explicit option, never the default;
 - *concurrency*: at most ``min(routable * concurrent_samples_per_replica,
   max_required_samples)`` samples in flight. The routable count comes from the
   `ReplicaSet` (the rollouter subscribes to it), so added capacity is used the moment a
@@ -25,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import attrs
 
@@ -38,15 +46,23 @@ from dynsched_core._protocols import GenerateRequest, SampleQueue
 from dynsched_core._replicas import MembershipEvent, ReplicaSet
 
 __all__ = [
+    "STALENESS_RULES",
     "GenerateClient",
     "Prompt",
     "RolloutSample",
     "Rollouter",
     "RollouterOptions",
     "RollouterStats",
+    "StalenessRule",
 ]
 
 logger = logging.getLogger(__name__)
+
+StalenessRule = Literal["in_flight_and_queued", "in_flight"]
+"""What a new staleness window starts with (see the module docstring)."""
+
+STALENESS_RULES: tuple[str, ...] = get_args(StalenessRule)
+"""The allowed values of ``staleness_rule``, the default (verl's rule) first."""
 
 
 class GenerateClient(Protocol):
@@ -150,6 +166,9 @@ class RollouterOptions:
         trigger_parameter_sync_step: Micro-steps per weight sync, ``T`` (>= 1).
         staleness_threshold: Extra admission per version, as a fraction (>= 0).
         concurrent_samples_per_replica: In-flight samples per routable replica (>= 1).
+        staleness_rule: What a new staleness window starts with:
+            ``"in_flight_and_queued"`` (default, verl's rule) or ``"in_flight"`` (queued
+            samples do not count; see the module docstring).
         max_tokens: Response budget for raw payloads (>= 0; a `Prompt` carries its own).
         put_timeout_s: Bound of one wait for room in the queue (> 0); the wait is retried
             (with a log line) until the queue has room or the rollouter stops.
@@ -160,6 +179,9 @@ class RollouterOptions:
     trigger_parameter_sync_step: int = attrs.field(default=1, validator=v.int_ge(1))
     staleness_threshold: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
     concurrent_samples_per_replica: int = attrs.field(default=16, validator=v.int_ge(1))
+    staleness_rule: StalenessRule = attrs.field(
+        default="in_flight_and_queued", validator=v.one_of(STALENESS_RULES)
+    )
     max_tokens: int = attrs.field(default=256, validator=v.int_ge(0))
     put_timeout_s: float = attrs.field(default=60.0, validator=v.float_gt(0.0))
 
@@ -185,6 +207,7 @@ class RollouterOptions:
             "trigger_parameter_sync_step": config.trigger_parameter_sync_step,
             "staleness_threshold": config.staleness_threshold,
             "concurrent_samples_per_replica": config.concurrent_samples_per_replica,
+            "staleness_rule": config.staleness_rule,
         }
         values.update(overrides)
         return cls(**values)
@@ -411,18 +434,20 @@ class Rollouter:
     async def reset_staleness(self, version: int) -> StalenessResetEvent:
         """Open the admission window of ``version`` (call at each weight sync).
 
-        The new window starts with the samples still in flight (admitted under an older
-        version, still counted against the budget, as verl's buffer-resident count);
-        samples already in the queue do not count, so a rollout-rich configuration fills
-        the queue up to its capacity, where `put` applies backpressure. Emits a ``reset``
-        `RolloutEvent` (closing the window) and a `StalenessResetEvent` carrying the
-        samples generated during the closed window.
+        The new window starts with the samples still in flight plus, under the default
+        ``staleness_rule="in_flight_and_queued"`` (verl's rule), the samples waiting in
+        the queue: they were admitted under older weights and count against the new
+        version's budget. Under ``"in_flight"`` queued samples do not count. Emits a
+        ``reset`` `RolloutEvent` (closing the window) and a `StalenessResetEvent` carrying
+        the samples generated during the closed window.
         """
+        rule = self.options.staleness_rule
+        queued = await self._queue.size() if rule == "in_flight_and_queued" else 0
         event = StalenessResetEvent(self._clock.now(), version, self._step_generated)
         self._emit("reset")
         self._param_version = version
         self._step_generated = 0
-        self._window_admitted = self.active
+        self._window_admitted = self.active + queued
         if self._events is not None:
             self._events.emit(event)
         logger.debug(

@@ -9,11 +9,21 @@ trainer. See the package README.
 from __future__ import annotations
 
 from dynsched_sim._accounting import MODES, GroupAccountant, GroupUsage
-from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound
+from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound, pool_throughput
 from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerModel
+from dynsched_sim._random import random_scenario
 from dynsched_sim._replica import ReplicaNotServingError, SimReplica
-from dynsched_sim._report import compare, format_table, write_outputs
+from dynsched_sim._report import (
+    Aggregate,
+    Spread,
+    aggregate,
+    compare,
+    format_table,
+    seeds_of,
+    write_outputs,
+)
 from dynsched_sim._scenario import (
+    PROVENANCE_LABELS,
     Configuration,
     Scenario,
     ScenarioError,
@@ -22,7 +32,7 @@ from dynsched_sim._scenario import (
     scenario_from_dict,
 )
 from dynsched_sim._sim import RunResult, run_configuration
-from dynsched_sim._trainer import SimTrainer
+from dynsched_sim._trainer import MemoryConservationError, SimTrainer
 from dynsched_sim._vloop import SimulationDeadlockError, VirtualTimeEventLoop, run_virtual
 from dynsched_sim._workload import LengthDistribution, PromptGroup, Workload, WorkloadModel
 
@@ -30,6 +40,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MODES",
+    "PROVENANCE_LABELS",
+    "Aggregate",
     "Configuration",
     "EngineModel",
     "GroupAccountant",
@@ -38,6 +50,7 @@ __all__ = [
     "LLMModel",
     "LengthDistribution",
     "LowerBound",
+    "MemoryConservationError",
     "PromptGroup",
     "ReplicaNotServingError",
     "RunResult",
@@ -46,18 +59,23 @@ __all__ = [
     "SimReplica",
     "SimTrainer",
     "SimulationDeadlockError",
+    "Spread",
     "TrainerModel",
     "VirtualTimeEventLoop",
     "Workload",
     "WorkloadModel",
     "admissible_prompts",
+    "aggregate",
     "builtin_scenarios",
     "compare",
     "format_table",
     "load_scenario",
     "lower_bound",
+    "pool_throughput",
+    "random_scenario",
     "run_configuration",
     "run_virtual",
     "scenario_from_dict",
+    "seeds_of",
     "write_outputs",
 ]

@@ -1,67 +1,194 @@
-"""Lower bound on the wall-clock of a configuration: free, instantaneous switching and
-perfect load balance.
+"""A lower bound on the wall-clock of a configuration that any policy must respect.
 
-Notation (one configuration of a scenario):
+The bound relaxes a run to what no schedule can avoid and keeps the structure that makes
+fully-async training slow: a serial trainer, in-order staleness admission, replicas whose
+throughput saturates at their concurrency cap, hybrid replicas that cannot generate while
+their trainer trains, blocking weight syncs and stragglers. Notation for one configuration:
 
-* ``G`` GPUs in total, ``g_T`` trainer GPUs; ``steps`` micro-steps of ``q =
-  required_samples`` samples each, so ``S = steps * q`` samples are consumed;
-* the rollouter admits at most ``max_required_samples`` prompts per weight version, so
-  the consumed samples are among the first ``A = (steps / T + 1) * max_required_samples``
-  prompts of the workload;
-* for prompt group ``i``: ``R_i`` response tokens, ``K_i`` training tokens
-  (``n * prompt_len + R_i``);
-* ``p``: the best decode throughput per GPU any replica of the configuration reaches
-  (`EngineModel.peak_throughput` / GPUs per replica; standalone replicas have the most
-  memory, hence the highest ``p``; hybrid-only configurations use the hybrid value);
-* trainer: a micro-step over ``K`` tokens takes ``o + c * K / g_T`` (`TrainerModel`).
+* ``S`` micro-steps of ``q = required_samples`` samples; ``T`` micro-steps per weight sync;
+  step ``k`` (1-based) lies in staleness window ``v(k) = (k - 1) // T``;
+* admission is in prompt order and, by the staleness rule, the prompts admitted up to the
+  end of window ``v`` are the first ``A(v)``: ``A(v) = T q v + M`` under verl's rule
+  (``in flight + queued <= M = max_required_samples``), ``(v + 1) M`` under the in-flight
+  rule; so the samples trained by step ``k`` are ``k q`` distinct prompts among the first
+  ``A(v(k))``, and prompt ``i`` cannot start before window ``w(i)`` (the first ``w`` with
+  ``i < A(w)``) opens;
+* prompt group ``i``: ``R_i`` response tokens, ``L_i`` its longest response, ``K_i``
+  training tokens, ``P_i`` prompt tokens;
+* replicas: the throughput of a replica running ``x`` sequences is ``f(x) = x r(x)``
+  (`EngineModel`), increasing and concave; at most ``n M`` sequences are ever in flight and a
+  replica runs at most ``max_running`` of them, so the standalone pool produces at most
+  ``P_s = max sum f(x_j)`` tokens/s (water-filling over its replicas) and the hybrid replicas
+  add at most ``P_h`` (the same over all replicas, minus ``P_s``); ``r_1 = r(1)`` is the
+  fastest a single sequence ever decodes;
+* trainer: a step over samples with ``K`` tokens takes at least ``o + c K / g_T`` (plus the
+  state swap when the trainer offloads, `TrainerModel.step_s`); every ``T``-th step ends
+  with a blocking broadcast of ``y`` seconds during which standalone replicas do not
+  decode; hybrid replicas decode only while their trainer is not training (memory is
+  conserved) and only after a first wake-up and weight sync of ``h`` seconds.
 
-Every consumed group needs ``R_i / p`` GPU-seconds of decoding and ``c * K_i``
-GPU-seconds of training, each micro-step another ``o * g_T``; no GPU does two things at
-once, so ``G * wall >= sum`` of these over the consumed groups. Training is sequential
-on ``g_T`` GPUs, so ``wall >= steps * o + c * sum K_i / g_T``. The consumed set is not
-known in advance, so both sums take the cheapest ``S`` groups among the first ``A``:
+Writing ``SK(v, x)`` / ``SR(v, x)`` for the sum of the ``x`` smallest ``K`` / ``R`` among the
+first ``A(v)`` prompts, and ``train(j..k)`` for the least training time of steps ``j..k``
+(``(k - j + 1)(o + swap) + c K / g_T`` with ``K`` the larger of ``SK(v(k), (k - j + 1) q)``
+and ``SK(v(k), k q)`` minus the ``(j - 1) q`` largest ``K`` of the first ``A(v(j - 1))``:
+steps ``1..k`` train ``k q`` of those prompts, steps ``< j`` at most the largest), a lower
+bound ``t_k`` on the start of step ``k``'s training is the largest of
 
-    LB = max( (steps * o * g_T + min_S sum_i (R_i / p + c * K_i)) / G,
-              steps * o + c * min_S sum_i K_i / g_T )
+1. *serial trainer*: ``t_j + train(j..k-1) + y * (syncs in steps j..k-1)`` for every
+   ``j < k``;
+2. *tokens*: the ``k q`` samples need ``SR(v(k), k q)`` tokens, and by time ``t`` the
+   replicas produced at most ``P_s (t - y (k-1)//T) + P_h (t - h - train(1..k-1))``; the
+   same holds from the opening ``O_w`` of every window ``w <= v(k)`` for the samples that
+   must come from prompts admitted at or after it (at least ``k q - A(w - 1)`` of them);
+3. *sample slots*: at most ``C = min(replicas * concurrent_samples_per_replica, M)`` samples
+   are in flight at any time (all replicas, hybrid ones included: the cap drops at a
+   deactivation while the samples admitted under the larger one finish), and sample ``i``
+   holds its slot at least ``s_i = c_p P_i + L_i / r_1``, so ``C t_k`` is at least the sum of
+   the ``k q`` smallest ``s_i`` (again also from every ``O_w``);
+4. *stragglers*: sample ``i`` is complete no earlier than ``e_i = O_{w(i)} + s_i``, so
+   ``t_k`` is at least the ``k q``-th smallest ``e_i`` of the first ``A(v(k))`` prompts;
 
-Weight syncs, prefill, switching, the pipeline start-up and the tail are all ignored,
-so the bound is valid for any policy; ``efficiency = LB / achieved <= 1``.
+with ``O_0 = 0`` and ``O_w >= t_{Tw} + train(Tw..Tw) + y``. The run ends no earlier than
+``max_j t_j + train(j..S) + y * (syncs in steps j..S)``. On a fully serial run (one sample
+per version) every step is bound exactly and so is the run. Every term drops work or
+waiting that a real schedule has
+(switching costs after the first wake-up, prefill, imbalance, the pipeline start), so
+``efficiency = bound / achieved <= 1`` for every policy; `tests/test_bound.py` and
+``benchmarks/sim_bound_validity.py`` check it on every built-in scenario and hundreds of
+random ones.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
 from dynsched_core import DynamicScheduleConfig
 
+from dynsched_sim._models import EngineModel
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._workload import Workload
 
-__all__ = ["LowerBound", "admissible_prompts", "lower_bound"]
+__all__ = ["LowerBound", "admissible_prompts", "lower_bound", "pool_throughput"]
 
 
 @attrs.frozen
 class LowerBound:
-    """The bound and its two terms (seconds)."""
+    """The bound and what set it.
+
+    Attributes:
+        seconds: The lower bound on the run's wall-clock.
+        binding: Which constraint set the start of the step the final bound chains from:
+            ``"tokens"``, ``"slots"``, ``"stragglers"`` or ``"trainer"`` (serial training
+            from step 1).
+        standalone_tokens_per_s: ``P_s``.
+        hybrid_tokens_per_s: ``P_h``.
+        step_starts_s: Lower bounds on the start of each step's training.
+    """
 
     seconds: float
-    work_term_s: float
-    train_term_s: float
-    peak_tokens_per_gpu_s: float
+    binding: str
+    standalone_tokens_per_s: float
+    hybrid_tokens_per_s: float
+    step_starts_s: tuple[float, ...] = attrs.field(repr=False, eq=False)
+
+
+def _admitted(v: int, rule: str, t: int, q: int, m: int) -> int:
+    """``A(v)``: prompts admissible up to the end of staleness window ``v``."""
+    if rule == "in_flight":
+        return (v + 1) * m
+    return t * q * v + m
 
 
 def admissible_prompts(
     scenario: Scenario, conf: Configuration, config: DynamicScheduleConfig | None = None
 ) -> int:
-    """``A``: prompts the rollouter can ever admit in ``scenario.steps`` micro-steps.
+    """Prompts the rollouter can ever admit in ``scenario.steps`` micro-steps (including the
+    window the last weight sync opens).
 
     ``config``: the run's schedule config, when already built (default: built here).
     """
     cfg = config if config is not None else scenario.schedule_config(conf)
     versions = math.ceil(scenario.steps / cfg.trigger_parameter_sync_step)
-    return (versions + 1) * cfg.max_required_samples
+    return _admitted(
+        versions,
+        cfg.staleness_rule,
+        cfg.trigger_parameter_sync_step,
+        cfg.required_samples,
+        cfg.max_required_samples,
+    )
+
+
+def pool_throughput(engine: EngineModel, caps: Sequence[int], sequences: int) -> float:
+    """``max sum_j f(x_j)`` over integers ``0 <= x_j <= caps[j]``, ``sum x_j <= sequences``
+    (tokens/s).
+
+    ``f(x) = x / (base + per_seq x)`` is concave and the same for every replica, so the
+    optimum keeps the running counts as equal as the caps allow: replicas whose cap is below
+    the common level run full, the others run ``floor`` or ``floor + 1`` sequences.
+    """
+
+    def f(x: int) -> float:
+        return x * engine.per_seq_rate(x) if x > 0 else 0.0
+
+    left, total = max(0, int(sequences)), 0.0
+    ordered = sorted(int(c) for c in caps if c > 0)
+    for i, cap in enumerate(ordered):
+        k = len(ordered) - i
+        level = left // k
+        if cap <= level:
+            total += f(cap)
+            left -= cap
+            continue
+        extra = left - level * k  # these replicas take one more (their caps allow it)
+        return total + extra * f(level + 1) + (k - extra) * f(level)
+    return total
+
+
+class _Sorted:
+    """Prefix sums of the sorted values of ``x`` over index ranges ``[lo, hi)`` (cached)."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self._x = x
+        self._cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def largest(self, lo: int, hi: int, count: int) -> float:
+        """Sum of the ``count`` largest values in ``x[lo:hi]``."""
+        count = min(count, hi - lo)
+        return self.smallest(lo, hi, hi - lo) - self.smallest(lo, hi, hi - lo - count)
+
+    def smallest(self, lo: int, hi: int, count: int) -> float:
+        """Sum of the ``count`` smallest values in ``x[lo:hi]`` (inf if too few)."""
+        if count <= 0:
+            return 0.0
+        if hi - lo < count:
+            return math.inf
+        key = (lo, hi)
+        prefix = self._cache.get(key)
+        if prefix is None:
+            prefix = np.concatenate(([0.0], np.cumsum(np.sort(self._x[lo:hi]))))
+            self._cache[key] = prefix
+        return float(prefix[count])
+
+
+def _earliest(need: float, terms: Sequence[tuple[float, float]]) -> float:
+    """Smallest ``t`` with ``sum rate * max(0, t - start) >= need`` (``terms``: rate, start)."""
+    if need <= 0:
+        return 0.0
+    live = sorted((s, r) for r, s in terms if r > 0)
+    if not live:
+        return math.inf
+    rate, made, t = 0.0, 0.0, live[0][0]
+    for i, (start, r) in enumerate(live):
+        made += rate * (start - t)
+        t = start
+        rate += r
+        end = live[i + 1][0] if i + 1 < len(live) else math.inf
+        if made + rate * (end - t) >= need:
+            return t + (need - made) / rate
+    return math.inf  # pragma: no cover - the last segment is unbounded
 
 
 def lower_bound(
@@ -72,22 +199,112 @@ def lower_bound(
 ) -> LowerBound:
     """The lower bound of the module docstring for ``conf`` on ``workload``.
 
-    ``config``: the run's schedule config, when already built (default: built here).
+    Raises:
+        ValueError: the workload has fewer admissible prompts than the run consumes.
     """
     cfg = config if config is not None else scenario.schedule_config(conf)
     eng, hw, llm, tr = scenario.engine, scenario.hardware, scenario.model, scenario.trainer
-    roles = (["standalone"] if conf.rollout_gpus else []) + (["hybrid"] if conf.hybrid else [])
-    p = max(eng.peak_throughput(r, hw, llm) for r in roles) / eng.gpus_per_replica
-    s = scenario.steps * cfg.required_samples
-    a = min(admissible_prompts(scenario, conf, cfg), len(workload))
-    if s > a:
-        raise ValueError(f"workload has {a} admissible prompts, fewer than the {s} consumed")
-    resp = workload.response_lens[:a].sum(axis=1).astype(np.float64)
-    ktok = workload.group_tokens()[:a].astype(np.float64)
-    cost = resp / p + tr.gpu_s_per_token * ktok
-    cheapest_cost = float(np.sort(cost)[:s].sum())
-    cheapest_k = float(np.sort(ktok)[:s].sum())
-    g, gt = conf.total_gpus, conf.trainer_gpus
-    work = (scenario.steps * tr.step_overhead_s * gt + cheapest_cost) / g
-    train = scenario.steps * tr.step_overhead_s + tr.gpu_s_per_token * cheapest_k / gt
-    return LowerBound(max(work, train), work, train, p)
+    steps, q, t_sync = scenario.steps, cfg.required_samples, cfg.trigger_parameter_sync_step
+    m_req, rule, n = cfg.max_required_samples, cfg.staleness_rule, scenario.workload.n
+    g = eng.gpus_per_replica
+    n_s = conf.rollout_gpus // g
+    n_h = conf.trainer_gpus // g if conf.hybrid else 0
+    seqs = n * m_req
+    caps_s = [eng.max_running("standalone", hw, llm)] * n_s
+    caps_h = [eng.max_running("hybrid", hw, llm)] * n_h
+    p_s = pool_throughput(eng, caps_s, seqs)
+    p_h = pool_throughput(eng, caps_s + caps_h, seqs) - p_s
+    y = eng.broadcast_sync_s(hw, llm) if n_s else 0.0
+    wake = eng.wake_s(hw, llm) + eng.local_sync_s(hw, llm)
+    per_step = tr.step_overhead_s + tr.state_swap_s(hw, llm, conf.trainer_gpus)
+    c_g = tr.gpu_s_per_token / conf.trainer_gpus
+    r1 = eng.per_seq_rate(1)
+
+    last_v = (steps - 1) // t_sync
+    a = [min(_admitted(v, rule, t_sync, q, m_req), len(workload)) for v in range(last_v + 1)]
+    if steps * q > a[last_v]:
+        raise ValueError(
+            f"workload has {a[last_v]} admissible prompts, fewer than the {steps * q} consumed"
+        )
+    top = a[last_v]
+    resp = workload.response_lens[:top].astype(np.float64)
+    r_tok = resp.sum(axis=1)
+    l_max = resp.max(axis=1)
+    k_tok = workload.group_tokens()[:top].astype(np.float64)
+    p_len = workload.prompt_lens[:top].astype(np.float64)
+    solo = p_len * eng.prefill_s_per_token + l_max / r1  # straggler time after admission
+    sr, sk, ss = _Sorted(r_tok), _Sorted(k_tok), _Sorted(solo)
+    # samples in flight: at most `slots` at any time (the cap never drops in a static
+    # split; with hybrid replicas it drops at each deactivation while the samples admitted
+    # under the larger cap finish, so only the largest cap is safe)
+    slots = min((n_s + n_h) * cfg.concurrent_samples_per_replica, m_req)
+
+    def train_lb(j: int, k: int) -> float:
+        """Training time of steps ``j..k`` (inclusive): they train ``(k - j + 1) q``
+        distinct samples of the first ``A(v(k))``, and all of steps ``1..k`` train ``k q``
+        of them while steps ``1..j-1`` train at most the ``(j - 1) q`` largest of the first
+        ``A(v(j - 1))``."""
+        if k < j:
+            return 0.0
+        vk = (k - 1) // t_sync
+        tokens = sk.smallest(0, a[vk], (k - j + 1) * q)
+        if j > 1:
+            rest = sk.largest(0, a[(j - 2) // t_sync], (j - 1) * q)
+            tokens = max(tokens, sk.smallest(0, a[vk], k * q) - rest)
+        return (k - j + 1) * per_step + c_g * tokens
+
+    def syncs(j: int, k: int) -> int:
+        """Sync steps among ``j..k`` (inclusive)."""
+        return 0 if k < j else k // t_sync - (j - 1) // t_sync
+
+    starts: list[float] = []
+    why: list[str] = []
+    opens = [0.0]  # O_w
+    done_e = np.full(top, math.inf)
+    done_e[: a[0]] = solo[: a[0]]
+    for k in range(1, steps + 1):
+        v = (k - 1) // t_sync
+        while len(opens) <= v:  # window w opens after step T*w trains and syncs
+            w = len(opens)
+            o_w = starts[t_sync * w - 1] + train_lb(t_sync * w, t_sync * w) + y
+            opens.append(o_w)
+            lo = a[w - 1]
+            done_e[lo : a[w]] = o_w + solo[lo : a[w]]
+        cands = {"trainer": 0.0, "tokens": 0.0, "slots": 0.0, "stragglers": 0.0}
+        for j in range(1, k):
+            cands["trainer"] = max(
+                cands["trainer"], starts[j - 1] + train_lb(j, k - 1) + y * syncs(j, k - 1)
+            )
+        trained_before = train_lb(1, k - 1)
+        need = sr.smallest(0, a[v], k * q)
+        t_tok = _earliest(need, [(p_s, y * ((k - 1) // t_sync)), (p_h, wake + trained_before)])
+        for w in range(1, v + 1):  # samples that must come from windows >= w
+            late = k * q - a[w - 1]
+            if late <= 0:
+                continue
+            need_w = sr.smallest(a[w - 1], a[v], late)
+            train_in = train_lb(t_sync * w + 1, k - 1)  # steps trained inside [O_w, t_k)
+            t_w = _earliest(
+                need_w,
+                [(p_s, opens[w] + y * (v - w)), (p_h, opens[w] + train_in)],
+            )
+            t_tok = max(t_tok, t_w)
+        cands["tokens"] = t_tok
+        t_slot = ss.smallest(0, a[v], k * q) / slots
+        for w in range(1, v + 1):
+            late = k * q - a[w - 1]
+            if late > 0:
+                t_slot = max(t_slot, opens[w] + ss.smallest(a[w - 1], a[v], late) / slots)
+        cands["slots"] = t_slot
+        cands["stragglers"] = float(np.partition(done_e[: a[v]], k * q - 1)[k * q - 1])
+        best = max(cands, key=lambda x: cands[x])
+        if not math.isfinite(cands[best]):
+            raise ValueError(f"step {k} can never start: no replica can produce its samples")
+        starts.append(cands[best])
+        why.append(best)
+    end, binding = 0.0, "trainer"
+    for j in range(1, steps + 1):
+        t = starts[j - 1] + train_lb(j, steps) + y * syncs(j, steps)
+        if t > end:
+            end, binding = t, why[j - 1] if starts[j - 1] > 0 else "trainer"
+    return LowerBound(end, binding, p_s, p_h, tuple(starts))

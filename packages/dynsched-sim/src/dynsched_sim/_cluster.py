@@ -61,7 +61,11 @@ def build_cluster(
     """
     cfg = config if config is not None else scenario.schedule_config(conf)
     eng, hw, llm = scenario.engine, scenario.hardware, scenario.model
-    workload = scenario.workload.generate(admissible_prompts(scenario, conf, cfg), seed)
+    workload = scenario.workload.generate(
+        admissible_prompts(scenario, conf, cfg),
+        seed,
+        run_samples=scenario.steps * cfg.required_samples,
+    )
     acct = GroupAccountant(clock, events)
     ledger: dict[str, int] = {}
     g = eng.gpus_per_replica
@@ -81,8 +85,6 @@ def build_cluster(
         )
     hybrid = []
     if conf.hybrid:
-        off = scenario.trainer.offload_s(hw, llm, conf.trainer_gpus)
-        on = scenario.trainer.onload_s(hw, llm, conf.trainer_gpus)
         for i, grp in enumerate(trainer_groups):
             hybrid.append(
                 SimReplica(
@@ -93,8 +95,6 @@ def build_cluster(
                     role="hybrid",
                     group=grp,
                     accountant=acct,
-                    extra_wake_s=off,
-                    extra_sleep_s=on,
                     ledger=ledger,
                 )
             )
@@ -107,6 +107,8 @@ def build_cluster(
         accountant=acct,
         tokens_of=_tokens_of(scenario.workload.n),
         ledger=ledger,
+        hardware=hw,
+        llm=llm,
     )
     return SimCluster(
         scenario, conf, cfg, workload, acct, standalone, hybrid, trainer, trainer_groups

@@ -33,6 +33,11 @@ def _frac(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
         raise ValueError(f"{attribute.name} must be a number in (0, 1], got {value!r}")
 
 
+def _bool(_inst: object, attribute: attrs.Attribute[Any], value: bool) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{attribute.name} must be true or false, got {value!r}")
+
+
 def _posint(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
@@ -66,15 +71,18 @@ class LLMModel:
         params_b: Parameters, in billions.
         bytes_per_param: Bytes per served weight (2 for bf16).
         kv_bytes_per_token: KV-cache bytes per token of context, whole model.
-        trainer_state_bytes_per_param: Bytes per parameter the trainer keeps on GPU
-            besides the weights (gradients + optimizer moments, e.g. 12 for fp32 Adam
-            moments and master weights); offloaded to host when hybrid engines wake up.
+        trainer_state_bytes_per_param: Bytes per parameter the trainer holds besides the
+            weights (gradients + optimizer state: e.g. 4 for fp32 gradients plus 12 for
+            fp32 master weights and two Adam moments).
+        state_bytes_per_seq: Fixed-size per-sequence state of the served model besides its
+            KV cache (recurrent state of linear-attention layers), whole model.
     """
 
     params_b: float = attrs.field(default=35.0, validator=_pos)
     bytes_per_param: float = attrs.field(default=2.0, validator=_pos)
     kv_bytes_per_token: float = attrs.field(default=65536.0, validator=_pos)
     trainer_state_bytes_per_param: float = attrs.field(default=12.0, validator=_nonneg)
+    state_bytes_per_seq: float = attrs.field(default=0.0, validator=_nonneg)
 
     @property
     def weight_bytes(self) -> float:
@@ -96,10 +104,14 @@ class EngineModel:
     so each sequence decodes at ``r(n) = 1 / (decode_base_s + decode_per_seq_s * n)``
     tokens/s and the replica at ``n * r(n)``.
 
-    KV capacity: a replica of ``g`` GPUs with memory fraction ``f`` holds
-    ``kv_tokens = (g * gpu_memory * f - weight_bytes) / kv_bytes_per_token`` tokens of
-    KV cache; each running sequence reserves ``kv_tokens_per_seq``, so at most
-    ``min(max_num_seqs, floor(kv_tokens / kv_tokens_per_seq))`` sequences run; others wait.
+    Memory: a replica of ``g`` GPUs with memory fraction ``f`` (the engine's
+    ``gpu_memory_utilization``: weights plus KV pool) has ``free = g * gpu_memory * f -
+    weight_bytes`` for sequences; each running sequence reserves ``kv_tokens_per_seq``
+    tokens of KV cache plus the model's fixed per-sequence state, so at most
+    ``min(max_num_seqs, floor(free / (kv_tokens_per_seq * kv_bytes_per_token +
+    state_bytes_per_seq)))`` sequences run; others wait. A hybrid replica that is awake
+    holds this memory on the trainer's GPUs: the trainer cannot train there until it
+    sleeps (`SimTrainer`).
 
     Prefill: ``prefill_s_per_token`` per prompt (and, after an abort, per re-prefilled
     output) token, one request at a time, overlapped with decoding (chunked prefill).
@@ -143,7 +155,8 @@ class EngineModel:
                 f"a {role} replica of {self.gpus_per_replica} GPU(s) with memory fraction {frac} "
                 f"cannot even hold the weights ({llm.weight_bytes / _GIB:.1f} GiB)"
             )
-        seqs = math.floor(free / llm.kv_bytes_per_token / self.kv_tokens_per_seq)
+        per_seq = llm.kv_bytes_per_token * self.kv_tokens_per_seq + llm.state_bytes_per_seq
+        seqs = math.floor(free / per_seq)
         return max(1, min(self.max_num_seqs, seqs))
 
     def peak_throughput(self, role: str, hw: HardwareModel, llm: LLMModel) -> float:
@@ -180,17 +193,24 @@ class TrainerModel:
 
     A micro-step over ``tokens`` tokens (prompt + response tokens of all responses of
     its samples) on ``g`` trainer GPUs takes
-    ``step_overhead_s + gpu_s_per_token * tokens / g`` seconds, split into verl's timing
-    keys by the fixed ``phase_shares``.
+    ``step_overhead_s + gpu_s_per_token * tokens / g`` seconds of compute, plus, when
+    ``offload_state`` is set, the reload and offload of the trainer's state
+    (`state_swap_s`); the step is split into verl's timing keys by ``phase_shares``.
 
     Attributes:
         gpu_s_per_token: GPU-seconds of training compute per token.
         step_overhead_s: Fixed, non-scaling part of a micro-step.
+        offload_state: The trainer moves its weights, gradients and optimizer state to
+            host memory after every step and back before the next one (Megatron's
+            ``param_offload``/``grad_offload``/``optimizer_offload``), so its GPUs are
+            free between steps. When False the state stays resident and must fit next
+            to an awake hybrid replica.
         phase_shares: Share of a step per timing key (sums to 1).
     """
 
     gpu_s_per_token: float = attrs.field(default=0.002, validator=_pos)
     step_overhead_s: float = attrs.field(default=5.0, validator=_nonneg)
+    offload_state: bool = attrs.field(default=False, validator=_bool)
     phase_shares: tuple[tuple[str, float], ...] = (
         ("reward", 0.02),
         ("old_log_prob", 0.18),
@@ -199,20 +219,22 @@ class TrainerModel:
         ("update_actor", 0.64),
     )
 
-    def step_s(self, tokens: int, gpus: int) -> float:
-        """Duration of one micro-step."""
-        return self.step_overhead_s + self.gpu_s_per_token * tokens / gpus
+    def step_s(self, tokens: int, gpus: int, swap_s: float = 0.0) -> float:
+        """Duration of one micro-step (``swap_s``: `state_swap_s`, 0 without offload)."""
+        return self.step_overhead_s + self.gpu_s_per_token * tokens / gpus + swap_s
 
-    def timings(self, tokens: int, gpus: int) -> dict[str, float]:
+    def timings(self, tokens: int, gpus: int, swap_s: float = 0.0) -> dict[str, float]:
         """The step's duration split into verl's ``timing_raw`` keys."""
-        total = self.step_s(tokens, gpus)
+        total = self.step_s(tokens, gpus, swap_s)
         return {k: total * share for k, share in self.phase_shares}
 
-    def offload_s(self, hw: HardwareModel, llm: LLMModel, gpus: int) -> float:
-        """Move the trainer's state (weights + optimizer) off ``gpus`` GPUs (hybrid wake)."""
-        per_gpu = (llm.trainer_state_bytes + llm.weight_bytes) / gpus
-        return per_gpu / (hw.h2d_bandwidth_gib_s * _GIB)
+    def resident_bytes_per_gpu(self, llm: LLMModel, gpus: int) -> float:
+        """Trainer state (weights + gradients + optimizer) per GPU."""
+        return (llm.trainer_state_bytes + llm.weight_bytes) / gpus
 
-    def onload_s(self, hw: HardwareModel, llm: LLMModel, gpus: int) -> float:
-        """Bring the trainer's state back (hybrid sleep): same bytes as `offload_s`."""
-        return self.offload_s(hw, llm, gpus)
+    def state_swap_s(self, hw: HardwareModel, llm: LLMModel, gpus: int) -> float:
+        """Reload plus offload of the trainer state around one step when ``offload_state``:
+        ``2 * (trainer_state_bytes + weight_bytes) / gpus / h2d``; 0 otherwise."""
+        if not self.offload_state:
+            return 0.0
+        return 2.0 * self.resident_bytes_per_gpu(llm, gpus) / (hw.h2d_bandwidth_gib_s * _GIB)

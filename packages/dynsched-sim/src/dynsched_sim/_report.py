@@ -1,26 +1,64 @@
-"""Compare configurations and policies: run them, tabulate, plot, write ``result.json``."""
+"""Compare configurations and policies over workload seeds: run, aggregate, tabulate, plot.
+
+Every configuration runs once per workload seed (``seed``, ``seed + 1``, ...); static
+splits run ``static_fully_async``, the others once per policy. Results are reported as the
+mean and the spread (sample standard deviation) over seeds. Speed-ups are paired: for each
+seed, a static run's wall-clock over this run's on the same workload. A difference is
+*within the spread* when the mean ratio is less than two standard deviations (of the
+per-seed ratios) away from 1; the table marks it with ``~`` and such differences should be
+read as none.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+import attrs
+
 from dynsched_sim._scenario import Scenario
 from dynsched_sim._sim import RunResult, policy_for, run_configuration
 
-__all__ = ["Comparison", "compare", "format_table", "write_outputs"]
+__all__ = [
+    "Aggregate",
+    "Comparison",
+    "Spread",
+    "aggregate",
+    "compare",
+    "format_table",
+    "result_json",
+    "seeds_of",
+    "write_outputs",
+]
 
 logger = logging.getLogger(__name__)
 
-LOWER_BOUND_FORMULA = (
-    "LB = max((steps*o*g_T + min_S sum_i (R_i/p + c*K_i)) / G, steps*o + c*min_S sum_i K_i / g_T)"
+LOWER_BOUND = (
+    "role- and cap-aware lower bound: serial trainer with blocking weight syncs, in-order "
+    "staleness admission, replica throughput saturating at its concurrency cap, hybrid "
+    "replicas idle while their trainer trains, sample slots, each sample's straggler "
+    "(dynsched_sim._bound)"
 )
 
+WITHIN_SPREAD_SIGMAS = 2.0
+"""A mean ratio within this many standard deviations of 1 is marked as no difference."""
+
 Comparison = list[RunResult]
+
+
+def seeds_of(scenario: Scenario, seed: int | None = None, seeds: int | None = None) -> list[int]:
+    """The workload seeds of a comparison: ``seeds`` consecutive seeds from ``seed``
+    (defaults: the scenario's ``seed`` and ``seeds``)."""
+    first = scenario.seed if seed is None else seed
+    count = scenario.seeds if seeds is None else seeds
+    if count < 1:
+        raise ValueError(f"seeds must be >= 1, got {count}")
+    return list(range(first, first + count))
 
 
 def compare(
@@ -28,28 +66,114 @@ def compare(
     policies: Sequence[str] = ("default",),
     *,
     seed: int | None = None,
+    seeds: int | None = None,
     progress: Callable[[str], Callable[[int, int, float], None] | None] | None = None,
 ) -> Comparison:
-    """Run every configuration of ``scenario``: static ones once, dynamic ones per policy."""
+    """Run every configuration of ``scenario`` on every seed: static ones once, dynamic ones
+    per policy. Runs are ordered by configuration, policy, then seed.
+
+    Args:
+        scenario: The scenario.
+        policies: Policies for the configurations with hybrid replicas.
+        seed: First workload seed (default: the scenario's).
+        seeds: Number of seeds (default: the scenario's ``seeds``).
+        progress: Called with a run label; returns a per-step progress callback.
+    """
     runs: Comparison = []
     for conf in scenario.configurations:
         names = [policy_for(conf, p) for p in policies] if conf.hybrid else [policy_for(conf, "")]
         for pol in dict.fromkeys(names):
-            label = f"{conf.name}/{pol}"
-            cb = progress(label) if progress is not None else None
-            runs.append(run_configuration(scenario, conf, pol, seed=seed, progress=cb))
+            for s in seeds_of(scenario, seed, seeds):
+                label = f"{conf.name}/{pol}/seed {s}"
+                cb = progress(label) if progress is not None else None
+                runs.append(run_configuration(scenario, conf, pol, seed=s, progress=cb))
     return runs
 
 
-def _speedups(runs: Comparison, scenario: Scenario) -> dict[int, dict[str, float]]:
-    statics = {
-        r.configuration: r.wall_clock_s
-        for r in runs
-        if not scenario.configuration(r.configuration).hybrid
-    }
-    return {
-        i: {name: w / r.wall_clock_s for name, w in statics.items()} for i, r in enumerate(runs)
-    }
+@attrs.frozen
+class Spread:
+    """Mean and spread of one quantity over seeds.
+
+    Attributes:
+        mean: Mean over seeds.
+        std: Sample standard deviation (0 with one seed).
+        low: Smallest value.
+        high: Largest value.
+        n: Number of seeds.
+    """
+
+    mean: float
+    std: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        """The spread of ``values`` (at least one)."""
+        xs = [float(x) for x in values]
+        std = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        return cls(statistics.fmean(xs), std, min(xs), max(xs), len(xs))
+
+    def within_spread_of_one(self) -> bool:
+        """The mean is within `WITHIN_SPREAD_SIGMAS` standard deviations of 1 (no
+        difference); always False with a single seed (no spread to judge by)."""
+        return self.n > 1 and abs(self.mean - 1.0) <= WITHIN_SPREAD_SIGMAS * self.std
+
+    def to_json(self) -> dict[str, float]:
+        """``{"mean", "std", "min", "max", "n"}``."""
+        return {"mean": self.mean, "std": self.std, "min": self.low, "max": self.high, "n": self.n}
+
+
+@attrs.frozen
+class Aggregate:
+    """One configuration and policy over all seeds.
+
+    Attributes:
+        configuration: Configuration name.
+        policy: Policy name.
+        seeds: The seeds.
+        wall_clock_s: Wall-clock over seeds.
+        speedup_vs: Per static configuration, the paired ratio ``static / this``.
+        lower_bound_s: The lower bound over seeds.
+        efficiency: ``bound / wall-clock`` over seeds.
+        proxy: Mean over seeds of each ``dynamic_resource/*`` proxy.
+        true_utilization: ``train``, ``rollout`` and ``cluster`` true utilization means
+            (None for a GPU group the run does not have).
+        summary: Mean over seeds of the numeric summary counters.
+        step_times_s: Mean over seeds of each micro-step's duration.
+    """
+
+    configuration: str
+    policy: str
+    seeds: tuple[int, ...]
+    wall_clock_s: Spread
+    speedup_vs: dict[str, Spread]
+    lower_bound_s: Spread
+    efficiency: Spread
+    proxy: dict[str, float]
+    true_utilization: dict[str, float | None]
+    summary: dict[str, float]
+    step_times_s: tuple[float, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (the ``aggregate`` entries of ``result.json``)."""
+        return {
+            "configuration": self.configuration,
+            "policy": self.policy,
+            "seeds": list(self.seeds),
+            "wall_clock_s": self.wall_clock_s.to_json(),
+            "speedup_vs": {k: v.to_json() for k, v in self.speedup_vs.items()},
+            "speedup_within_spread": {
+                k: v.within_spread_of_one() for k, v in self.speedup_vs.items()
+            },
+            "lower_bound_s": self.lower_bound_s.to_json(),
+            "efficiency": self.efficiency.to_json(),
+            "proxy_metrics": dict(self.proxy),
+            "true_utilization": dict(self.true_utilization),
+            "summary": dict(self.summary),
+            "step_times_s": list(self.step_times_s),
+        }
 
 
 def _true(r: RunResult) -> tuple[float | None, float | None, float]:
@@ -62,13 +186,88 @@ def _true(r: RunResult) -> tuple[float | None, float | None, float]:
     return train, roll, cl.get("train", 0.0) + cl.get("rollout", 0.0)
 
 
+def step_times(r: RunResult) -> list[float]:
+    """Duration of each micro-step of a run (seconds)."""
+    ends = [s[1] for s in r.steps]
+    return [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
+
+
+def _mean_opt(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def aggregate(scenario: Scenario, runs: Comparison) -> list[Aggregate]:
+    """Group ``runs`` by configuration and policy; mean and spread over seeds."""
+    statics = {c.name for c in scenario.configurations if not c.hybrid}
+    static_wall = {
+        (r.configuration, r.seed): r.wall_clock_s for r in runs if r.configuration in statics
+    }
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in runs:
+        groups.setdefault((r.configuration, r.policy), []).append(r)
+    out = []
+    for (conf, pol), rs in groups.items():
+        speed = {}
+        for s in sorted(statics):
+            pairs = [
+                static_wall[(s, r.seed)] / r.wall_clock_s for r in rs if (s, r.seed) in static_wall
+            ]
+            if pairs:
+                speed[s] = Spread.of(pairs)
+        trues = [_true(r) for r in rs]
+        numeric = {
+            k: statistics.fmean(float(r.summary[k]) for r in rs)
+            for k, v in rs[0].summary.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        times = [step_times(r) for r in rs]
+        width = min(len(t) for t in times)
+        out.append(
+            Aggregate(
+                configuration=conf,
+                policy=pol,
+                seeds=tuple(r.seed for r in rs),
+                wall_clock_s=Spread.of([r.wall_clock_s for r in rs]),
+                speedup_vs=speed,
+                lower_bound_s=Spread.of([r.lower_bound_s for r in rs]),
+                efficiency=Spread.of([r.efficiency for r in rs]),
+                proxy={
+                    k: statistics.fmean(float(r.proxy_metrics[k]) for r in rs)
+                    for k in rs[0].proxy_metrics
+                },
+                true_utilization={
+                    "train": _mean_opt([t[0] for t in trues]),
+                    "rollout": _mean_opt([t[1] for t in trues]),
+                    "cluster": _mean_opt([t[2] for t in trues]),
+                },
+                summary=numeric,
+                step_times_s=tuple(statistics.fmean(t[i] for t in times) for i in range(width)),
+            )
+        )
+    return out
+
+
 def _cell(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _pm(s: Spread, scale: float = 1.0, digits: int = 3) -> str:
+    if s.n == 1:
+        return f"{s.mean / scale:.{digits}f}"
+    return f"{s.mean / scale:.{digits}f} ±{s.std / scale:.{digits}f}"
+
+
+def _ratio(s: Spread | None) -> str:
+    if s is None:
+        return "-"
+    return ("~" if s.within_spread_of_one() else "") + _pm(s)
+
+
 def format_table(scenario: Scenario, runs: Comparison) -> str:
-    """The comparison table (plain text)."""
-    sp = _speedups(runs, scenario)
+    """The comparison table (plain text): one row per configuration and policy, mean and
+    spread over the seeds of ``runs``."""
+    aggs = aggregate(scenario, runs)
     statics = [c.name for c in scenario.configurations if not c.hybrid]
     head = [
         "configuration",
@@ -86,58 +285,92 @@ def format_table(scenario: Scenario, runs: Comparison) -> str:
         "re-routed",
     ]
     rows = []
-    for i, r in enumerate(runs):
-        p = r.proxy_metrics
-        t_train, t_roll, t_cl = _true(r)
-        s = r.summary
+    for a in aggs:
+        p, t, s = a.proxy, a.true_utilization, a.summary
         rows.append(
             [
-                r.configuration,
-                r.policy,
-                f"{r.wall_clock_s / 3600:.3f}",
-                *[f"{sp[i].get(n, float('nan')):.3f}" for n in statics],
-                f"{r.lower_bound_s / 3600:.3f}",
-                f"{r.efficiency:.3f}",
-                f"{p['dynamic_resource/train_resource_utilization']:.2f} / {_cell(t_train)}",
-                f"{p['dynamic_resource/rollout_resource_utilization']:.2f} / {_cell(t_roll)}",
-                f"{p['dynamic_resource/resource_utilization']:.2f} / {t_cl:.2f}",
+                a.configuration,
+                a.policy,
+                _pm(a.wall_clock_s, 3600.0),
+                *[_ratio(a.speedup_vs.get(n)) if n != a.configuration else "-" for n in statics],
+                _pm(a.lower_bound_s, 3600.0),
+                _pm(a.efficiency),
+                f"{p['dynamic_resource/train_resource_utilization']:.2f} / {_cell(t['train'])}",
+                f"{p['dynamic_resource/rollout_resource_utilization']:.2f} / {_cell(t['rollout'])}",
+                f"{p['dynamic_resource/resource_utilization']:.2f} / {_cell(t['cluster'])}",
                 f"{s['mq_size_mean']:.1f}",
-                str(s["switches"]),
-                str(s["aborted_requests"]),
-                str(s["rerouted_requests"]),
+                f"{s['switches']:.0f}",
+                f"{s['aborted_requests']:.0f}",
+                f"{s['rerouted_requests']:.0f}",
             ]
         )
     widths = [max(len(h), *(len(row[j]) for row in rows)) for j, h in enumerate(head)]
     line = "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))
     out = [line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    if scenario.published:
-        pub = ", ".join(f"{k} {v / 3600:.3f} h" for k, v in scenario.published.items())
-        out.append(f"published wall-clock: {pub}")
+    seeds = sorted({r.seed for r in runs})
+    if len(seeds) > 1:
+        out.append(
+            f"mean ±std over {len(seeds)} workload seeds ({seeds[0]}..{seeds[-1]}); "
+            f"~ marks a ratio within {WITHIN_SPREAD_SIGMAS:g} std of 1 (no difference)"
+        )
+    out += published_lines(scenario, aggs)
     return "\n".join(out)
 
 
+def published_lines(scenario: Scenario, aggs: Sequence[Aggregate]) -> list[str]:
+    """Simulated against published wall-clock: which configurations the fitted rates were
+    fitted to and the residual of each prediction."""
+    if not scenario.published:
+        return []
+    fitted = bool(scenario.fitted())
+    lines = []
+    for name, pub in scenario.published.items():
+        sims = [a for a in aggs if a.configuration == name]
+        if not sims:
+            continue
+        conf = scenario.configuration(name)
+        for a in sims:
+            kind = "fitted" if fitted and not conf.hybrid else "predicted"
+            lines.append(
+                f"published {name}: {pub / 3600:.3f} h; simulated ({a.policy}) "
+                f"{_pm(a.wall_clock_s, 3600.0)} h, {kind}, residual "
+                f"{a.wall_clock_s.mean / pub - 1:+.1%}"
+            )
+    return lines
+
+
 def result_json(
-    scenario: Scenario, runs: Comparison, policies: Sequence[str], seed: int
+    scenario: Scenario, runs: Comparison, policies: Sequence[str], seeds: Sequence[int]
 ) -> dict[str, Any]:
-    """The content of ``result.json``."""
-    sp = _speedups(runs, scenario)
+    """The content of ``result.json``: every run, and the aggregate over seeds."""
+    static_wall = {
+        (r.configuration, r.seed): r.wall_clock_s
+        for r in runs
+        if not scenario.configuration(r.configuration).hybrid
+    }
     entries = []
-    for i, r in enumerate(runs):
+    for r in runs:
         d = r.to_json()
-        d["speedup_vs"] = sp[i]
+        d["speedup_vs"] = {
+            name: w / r.wall_clock_s for (name, s), w in static_wall.items() if s == r.seed
+        }
         t_train, t_roll, t_cl = _true(r)
         d["true_train_utilization"] = t_train
         d["true_rollout_utilization"] = t_roll
         d["true_cluster_utilization"] = t_cl
         entries.append(d)
+    aggs = aggregate(scenario, runs)
     return {
         "scenario": scenario.name,
-        "seed": seed,
+        "seeds": list(seeds),
         "steps": scenario.steps,
         "policies": list(policies),
         "published_wall_clock_s": dict(scenario.published),
-        "lower_bound_formula": LOWER_BOUND_FORMULA,
+        "fitted_parameters": scenario.fitted(),
+        "lower_bound": LOWER_BOUND,
+        "within_spread_sigmas": WITHIN_SPREAD_SIGMAS,
+        "aggregate": [a.to_json() for a in aggs],
         "runs": entries,
     }
 
@@ -148,15 +381,16 @@ def write_outputs(
     out_dir: str | os.PathLike[str],
     *,
     policies: Sequence[str],
-    seed: int,
+    seeds: Sequence[int],
     plots: bool = True,
 ) -> dict[str, str]:
-    """Write ``result.json``, ``table.txt`` and the plots into ``out_dir``; return the paths."""
+    """Write ``result.json``, ``table.txt`` and the plots (runs of the first seed) into
+    ``out_dir``; return the paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths: dict[str, str] = {}
     p = os.path.join(out_dir, "result.json")
     with open(p, "w") as f:
-        json.dump(result_json(scenario, runs, policies, seed), f, indent=1)
+        json.dump(result_json(scenario, runs, policies, seeds), f, indent=1)
         f.write("\n")
     paths["result"] = p
     p = os.path.join(out_dir, "table.txt")
@@ -164,7 +398,8 @@ def write_outputs(
         f.write(format_table(scenario, runs) + "\n")
     paths["table"] = p
     if plots:
-        paths.update(_plots(runs, out_dir))
+        first = min(r.seed for r in runs)
+        paths.update(_plots([r for r in runs if r.seed == first], out_dir))
     return paths
 
 

@@ -22,6 +22,7 @@ from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerMo
 from dynsched_sim._workload import LengthDistribution, WorkloadModel
 
 __all__ = [
+    "PROVENANCE_LABELS",
     "Configuration",
     "Scenario",
     "ScenarioError",
@@ -29,6 +30,11 @@ __all__ = [
     "load_scenario",
     "scenario_from_dict",
 ]
+
+PROVENANCE_LABELS = ("published", "public config", "judgement", "fitted")
+"""Where a scenario parameter comes from: the published document, a public configuration
+(the authors' scripts, model cards, hardware data sheets), an engineering judgement, or a
+fit by `dynsched_sim.calibrate` (only the two rates the static runs identify)."""
 
 
 class ScenarioError(ValueError):
@@ -79,6 +85,12 @@ class Scenario:
             ``use_dynamic_resource_scheduling`` are filled in per configuration.
         configurations: The splits to compare.
         published: Optional published wall-clock seconds per configuration name.
+        seeds: Workload seeds run per configuration by default (``seed``, ``seed + 1``,
+            ...); results are reported as mean and spread over them.
+        provenance: ``parameter path -> "label: source"`` with the label one of
+            `PROVENANCE_LABELS` (e.g. ``"engine.max_num_seqs": "public config: ..."``).
+            A label on a section or distribution (``workload.response_len``) covers its
+            fields.
     """
 
     name: str
@@ -93,6 +105,8 @@ class Scenario:
     schedule: Mapping[str, Any] = attrs.field(factory=dict)
     configurations: tuple[Configuration, ...] = ()
     published: Mapping[str, float] = attrs.field(factory=dict)
+    seeds: int = 1
+    provenance: Mapping[str, str] = attrs.field(factory=dict)
 
     def configuration(self, name: str) -> Configuration:
         """The configuration called ``name``.
@@ -136,6 +150,55 @@ class Scenario:
     def with_steps(self, steps: int) -> Scenario:
         """A copy running ``steps`` micro-steps (shortened variants for tests)."""
         return attrs.evolve(self, steps=steps)
+
+    def with_values(self, **changes: Mapping[str, Any]) -> Scenario:
+        """A copy with section fields replaced, e.g. ``with_values(engine={"wake_overhead_s": 5})``
+        (``schedule`` entries are merged)."""
+        kw: dict[str, Any] = {}
+        for section, values in changes.items():
+            if section == "schedule":
+                kw["schedule"] = {**self.schedule, **values}
+            elif section in _SECTIONS:
+                kw[section] = attrs.evolve(getattr(self, section), **values)
+            else:
+                raise ScenarioError(
+                    f"with_values: unknown section {section!r}; allowed: "
+                    f"{sorted([*_SECTIONS, 'schedule'])}"
+                )
+        return attrs.evolve(self, **kw)
+
+    def label_of(self, path: str) -> tuple[str, str] | None:
+        """``(label, source)`` of a parameter path, from the closest labelled prefix."""
+        parts = path.split(".")
+        for i in range(len(parts), 0, -1):
+            text = self.provenance.get(".".join(parts[:i]))
+            if text is not None:
+                label, _, source = text.partition(":")
+                return label.strip(), source.strip()
+        return None
+
+    def parameter_paths(self) -> list[str]:
+        """Every parameter of the scenario (model sections, distributions, schedule, run)."""
+        out = ["steps", "seed", "seeds"]
+        for section, cls in _SECTIONS.items():
+            for f in attrs.fields(cls):
+                value = getattr(getattr(self, section), f.name)
+                if isinstance(value, LengthDistribution):
+                    out += [
+                        f"{section}.{f.name}.{g.name}" for g in attrs.fields(LengthDistribution)
+                    ]
+                else:
+                    out.append(f"{section}.{f.name}")
+        out += [f"schedule.{k}" for k in self.schedule]
+        return out
+
+    def unlabelled(self) -> list[str]:
+        """Parameters without a provenance label."""
+        return [p for p in self.parameter_paths() if self.label_of(p) is None]
+
+    def fitted(self) -> list[str]:
+        """Parameters labelled ``fitted``."""
+        return [p for p in self.parameter_paths() if (self.label_of(p) or ("",))[0] == "fitted"]
 
 
 # ------------------------------------------------------------------------------ parsing
@@ -226,6 +289,8 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
             if not isinstance(value, Mapping):
                 raise ScenarioError("published: expected a mapping configuration -> seconds")
             kw[key] = {str(k): float(v) for k, v in value.items()}
+        elif key == "provenance":
+            kw[key] = _provenance(value)
         else:
             kw[key] = value
     if not isinstance(kw["name"], str) or not kw["name"]:
@@ -234,7 +299,20 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
         raise ScenarioError(f"steps: expected an integer >= 1, got {kw['steps']!r}")
     if not isinstance(kw.get("seed", 0), int):
         raise ScenarioError(f"seed: expected an integer, got {kw['seed']!r}")
+    seeds = kw.get("seeds", 1)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise ScenarioError(f"seeds: expected an integer >= 1, got {seeds!r}")
     sc = Scenario(**kw)
+    known = set(sc.parameter_paths()) | {"configurations", "published"}
+    known |= {f"published.{k}" for k in sc.published}
+    known |= {f"configurations.{c.name}" for c in sc.configurations}
+    prefixes = {p.rsplit(".", 1)[0] for p in known if "." in p} | set(_SECTIONS) | {"schedule"}
+    for path in sc.provenance:
+        if path not in known and path not in prefixes:
+            raise ScenarioError(
+                f"provenance.{path}: not a parameter of the scenario (e.g. 'engine.max_num_seqs', "
+                "'schedule.staleness_threshold', 'workload.response_len')"
+            )
     for c in sc.configurations:
         if c.trainer_gpus % sc.engine.gpus_per_replica and c.hybrid:
             raise ScenarioError(
@@ -247,7 +325,41 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
                 f"engine.gpus_per_replica ({sc.engine.gpus_per_replica})"
             )
         sc.schedule_config(c)  # validated by the core
+        if c.hybrid and not sc.trainer.offload_state:
+            mem = sc.hardware.gpu_memory_gib * 2**30
+            engine = sc.engine.hybrid_memory_fraction * mem
+            trainer = sc.trainer.resident_bytes_per_gpu(sc.model, c.trainer_gpus)
+            if engine + trainer > mem:
+                raise ScenarioError(
+                    f"configurations: {c.name}: an awake hybrid replica "
+                    f"(engine.hybrid_memory_fraction {sc.engine.hybrid_memory_fraction}: "
+                    f"{engine / 2**30:.1f} GiB per GPU) does not fit next to the resident "
+                    f"trainer state ({trainer / 2**30:.1f} GiB per GPU) in "
+                    f"{sc.hardware.gpu_memory_gib} GiB; lower the fraction or set "
+                    "trainer.offload_state: true"
+                )
     return sc
+
+
+def _provenance(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError("provenance: expected a mapping parameter path -> 'label: source'")
+    out: dict[str, str] = {}
+    for path, text in value.items():
+        if not isinstance(text, str) or ":" not in text:
+            raise ScenarioError(
+                f"provenance.{path}: expected 'label: source' with the label one of "
+                f"{list(PROVENANCE_LABELS)}, got {text!r}"
+            )
+        label, _, source = text.partition(":")
+        if label.strip() not in PROVENANCE_LABELS:
+            raise ScenarioError(
+                f"provenance.{path}: label {label.strip()!r} is not one of {list(PROVENANCE_LABELS)}"
+            )
+        if not source.strip():
+            raise ScenarioError(f"provenance.{path}: the source is empty")
+        out[str(path)] = text
+    return out
 
 
 def _read(path: Path) -> Any:

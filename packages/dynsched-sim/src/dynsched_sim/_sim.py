@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -22,9 +22,10 @@ from dynsched_metrics import CycleMetrics, MetricsAggregator
 from dynsched_sim._bound import LowerBound, lower_bound
 from dynsched_sim._cluster import SimCluster, build_cluster, prompt_source
 from dynsched_sim._scenario import Configuration, Scenario
+from dynsched_sim._trainer import SimTrainer
 from dynsched_sim._vloop import VirtualTimeEventLoop
 
-__all__ = ["STATIC_POLICY", "RunResult", "policy_for", "run_configuration"]
+__all__ = ["STATIC_POLICY", "RunResult", "policy_for", "queue_ceiling", "run_configuration"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ class RunResult:
             ``cluster``): fraction of GPU-time per mode.
         proxy_metrics: Mean over sync cycles of each ``dynamic_resource/*`` metric.
         cycles: Per-cycle ``dynamic_resource/*`` metrics (dicts with ``step``).
-        steps: Per micro-step: ``[step, end time, mq_size, collect wait s]``.
+        steps: Per micro-step: ``[step, end time, mq_size, collect wait s, in flight]``
+            (``in flight``: samples admitted and not finished when ``mq_size`` was read).
         conservation: Conservation checks (all must be True).
         events: Callbacks the virtual loop scheduled.
         mode_events: Ground-truth mode changes (for the layout plot; not serialised).
@@ -78,7 +80,7 @@ class RunResult:
     true_utilization: Mapping[str, Mapping[str, float]]
     proxy_metrics: Mapping[str, float]
     cycles: tuple[Mapping[str, float], ...]
-    steps: tuple[tuple[int, float, int, float], ...]
+    steps: tuple[tuple[int, float, int, float, int], ...]
     conservation: Mapping[str, bool]
     events: int
     mode_events: tuple[ReplicaModeEvent, ...] = attrs.field(default=(), repr=False, eq=False)
@@ -122,6 +124,7 @@ class _Outcome:
     floop: FullyAsyncLoop
     state_events: list[TransitionEvent]
     blocked: list[int]
+    in_flight: list[int]
 
 
 async def _run(
@@ -146,6 +149,7 @@ async def _run(
     blocked: list[int] = [0, 0, 0]
     state_events: list[TransitionEvent] = []
     bus.subscribe(state_events.append, TransitionEvent)
+    in_flight: list[int] = []
     if progress is not None:
         total = scenario.steps
 
@@ -164,6 +168,8 @@ async def _run(
         wait_timeout_s=_FOREVER_S,
         max_tokens=scenario.workload.max_response_len,
     )
+    cluster.trainer.set_reclaim(_reclaimer(floop, cfg, has_standalone=bool(cluster.standalone)))
+    bus.subscribe(lambda e: in_flight.append(floop.rollouter.active), TrainStepEvent)
     sampler = loop.create_task(_sample_admission(floop, blocked))
     try:
         result = await floop.run(scenario.steps)
@@ -175,7 +181,30 @@ async def _run(
         await floop.queue.get(await floop.queue.size(), timeout=0.0) if result.samples_left else []
     )
     bound = lower_bound(scenario, conf, cluster.workload, cfg)
-    return _Outcome(cluster, result, cycles, left, mode_events, bound, floop, state_events, blocked)
+    return _Outcome(
+        cluster, result, cycles, left, mode_events, bound, floop, state_events, blocked, in_flight
+    )
+
+
+def _reclaimer(
+    floop: FullyAsyncLoop, cfg: DynamicScheduleConfig, *, has_standalone: bool
+) -> Callable[[], Awaitable[None]]:
+    """The deactivation a policy skipped, performed before the trainer trains (memory is
+    conserved: an awake hybrid engine holds memory on the trainer GPUs)."""
+    trainer = floop.trainer
+    assert isinstance(trainer, SimTrainer)
+
+    async def reclaim() -> None:
+        if not has_standalone:
+            # colocated: nothing produces once the engines sleep, so (as the driver does
+            # for a deactivation) first buffer the rest of the cycle
+            position = trainer.steps % cfg.trigger_parameter_sync_step
+            rest = (cfg.trigger_parameter_sync_step - position - 1) * cfg.required_samples
+            if rest:
+                await floop.queue.wait_for(rest, timeout=_FOREVER_S)
+        await floop.controller.deactivate()
+
+    return reclaim
 
 
 async def _sample_admission(floop: FullyAsyncLoop, out: list[int], period_s: float = 30.0) -> None:
@@ -188,6 +217,22 @@ async def _sample_admission(floop: FullyAsyncLoop, out: list[int], period_s: flo
             out[1] += 1
         elif st.active >= st.capacity:
             out[2] += 1
+
+
+def queue_ceiling(cfg: DynamicScheduleConfig, step: int) -> int:
+    """The most samples the queue plus the samples in flight can hold right after
+    micro-step ``step`` (the backlog the staleness rule allows).
+
+    Under verl's staleness rule in flight + queued never exceeds ``max_required_samples``
+    minus what the trainer consumed since the window opened, so after the ``j``-th step of
+    a window (``j = (step - 1) % T + 1``) the ceiling is ``max_required - j * required``
+    (the snapshot after a sync step is taken before the new window produced anything).
+    Under the in-flight rule the queue alone may hold its capacity.
+    """
+    if cfg.staleness_rule == "in_flight":
+        return cfg.max_queue_size
+    j = (step - 1) % cfg.trigger_parameter_sync_step + 1
+    return max(1, cfg.max_required_samples - j * cfg.required_samples)
 
 
 def _mean(xs: list[float]) -> float:
@@ -234,7 +279,10 @@ def run_configuration(
         true_utilization=out.cluster.accountant.pool_fractions(),
         proxy_metrics=_proxy_means(out.cycles),
         cycles=tuple(c.as_dict() for c in out.cycles),
-        steps=tuple((r.step, r.time - res.start, r.mq_size, r.collect_wait_s) for r in res.records),
+        steps=tuple(
+            (r.step, r.time - res.start, r.mq_size, r.collect_wait_s, a)
+            for r, a in zip(res.records, out.in_flight, strict=True)
+        ),
         conservation=_conservation(scenario, out),
         events=events,
         mode_events=tuple(out.mode_events),
@@ -302,6 +350,7 @@ def _summary(out: _Outcome) -> dict[str, Any]:
     """The run's counters (samples, switches, requests, tokens, queue, admission)."""
     cluster, res, client, blocked = out.cluster, out.result, _client(out), out.blocked
     rep_stats = list(cluster.replicas.values())
+    ceilings = [queue_ceiling(cluster.config, r.step) for r in res.records]
     return {
         "steps": res.steps,
         "samples_produced": res.samples_produced,
@@ -321,11 +370,18 @@ def _summary(out: _Outcome) -> dict[str, Any]:
         "tokens_trained": cluster.trainer.tokens_trained,
         "train_s": cluster.trainer.train_s,
         "sync_s": cluster.trainer.sync_s,
-        "train_overlap_steps": cluster.trainer.overlap_steps,
+        "forced_deactivations": cluster.trainer.reclaims,
         "mismatched_responses": cluster.trainer.mismatched_responses,
         "requests_routed_before_resume": sum(r.requests_while_paused for r in rep_stats),
         "final_deactivate_ratio": getattr(out.floop.driver.policy, "deactivate_ratio", None),
         "mq_size_mean": _mean([float(r.mq_size) for r in res.records]),
+        "backlog_fill_mean": _mean(
+            [
+                min(1.0, (r.mq_size + a) / c)
+                for r, a, c in zip(res.records, out.in_flight, ceilings, strict=True)
+            ]
+        ),
+        "lower_bound_binding": out.bound.binding,
         "queue_capacity": cluster.config.max_queue_size,
         "staleness_bound_fraction": blocked[1] / blocked[0] if blocked[0] else 0.0,
         "concurrency_bound_fraction": blocked[2] / blocked[0] if blocked[0] else 0.0,

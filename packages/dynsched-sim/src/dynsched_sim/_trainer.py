@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dynsched_sim._accounting import GroupAccountant
-from dynsched_sim._models import TrainerModel
+from dynsched_sim._models import HardwareModel, LLMModel, TrainerModel
 from dynsched_sim._replica import SimReplica
 
-__all__ = ["SimTrainer"]
+__all__ = ["MemoryConservationError", "SimTrainer"]
+
+
+class MemoryConservationError(RuntimeError):
+    """The trainer was about to train on GPUs whose hybrid engine is still awake."""
 
 
 class SimTrainer:
     """Trainer on ``gpus`` GPUs whose micro-steps and weight syncs take simulated time.
 
-    ``train_step`` sleeps `TrainerModel.step_s` on the loop clock and returns verl's
-    timing keys; ``sync_weights`` broadcasts to the standalone replicas (each one pauses
-    decoding for `EngineModel.broadcast_sync_s`). Hybrid replicas that are still awake
-    while the trainer trains (a policy that never deactivates) are frozen for the step:
-    a GPU cannot train and decode at once.
+    ``train_step`` sleeps `TrainerModel.step_s` on the loop clock (with the trainer-state
+    swap when ``offload_state`` is set) and returns verl's timing keys; ``sync_weights``
+    broadcasts to the standalone replicas (each one pauses decoding for
+    `EngineModel.broadcast_sync_s`).
+
+    Memory is conserved: a hybrid replica that is not asleep holds its share of the
+    trainer GPUs' memory, so the trainer cannot train while one is awake. When a policy
+    skipped the deactivation, ``reclaim`` is awaited first: it performs the deactivation
+    the policy skipped (routing cut, requests aborted and resumed elsewhere, engines put to
+    sleep, at their normal cost), so skipping a deactivation can never save its cost. If
+    an engine is still awake afterwards, `MemoryConservationError` is raised.
 
     Args:
         model: Cost model.
@@ -31,6 +41,10 @@ class SimTrainer:
         accountant: Ground-truth accountant.
         tokens_of: Training tokens of one sample.
         ledger: The replicas' ``request_id -> tokens decoded`` ledger (optional).
+        hardware: Hardware model (for the state swap; optional without offload).
+        llm: Model (for the state swap; optional without offload).
+        reclaim: Awaited before a step while a hybrid engine is awake (see above); set
+            later with `set_reclaim` when it needs objects built after the trainer.
     """
 
     def __init__(
@@ -44,6 +58,9 @@ class SimTrainer:
         accountant: GroupAccountant | None = None,
         tokens_of: Callable[[Any], int],
         ledger: Mapping[str, int] | None = None,
+        hardware: HardwareModel | None = None,
+        llm: LLMModel | None = None,
+        reclaim: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.model = model
         self.gpus = gpus
@@ -52,40 +69,62 @@ class SimTrainer:
         self._groups = list(groups)
         self._acct = accountant
         self._tokens_of = tokens_of
+        if model.offload_state and (hardware is None or llm is None):
+            raise ValueError("offload_state needs the hardware and llm models")
+        self._swap_s = (
+            model.state_swap_s(hardware, llm, gpus)
+            if hardware is not None and llm is not None
+            else 0.0
+        )
+        self._reclaim = reclaim
         self.steps = 0
         self.tokens_trained = 0
         self.train_s = 0.0
         self.sync_s = 0.0
         self.syncs = 0
-        self.overlap_steps = 0
+        self.reclaims = 0
         self._ledger = ledger
         self.tokens_exact = True
         self.mismatched_responses = 0
+
+    def set_reclaim(self, reclaim: Callable[[], Awaitable[None]]) -> None:
+        """Set the coroutine that puts awake hybrid engines to sleep before a step."""
+        self._reclaim = reclaim
 
     def _set(self, activity: str) -> None:
         if self._acct is not None:
             for g in self._groups:
                 self._acct.set_trainer(g, activity)
 
+    def _awake(self) -> list[SimReplica]:
+        return [r for r in self._hybrid if r.state != "asleep"]
+
     async def train_step(self, samples: Sequence[Any]) -> Mapping[str, float]:
-        """Run one micro-step over ``samples``; returns ``timing_raw``-style seconds."""
+        """Run one micro-step over ``samples``; returns ``timing_raw``-style seconds.
+
+        Raises:
+            MemoryConservationError: a hybrid engine on the trainer GPUs is still awake
+                after ``reclaim`` (or there is no ``reclaim``).
+        """
         tokens = sum(self._tokens_of(s) for s in samples)
         for s in samples:
             self.check_sample(s)
-        timings = self.model.timings(tokens, self.gpus)
-        total = self.model.step_s(tokens, self.gpus)
-        awake = [r for r in self._hybrid if r.state != "asleep"]
+        if self._awake() and self._reclaim is not None:
+            self.reclaims += 1
+            await self._reclaim()
+        awake = self._awake()
         if awake:
-            self.overlap_steps += 1
-        for r in awake:
-            r.freeze()
+            raise MemoryConservationError(
+                f"cannot train: hybrid replica(s) {[r.replica_id for r in awake]} still hold "
+                "memory on the trainer GPUs"
+            )
+        timings = self.model.timings(tokens, self.gpus, self._swap_s)
+        total = self.model.step_s(tokens, self.gpus, self._swap_s)
         self._set("train")
         try:
             await asyncio.sleep(total)
         finally:
             self._set("")
-            for r in awake:
-                r.unfreeze()
         self.steps += 1
         self.tokens_trained += tokens
         self.train_s += total

@@ -1,4 +1,13 @@
-"""Workload: prompt groups of ``n`` responses with seeded long-tailed lengths."""
+"""Workload: prompt groups of ``n`` responses with seeded long-tailed lengths.
+
+The workload can change over training: prompts are admitted and consumed (roughly) in
+order, so prompt ``i`` of a run consuming ``S`` samples sits at training progress
+``p_i = i / (S - 1)`` (clipped to ``[0, 1]``). A *length trajectory* multiplies every
+response length of prompt ``i`` by a piecewise-linear ``m(p_i)`` (math RL grows response
+lengths over training), a *difficulty trajectory* sets the spread of the per-prompt
+difficulty factor ``exp(g(p_i) * Z_i)`` (the mix of easy and hard prompts can drift). Both
+are optional; without them the workload is stationary.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-__all__ = ["LengthDistribution", "PromptGroup", "Workload", "WorkloadModel"]
+__all__ = ["LengthDistribution", "PromptGroup", "Workload", "WorkloadModel", "interpolate"]
 
 _KINDS = ("lognormal", "empirical", "constant")
 
@@ -57,6 +66,41 @@ class LengthDistribution:
         return np.full(size, float(self.median))
 
 
+def _points(value: Any) -> tuple[tuple[float, float], ...]:
+    if value is None:
+        return ()
+    out = []
+    for p in value:
+        if (
+            not isinstance(p, list | tuple)
+            or len(p) != 2
+            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in p)
+        ):
+            raise ValueError(f"trajectory points must be [progress, value] pairs, got {p!r}")
+        out.append((float(p[0]), float(p[1])))
+    return tuple(out)
+
+
+def _check_trajectory(name: str, points: tuple[tuple[float, float], ...], lo: float) -> None:
+    xs = [p for p, _ in points]
+    if any(not 0.0 <= x <= 1.0 for x in xs) or xs != sorted(xs) or len(set(xs)) != len(xs):
+        raise ValueError(
+            f"{name} must be [progress, value] points with progress strictly increasing "
+            f"in [0, 1], got {[list(p) for p in points]}"
+        )
+    if any(not v >= lo for _, v in points):
+        raise ValueError(f"{name} values must be >= {lo}, got {[v for _, v in points]}")
+
+
+def interpolate(points: Sequence[tuple[float, float]], x: np.ndarray, default: float) -> np.ndarray:
+    """Piecewise-linear ``points`` at ``x`` (constant beyond the ends; ``default`` if empty)."""
+    if not points:
+        return np.full(x.shape, float(default))
+    xs = np.array([p for p, _ in points], dtype=float)
+    ys = np.array([v for _, v in points], dtype=float)
+    return np.interp(x, xs, ys)
+
+
 @attrs.frozen(kw_only=True)
 class WorkloadModel:
     """How prompts and responses look.
@@ -68,6 +112,11 @@ class WorkloadModel:
         group_sigma: Log-space spread of a per-prompt difficulty factor multiplied into
             every response of the prompt (0: responses independent).
         max_response_len: Cap on a response (the rollout's max response length).
+        length_trajectory: ``[progress, multiplier]`` points: response lengths of the
+            prompts at that training progress are multiplied by the (piecewise-linear)
+            multiplier (empty: stationary).
+        difficulty_trajectory: ``[progress, group_sigma]`` points replacing the constant
+            ``group_sigma`` (empty: ``group_sigma`` throughout).
     """
 
     n: int = attrs.field(default=8)
@@ -77,6 +126,10 @@ class WorkloadModel:
     response_len: LengthDistribution = attrs.field(factory=LengthDistribution)
     group_sigma: float = attrs.field(default=0.0)
     max_response_len: int = attrs.field(default=8192)
+    length_trajectory: tuple[tuple[float, float], ...] = attrs.field(default=(), converter=_points)
+    difficulty_trajectory: tuple[tuple[float, float], ...] = attrs.field(
+        default=(), converter=_points
+    )
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -87,14 +140,39 @@ class WorkloadModel:
             )
         if self.group_sigma < 0:
             raise ValueError(f"group_sigma must be >= 0, got {self.group_sigma!r}")
+        _check_trajectory("length_trajectory", self.length_trajectory, 0.0)
+        if any(v <= 0 for _, v in self.length_trajectory):
+            raise ValueError("length_trajectory multipliers must be > 0")
+        _check_trajectory("difficulty_trajectory", self.difficulty_trajectory, 0.0)
 
-    def generate(self, num_prompts: int, seed: int) -> Workload:
-        """Draw ``num_prompts`` prompt groups from a seeded PCG64 generator."""
+    @property
+    def stationary(self) -> bool:
+        """No trajectory: every prompt is drawn from the same distribution."""
+        return not self.length_trajectory and not self.difficulty_trajectory
+
+    def progress(self, num_prompts: int, run_samples: int | None = None) -> np.ndarray:
+        """Training progress ``p_i`` of each prompt (see the module docstring)."""
+        span = max(1, (run_samples if run_samples is not None else num_prompts) - 1)
+        return np.clip(np.arange(num_prompts, dtype=float) / span, 0.0, 1.0)
+
+    def generate(self, num_prompts: int, seed: int, *, run_samples: int | None = None) -> Workload:
+        """Draw ``num_prompts`` prompt groups from a seeded PCG64 generator.
+
+        Args:
+            num_prompts: Prompt groups to draw.
+            seed: Generator seed.
+            run_samples: Samples the run consumes (sets the progress of each prompt for
+                the trajectories; default ``num_prompts``).
+        """
         rng = np.random.Generator(np.random.PCG64(seed))
         plen = np.clip(np.rint(self.prompt_len.sample(rng, num_prompts)), 1, None).astype(np.int64)
         raw = self.response_len.sample(rng, (num_prompts, self.n))
-        if self.group_sigma > 0:
-            raw = raw * np.exp(self.group_sigma * rng.standard_normal((num_prompts, 1)))
+        prog = self.progress(num_prompts, run_samples)
+        sigma = interpolate(self.difficulty_trajectory, prog, self.group_sigma)
+        if np.any(sigma > 0):
+            raw = raw * np.exp(sigma[:, None] * rng.standard_normal((num_prompts, 1)))
+        if self.length_trajectory:
+            raw = raw * interpolate(self.length_trajectory, prog, 1.0)[:, None]
         rlen = np.clip(np.rint(raw), 1, self.max_response_len).astype(np.int64)
         return Workload(prompt_lens=plen, response_lens=rlen)
 

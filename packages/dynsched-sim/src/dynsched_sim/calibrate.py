@@ -1,157 +1,390 @@
-"""Calibrate a scenario's hidden quantities against published wall-clock times.
+"""Fit the two rates the static runs identify, then predict the dynamic run.
 
-Run ``python -m dynsched_sim.calibrate [--scenario seed-qwen35] [--out FILE]``.
+Run ``python -m dynsched_sim.calibrate [--scenario seed-qwen35] [--seeds K] [--out FILE]``.
 
-Three knobs, each mostly controlling one configuration, are fitted in turn (a few
-rounds of one-dimensional fits, every evaluation a full simulation with the real core
-and the ``default`` policy):
+Only two quantities are fitted, each to the published wall-clock of the static
+configuration it dominates (every evaluation is the mean over the scenario's workload
+seeds of a full simulation with the real core; static configurations run
+``static_fully_async``):
 
-1. ``engine.decode_base_s`` and ``engine.decode_per_seq_s`` scaled together (engine
-   speed) so the rollout-bound configuration (``static-16-16``) matches its published
-   wall-clock;
-2. ``trainer.gpu_s_per_token`` so the training-bound configuration (``static-8-24``)
-   matches;
-3. ``engine.hybrid_memory_fraction`` (KV capacity of hybrid replicas, hence their
-   throughput) so the dynamic configuration matches.
+1. the **decode speed**: ``engine.decode_base_s`` and ``engine.decode_per_seq_s`` scaled
+   by one factor (their ratio stays as written in the scenario), so the rollout-bound
+   configuration (``static-16-16``) takes its published time;
+2. the **trainer speed**: ``trainer.gpu_s_per_token``, so the training-bound
+   configuration (``static-8-24``) takes its published time.
 
-Everything else (model size, bandwidths, switch overheads, length distribution, the
-published settings) stays as written in the scenario file.
+The two fits are alternated until both hold to 0.1 %. Everything else (hardware, model,
+memory fractions, switch costs, workload, schedule) stays as written and labelled in the
+scenario file. The dynamic configuration is never fitted: its simulated time is a
+**prediction**, reported with its residual against the published time whatever it is.
+A fit that ends at the edge of its search range is flagged.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
 from dynsched_sim._scenario import Scenario, load_scenario
-from dynsched_sim._sim import run_configuration
+from dynsched_sim._sim import policy_for, run_configuration
 
-__all__ = ["CalibrationReport", "calibrate", "main", "scenario_to_dict"]
+__all__ = [
+    "ASSUMPTIONS",
+    "CalibrationReport",
+    "Fit",
+    "Sensitivity",
+    "calibrate",
+    "main",
+    "mean_wall",
+    "needed_value",
+    "scenario_to_dict",
+    "sensitivity",
+]
+
+DECODE_RANGE = (1 / 50, 50.0)
+"""Search range of the decode-speed factor (relative to the scenario's values)."""
+TRAINER_RANGE = (1e-6, 1.0)
+"""Search range of ``trainer.gpu_s_per_token`` (GPU-seconds per token)."""
+TOLERANCE = 1e-3
+
+
+@attrs.frozen
+class Fit:
+    """One fitted rate.
+
+    Attributes:
+        parameter: What was fitted.
+        value: The fitted value.
+        search_range: Where it was searched.
+        at_edge: The fit stopped at an end of the range (the target may be out of reach).
+        target_s: The published wall-clock it was fitted to.
+        achieved_s: Mean simulated wall-clock with the fitted value.
+    """
+
+    parameter: str
+    value: float
+    search_range: tuple[float, float]
+    at_edge: bool
+    target_s: float
+    achieved_s: float
 
 
 @attrs.frozen
 class CalibrationReport:
-    """Fitted values and the wall-clocks they give."""
+    """The two fits and the prediction they give.
+
+    Attributes:
+        decode_base_s: Fitted ``engine.decode_base_s``.
+        decode_per_seq_s: Fitted ``engine.decode_per_seq_s``.
+        gpu_s_per_token: Fitted ``trainer.gpu_s_per_token``.
+        fits: The two `Fit` records.
+        seeds: Workload seeds every evaluation averaged over.
+        wall_clock_s: Per configuration, the mean simulated wall-clock.
+        wall_clock_std_s: Per configuration, the standard deviation over seeds.
+        predicted: Name of the predicted (not fitted) configuration.
+        residual: ``predicted / published - 1`` of that configuration.
+        ratios: Per static configuration, ``mean static / mean predicted``.
+        evaluations: Simulations run.
+    """
 
     decode_base_s: float
     decode_per_seq_s: float
     gpu_s_per_token: float
-    hybrid_memory_fraction: float
+    fits: tuple[Fit, ...]
+    seeds: tuple[int, ...]
     wall_clock_s: dict[str, float]
+    wall_clock_std_s: dict[str, float]
+    predicted: str
+    residual: float
     ratios: dict[str, float]
     evaluations: int
 
 
-def _wall(sc: Scenario, name: str, policy: str) -> float:
-    return run_configuration(sc, name, policy).wall_clock_s
+def mean_wall(
+    sc: Scenario, name: str, seeds: Sequence[int], policy: str = "default"
+) -> tuple[float, float]:
+    """Mean and standard deviation over ``seeds`` of the wall-clock of configuration ``name``."""
+    conf = sc.configuration(name)
+    walls = [
+        run_configuration(sc, conf, policy_for(conf, policy), seed=s).wall_clock_s for s in seeds
+    ]
+    return statistics.fmean(walls), statistics.stdev(walls) if len(walls) > 1 else 0.0
 
 
-def _fit_scale(f: Callable[[float], float], x: float, target: float, iters: int = 4) -> float:
-    """Fit ``x`` with ``f(x) ~ target`` assuming ``f`` roughly proportional to ``x``."""
+def _solve(
+    f: Callable[[float], float],
+    x0: float,
+    target: float,
+    lo: float,
+    hi: float,
+    *,
+    increasing: bool,
+    iters: int = 12,
+) -> tuple[float, float, bool]:
+    """Solve ``f(x) = target`` for a monotone ``f`` on ``[lo, hi]`` (secant in log space,
+    safeguarded by bisection). Returns ``(x, f(x), at_edge)``."""
+    x, y = x0, f(x0)
+    lo_b, hi_b = lo, hi  # bracket, tightened as we go
+    prev: tuple[float, float] | None = None
     for _ in range(iters):
-        y = f(x)
-        if abs(y / target - 1) < 5e-4:
+        if abs(y / target - 1) < TOLERANCE:
+            return x, y, False
+        too_high = (y > target) == increasing
+        if too_high:
+            hi_b = min(hi_b, x)
+        else:
+            lo_b = max(lo_b, x)
+        if prev is not None and prev[1] != y and prev[0] != x:
+            slope = (math.log(y) - math.log(prev[1])) / (math.log(x) - math.log(prev[0]))
+        else:
+            slope = 1.0 if increasing else -1.0
+        if slope == 0 or (slope > 0) != increasing:
+            slope = 1.0 if increasing else -1.0
+        nxt = x * math.exp((math.log(target) - math.log(y)) / slope)
+        if not lo_b < nxt < hi_b:
+            nxt = math.sqrt(lo_b * hi_b)
+        prev = (x, y)
+        if nxt == x:
             break
-        x *= target / y
-    return x
+        x, y = nxt, f(nxt)
+    at_edge = min(abs(math.log(x / lo)), abs(math.log(x / hi))) < 1e-3 or not (
+        abs(y / target - 1) < TOLERANCE
+    )
+    return x, y, at_edge
 
 
 def calibrate(
     scenario: Scenario,
     *,
+    seeds: Sequence[int] | None = None,
     static_rollout_bound: str = "static-16-16",
     static_train_bound: str = "static-8-24",
-    dynamic: str = "dynamic-16-16",
+    predicted: str = "dynamic-16-16",
     policy: str = "default",
-    rounds: int = 2,
+    rounds: int = 4,
     log: Callable[[str], None] = lambda s: None,
 ) -> tuple[Scenario, CalibrationReport]:
-    """Fit the three knobs of the module docstring to ``scenario.published``."""
+    """Fit the decode and trainer speeds to the two static runs; predict ``predicted``.
+
+    Args:
+        scenario: Scenario with ``published`` times for the three configurations.
+        seeds: Workload seeds to average over (default: the scenario's ``seeds`` seeds).
+        static_rollout_bound: Static configuration that fixes the decode speed.
+        static_train_bound: Static configuration that fixes the trainer speed.
+        predicted: The configuration that is predicted, not fitted.
+        policy: Policy of the predicted configuration.
+        rounds: Most alternations of the two fits.
+        log: Progress messages.
+
+    Returns:
+        The calibrated scenario and the report.
+
+    Raises:
+        ValueError: a published time is missing.
+    """
     pub = scenario.published
-    for name in (static_rollout_bound, static_train_bound, dynamic):
+    for name in (static_rollout_bound, static_train_bound, predicted):
         if name not in pub:
             raise ValueError(f"scenario {scenario.name!r} has no published time for {name!r}")
+    seeds = (
+        tuple(seeds)
+        if seeds is not None
+        else tuple(range(scenario.seed, scenario.seed + scenario.seeds))
+    )
     evals = 0
     sc = scenario
+    base0, per0 = sc.engine.decode_base_s, sc.engine.decode_per_seq_s
+    factor = 1.0
 
-    def with_engine(s: Scenario, **kw: Any) -> Scenario:
-        return attrs.evolve(s, engine=attrs.evolve(s.engine, **kw))
+    def decode(s: Scenario, k: float) -> Scenario:
+        return s.with_values(engine={"decode_base_s": base0 * k, "decode_per_seq_s": per0 * k})
 
+    def trainer(s: Scenario, c: float) -> Scenario:
+        return s.with_values(trainer={"gpu_s_per_token": c})
+
+    fit_d = fit_t = None
     for rnd in range(rounds):
-        base0, per0 = sc.engine.decode_base_s, sc.engine.decode_per_seq_s
 
-        def f_scale(k: float, _s: Scenario = sc, b: float = base0, p: float = per0) -> float:
+        def f_decode(k: float, _s: Scenario = sc) -> float:
             nonlocal evals
-            evals += 1
-            return _wall(
-                with_engine(_s, decode_base_s=b * k, decode_per_seq_s=p * k),
-                static_rollout_bound,
-                policy,
-            )
+            evals += len(seeds)
+            return mean_wall(decode(_s, k), static_rollout_bound, seeds)[0]
 
-        k = _fit_scale(f_scale, 1.0, pub[static_rollout_bound])
-        sc = with_engine(sc, decode_base_s=base0 * k, decode_per_seq_s=per0 * k)
-        log(f"round {rnd + 1}: decode scale x{k:.4f}")
+        k, y_d, edge_d = _solve(
+            f_decode, factor, pub[static_rollout_bound], *DECODE_RANGE, increasing=True
+        )
+        factor, sc = k, decode(sc, k)
+        log(f"round {rnd + 1}: decode factor x{k:.5g} -> {static_rollout_bound} {y_d / 3600:.4f} h")
 
         def f_train(c: float, _s: Scenario = sc) -> float:
             nonlocal evals
-            evals += 1
-            return _wall(
-                attrs.evolve(_s, trainer=attrs.evolve(_s.trainer, gpu_s_per_token=c)),
-                static_train_bound,
-                policy,
-            )
+            evals += len(seeds)
+            return mean_wall(trainer(_s, c), static_train_bound, seeds)[0]
 
-        c = _fit_scale(f_train, sc.trainer.gpu_s_per_token, pub[static_train_bound])
-        sc = attrs.evolve(sc, trainer=attrs.evolve(sc.trainer, gpu_s_per_token=c))
-        log(f"round {rnd + 1}: gpu_s_per_token {c:.6g}")
-
-        # bisection on the hybrid memory fraction: more memory -> faster dynamic run
-        lo, hi = _fraction_range(sc)
-        target = pub[dynamic]
-        best = (math.inf, sc.engine.hybrid_memory_fraction)
-        for _ in range(7):
-            mid = 0.5 * (lo + hi)
-            evals += 1
-            w = _wall(with_engine(sc, hybrid_memory_fraction=round(mid, 4)), dynamic, policy)
-            if abs(w - target) < best[0]:
-                best = (abs(w - target), round(mid, 4))
-            if w > target:
-                lo = mid
-            else:
-                hi = mid
-        sc = with_engine(sc, hybrid_memory_fraction=best[1])
-        log(f"round {rnd + 1}: hybrid_memory_fraction {best[1]}")
-
-    walls = {n: _wall(sc, n, policy) for n in (static_rollout_bound, static_train_bound, dynamic)}
-    evals += 3
-    ratios = {
-        f"{static_rollout_bound}/{dynamic}": walls[static_rollout_bound] / walls[dynamic],
-        f"{static_train_bound}/{dynamic}": walls[static_train_bound] / walls[dynamic],
-    }
+        c, y_t, edge_t = _solve(
+            f_train,
+            sc.trainer.gpu_s_per_token,
+            pub[static_train_bound],
+            *TRAINER_RANGE,
+            increasing=True,
+        )
+        sc = trainer(sc, c)
+        log(f"round {rnd + 1}: gpu_s_per_token {c:.6g} -> {static_train_bound} {y_t / 3600:.4f} h")
+        fit_d = Fit(
+            "engine decode speed (decode_base_s, decode_per_seq_s)",
+            k,
+            DECODE_RANGE,
+            edge_d,
+            pub[static_rollout_bound],
+            y_d,
+        )
+        fit_t = Fit(
+            "trainer.gpu_s_per_token", c, TRAINER_RANGE, edge_t, pub[static_train_bound], y_t
+        )
+        # the trainer fit moves the rollout-bound run a little: stop once both hold
+        evals += len(seeds)
+        again = mean_wall(sc, static_rollout_bound, seeds)[0]
+        if abs(again / pub[static_rollout_bound] - 1) < TOLERANCE:
+            fit_d = attrs.evolve(fit_d, achieved_s=again)
+            break
+    assert fit_d is not None and fit_t is not None
+    walls: dict[str, float] = {}
+    stds: dict[str, float] = {}
+    for name in (static_rollout_bound, static_train_bound, predicted):
+        walls[name], stds[name] = mean_wall(sc, name, seeds, policy)
+        evals += len(seeds)
+    ratios = {s: walls[s] / walls[predicted] for s in (static_rollout_bound, static_train_bound)}
     rep = CalibrationReport(
         sc.engine.decode_base_s,
         sc.engine.decode_per_seq_s,
         sc.trainer.gpu_s_per_token,
-        sc.engine.hybrid_memory_fraction,
+        (fit_d, fit_t),
+        seeds,
         walls,
+        stds,
+        predicted,
+        walls[predicted] / pub[predicted] - 1,
         ratios,
         evals,
     )
     return sc, rep
 
 
-def _fraction_range(sc: Scenario) -> tuple[float, float]:
-    """Hybrid memory fractions from 'just holds the weights' to the standalone fraction."""
-    eng, hw, llm = sc.engine, sc.hardware, sc.model
-    total = eng.gpus_per_replica * hw.gpu_memory_gib * 2**30
-    lo = (llm.weight_bytes + llm.kv_bytes_per_token * eng.kv_tokens_per_seq * 8) / total
-    return min(lo, eng.standalone_memory_fraction), eng.standalone_memory_fraction
+ASSUMPTIONS: tuple[tuple[str, dict[str, dict[str, Any]], bool], ...] = (
+    ("as in the scenario", {}, False),
+    (
+        "switch overheads x4 (wake 40 s, sleep 20 s)",
+        {"engine": {"wake_overhead_s": 40.0, "sleep_overhead_s": 20.0}},
+        False,
+    ),
+    (
+        "hybrid weight sync at 1 GiB/s per GPU",
+        {"hardware": {"local_sync_bandwidth_gib_s": 1.0}},
+        False,
+    ),
+    ("stationary workload (no length growth)", {"workload": {"length_trajectory": ()}}, True),
+    (
+        "n = 16 and max_running_requests 256 (upstream's later script)",
+        {"workload": {"n": 16}, "engine": {"max_num_seqs": 256}},
+        True,
+    ),
+    (
+        "staleness rule in_flight (queued samples not counted)",
+        {"schedule": {"staleness_rule": "in_flight"}},
+        True,
+    ),
+    ("per-sequence decode cost x5 (decode shape)", {"engine": {"decode_per_seq_s": None}}, True),
+)
+"""Alternative assumptions `sensitivity` tries: ``(label, changes, refit)``; ``refit``
+when the change also moves the static runs, so the two rates are fitted again first.
+(``None`` for ``decode_per_seq_s`` means five times the scenario's value.)"""
+
+
+@attrs.frozen
+class Sensitivity:
+    """The prediction under one alternative assumption.
+
+    Attributes:
+        assumption: What was changed.
+        refitted: Whether the two rates were fitted again.
+        predicted_s: Mean predicted wall-clock of the dynamic configuration.
+        predicted_std_s: Its standard deviation over seeds.
+        residual: ``predicted / published - 1``.
+        ratios: ``static / dynamic`` per static configuration (means).
+    """
+
+    assumption: str
+    refitted: bool
+    predicted_s: float
+    predicted_std_s: float
+    residual: float
+    ratios: dict[str, float]
+
+
+def sensitivity(
+    scenario: Scenario,
+    *,
+    seeds: Sequence[int],
+    predicted: str = "dynamic-16-16",
+    assumptions: Sequence[tuple[str, dict[str, dict[str, Any]], bool]] = ASSUMPTIONS,
+    log: Callable[[str], None] = lambda s: None,
+) -> list[Sensitivity]:
+    """Predict ``predicted`` under each alternative assumption (refitting the two rates on
+    the static runs when the change moves them). ``scenario`` must be calibrated."""
+    out = []
+    for label, changes, refit in assumptions:
+        changes = {k: dict(v) for k, v in changes.items()}
+        if changes.get("engine", {}).get("decode_per_seq_s", 0) is None:
+            changes["engine"]["decode_per_seq_s"] = 5 * scenario.engine.decode_per_seq_s
+        sc = scenario.with_values(**changes) if changes else scenario
+        if refit:
+            sc, rep = calibrate(sc, seeds=seeds, predicted=predicted, log=log)
+            walls = rep.wall_clock_s
+            std = rep.wall_clock_std_s[predicted]
+        else:
+            walls = {}
+            for c in sc.configurations:
+                walls[c.name], s = mean_wall(sc, c.name, seeds)
+                if c.name == predicted:
+                    std = s
+        log(f"{label}: {walls[predicted] / 3600:.3f} h")
+        out.append(
+            Sensitivity(
+                label,
+                refit,
+                walls[predicted],
+                std,
+                walls[predicted] / scenario.published[predicted] - 1,
+                {k: w / walls[predicted] for k, w in walls.items() if k != predicted},
+            )
+        )
+    return out
+
+
+def needed_value(
+    scenario: Scenario,
+    section: str,
+    field: str,
+    *,
+    seeds: Sequence[int],
+    predicted: str = "dynamic-16-16",
+    search_range: tuple[float, float] = (0.1, 3600.0),
+) -> tuple[float, float]:
+    """The value of ``section.field`` (one that moves only the dynamic run, e.g. a switch
+    overhead) that makes the prediction equal the published time: ``(value, wall)``."""
+
+    def f(x: float) -> float:
+        return mean_wall(scenario.with_values(**{section: {field: x}}), predicted, seeds)[0]
+
+    x0 = max(search_range[0], float(getattr(getattr(scenario, section), field)) or 1.0)
+    x, y, _ = _solve(f, x0, scenario.published[predicted], *search_range, increasing=True)
+    return x, y
 
 
 def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
@@ -160,10 +393,41 @@ def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
     d["trainer"]["phase_shares"] = {k: v for k, v in sc.trainer.phase_shares}
     for key in ("prompt_len", "response_len"):
         d["workload"][key]["values"] = list(d["workload"][key]["values"])
+    for key in ("length_trajectory", "difficulty_trajectory"):
+        d["workload"][key] = [list(p) for p in getattr(sc.workload, key)]
     d["configurations"] = [attrs.asdict(c) for c in sc.configurations]
     d["schedule"] = dict(sc.schedule)
     d["published"] = dict(sc.published)
+    d["provenance"] = dict(sc.provenance)
     return d
+
+
+def format_report(rep: CalibrationReport, published: dict[str, float]) -> str:
+    """The report as printed by the command."""
+    lines = []
+    for fit in rep.fits:
+        edge = "  AT THE EDGE OF ITS SEARCH RANGE" if fit.at_edge else ""
+        lines.append(
+            f"fitted {fit.parameter}: {fit.value:.6g} (searched {fit.search_range[0]:g}.."
+            f"{fit.search_range[1]:g}) -> {fit.achieved_s / 3600:.4f} h, target "
+            f"{fit.target_s / 3600:.4f} h{edge}"
+        )
+    lines.append(f"engine.decode_base_s: {rep.decode_base_s:.6g}")
+    lines.append(f"engine.decode_per_seq_s: {rep.decode_per_seq_s:.6g}")
+    lines.append(f"trainer.gpu_s_per_token: {rep.gpu_s_per_token:.6g}")
+    lines.append(f"seeds: {list(rep.seeds)}")
+    for name, wall in rep.wall_clock_s.items():
+        kind = "PREDICTED" if name == rep.predicted else "fitted"
+        lines.append(
+            f"{name}: {wall / 3600:.3f} h +- {rep.wall_clock_std_s[name] / 3600:.3f} "
+            f"(published {published[name] / 3600:.3f} h; {kind})"
+        )
+    lines.append(f"residual of the prediction: {rep.residual:+.1%} against the published time")
+    for name, ratio in rep.ratios.items():
+        pub = published[name] / published[rep.predicted]
+        lines.append(f"{name} / {rep.predicted}: {ratio:.3f} (published {pub:.3f})")
+    lines.append(f"simulations run: {rep.evaluations}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,21 +436,39 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m dynsched_sim.calibrate", description=__doc__.splitlines()[0]
     )
     ap.add_argument("--scenario", default="seed-qwen35", help="built-in name or scenario file")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seeds", type=int, default=None, help="seeds to average (default: scenario)")
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", help="write the calibrated scenario (YAML) here")
-    args = ap.parse_args(argv)
-    sc, rep = calibrate(
-        load_scenario(args.scenario), rounds=args.rounds, log=lambda s: print(s, file=sys.stderr)
+    ap.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="instead of fitting: predict the dynamic run of the (calibrated) scenario under "
+        "alternative assumptions, and the switch overhead that would reproduce the "
+        "published time",
     )
-    print(f"engine.decode_base_s: {rep.decode_base_s:.6g}")
-    print(f"engine.decode_per_seq_s: {rep.decode_per_seq_s:.6g}")
-    print(f"trainer.gpu_s_per_token: {rep.gpu_s_per_token:.6g}")
-    print(f"engine.hybrid_memory_fraction: {rep.hybrid_memory_fraction}")
-    for k, v in rep.wall_clock_s.items():
-        print(f"{k}: {v:.0f} s ({v / 3600:.3f} h)")
-    for k, v in rep.ratios.items():
-        print(f"{k}: {v:.4f}")
-    print(f"simulations run: {rep.evaluations}")
+    args = ap.parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    seeds = None if args.seeds is None else range(scenario.seed, scenario.seed + args.seeds)
+    if args.sensitivity:
+        chosen = list(seeds or range(scenario.seed, scenario.seed + scenario.seeds))
+        log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+        for row in sensitivity(scenario, seeds=chosen, log=log):
+            ratios = ", ".join(f"x{v:.3f} vs {k}" for k, v in row.ratios.items())
+            print(
+                f"{row.assumption}{' (refitted)' if row.refitted else ''}: "
+                f"{row.predicted_s / 3600:.3f} h ±{row.predicted_std_s / 3600:.3f}, residual "
+                f"{row.residual:+.1%}; {ratios}"
+            )
+        x, y = needed_value(scenario, "engine", "wake_overhead_s", seeds=chosen)
+        print(
+            f"engine.wake_overhead_s that reproduces the published {scenario.published['dynamic-16-16'] / 3600:.2f} h: "
+            f"{x:.0f} s (prediction {y / 3600:.3f} h)"
+        )
+        return 0
+    sc, rep = calibrate(
+        scenario, seeds=seeds, rounds=args.rounds, log=lambda s: print(s, file=sys.stderr)
+    )
+    print(format_report(rep, dict(scenario.published)))
     if args.out:
         import yaml
 

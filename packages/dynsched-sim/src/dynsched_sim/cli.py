@@ -36,7 +36,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="registered policies to run on the dynamic configurations (default: default)",
     )
-    p.add_argument("--seed", type=int, default=None, help="workload seed (default: the scenario's)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="first workload seed (default: the scenario's)"
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run K workload seeds per configuration and report mean and spread "
+        "(default: the scenario's, 5 for seed-qwen35)",
+    )
     p.add_argument("--out", default="dynsched-out", help="output folder (default: ./dynsched-out)")
     p.add_argument(
         "--steps", type=int, default=None, help="override the number of training micro-steps"
@@ -54,7 +64,7 @@ def _handler(args: argparse.Namespace) -> int:
     from dynsched_core import available_policies
     from dynsched_core.errors import PolicyRegistryError
 
-    from dynsched_sim._report import ProgressBar, compare, format_table, write_outputs
+    from dynsched_sim._report import ProgressBar, compare, format_table, seeds_of, write_outputs
     from dynsched_sim._scenario import ScenarioError, builtin_scenarios, load_scenario
 
     if args.list:
@@ -73,15 +83,23 @@ def _handler(args: argparse.Namespace) -> int:
                 from dynsched_core import get_policy_class
 
                 get_policy_class(name)  # raises with the list and a close match
+        if args.seeds is not None and args.seeds < 1:
+            raise ScenarioError(f"--seeds must be >= 1, got {args.seeds}")
     except (ScenarioError, PolicyRegistryError) as e:
         print(f"dynsched simulate: error: {e}", file=sys.stderr)
         return 2
-    seed = scenario.seed if args.seed is None else args.seed
-    runs = compare(scenario, args.policy, seed=seed, progress=None if args.quiet else ProgressBar())
+    seeds = seeds_of(scenario, args.seed, args.seeds)
+    runs = compare(
+        scenario,
+        args.policy,
+        seed=seeds[0],
+        seeds=len(seeds),
+        progress=None if args.quiet else ProgressBar(),
+    )
     print(f"scenario {scenario.name}: {scenario.description}".strip())
     print(format_table(scenario, runs))
     paths = write_outputs(
-        scenario, runs, args.out, policies=args.policy, seed=seed, plots=not args.no_plots
+        scenario, runs, args.out, policies=args.policy, seeds=seeds, plots=not args.no_plots
     )
     print(f"wrote {', '.join(sorted(set(paths.values())))}")
     return 0

@@ -1,0 +1,139 @@
+"""The lower bound: its pieces by hand, exact on a fully serial run, never beaten."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from dynsched_sim import (
+    EngineModel,
+    builtin_scenarios,
+    load_scenario,
+    lower_bound,
+    pool_throughput,
+    random_scenario,
+    run_configuration,
+    scenario_from_dict,
+)
+from dynsched_sim._bound import _earliest
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+@given(
+    caps=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+    seqs=st.integers(0, 30),
+    per_seq=st.floats(0.0, 0.01),
+)
+def test_pool_throughput_is_the_best_split(caps: list[int], seqs: int, per_seq: float) -> None:
+    eng = EngineModel(gpus_per_replica=1, decode_base_s=0.01, decode_per_seq_s=per_seq)
+
+    def f(x: int) -> float:
+        return x * eng.per_seq_rate(x) if x else 0.0
+
+    best = max(
+        sum(f(x) for x in split)
+        for split in itertools.product(*(range(c + 1) for c in caps))
+        if sum(split) <= seqs
+    )
+    assert pool_throughput(eng, caps, seqs) == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+def test_earliest_time_for_two_rates() -> None:
+    assert _earliest(0.0, [(1.0, 5.0)]) == 0.0
+    assert _earliest(10.0, [(2.0, 0.0)]) == pytest.approx(5.0)
+    # 2/s from t=0, another 3/s from t=4: 8 made by t=4, 12 more at 5/s
+    assert _earliest(20.0, [(2.0, 0.0), (3.0, 4.0)]) == pytest.approx(6.4)
+    assert _earliest(1.0, [(0.0, 0.0)]) == float("inf")
+
+
+def _serial(steps: int) -> dict:  # type: ignore[type-arg]
+    """One sample in flight, one replica, a weight sync after every step: a chain."""
+    return {
+        "name": "serial",
+        "steps": steps,
+        "hardware": {"network_bandwidth_gib_s": 10, "network_latency_s": 1.0},
+        "model": {"params_b": 1.0, "kv_bytes_per_token": 1000.0},
+        "engine": {
+            "gpus_per_replica": 1,
+            "decode_base_s": 0.01,
+            "decode_per_seq_s": 0.001,
+            "prefill_s_per_token": 1e-4,
+        },
+        "trainer": {"gpu_s_per_token": 0.01, "step_overhead_s": 3.0},
+        "workload": {
+            "n": 1,
+            "max_response_len": 5000,
+            "prompt_len": {"kind": "constant", "median": 50},
+            "response_len": {"kind": "lognormal", "median": 400, "sigma": 0.5},
+        },
+        "schedule": {
+            "ppo_mini_batch_size": 1,
+            "trigger_parameter_sync_step": 1,
+            "staleness_threshold": 0.0,
+            "concurrent_samples_per_replica": 1,
+        },
+        "configurations": [{"name": "s", "trainer_gpus": 1, "rollout_gpus": 1}],
+    }
+
+
+def test_bound_is_exact_on_a_fully_serial_run() -> None:
+    """With one sample in flight per version the run is a chain: generate (prefill, then
+    decode alone at r(1)), train, sync, admit the next prompt. The bound follows the same
+    chain, so it equals the simulated time."""
+    sc = scenario_from_dict(_serial(6))
+    r = run_configuration(sc, "s", "static_fully_async")
+    assert r.efficiency == pytest.approx(1.0, rel=1e-9)
+    assert r.summary["lower_bound_binding"] in ("slots", "stragglers")  # equal here
+
+
+def test_bound_by_hand_on_the_serial_chain() -> None:
+    sc = scenario_from_dict(_serial(2))
+    conf = sc.configuration("s")
+    from dynsched_sim._cluster import build_cluster  # noqa: F401  (same workload draw)
+
+    w = sc.workload.generate(8, sc.seed, run_samples=2)
+    lb = lower_bound(sc, conf, w)
+    eng, hw, llm, tr = sc.engine, sc.hardware, sc.model, sc.trainer
+    solo = [
+        int(w.prompt_lens[i]) * eng.prefill_s_per_token
+        + int(w.response_lens[i].max()) / eng.per_seq_rate(1)
+        for i in range(2)
+    ]
+    train = [tr.step_s(int(w.group_tokens()[i]), 1, tr.state_swap_s(hw, llm, 1)) for i in range(2)]
+    y = eng.broadcast_sync_s(hw, llm)
+    t1 = solo[0]
+    t2 = t1 + train[0] + y + solo[1]
+    assert lb.step_starts_s == pytest.approx((t1, t2))
+    assert lb.seconds == pytest.approx(t2 + train[1] + y)
+
+
+@pytest.mark.parametrize("name", sorted(builtin_scenarios()))
+def test_no_builtin_run_beats_the_bound(name: str) -> None:
+    """Shortened for CI; ``benchmarks/sim_bound_validity.py`` runs them at full length."""
+    sc = load_scenario(name)
+    sc = sc.with_steps(min(sc.steps, 8))
+    for conf in sc.configurations:
+        for pol in ["default", "fixed_ratio", "static_fully_async"] if conf.hybrid else [""]:
+            r = run_configuration(sc, conf, pol or "static_fully_async")
+            assert 0.0 < r.efficiency <= 1.0, (name, conf.name, pol, r.efficiency)
+            assert all(r.conservation.values()), (name, conf.name, pol, r.conservation)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1000, 1012))
+def test_no_random_run_beats_the_bound(seed: int) -> None:
+    """CI-sized sample; ``benchmarks/sim_bound_validity.py`` runs hundreds."""
+    sc = random_scenario(seed, max_steps=10)
+    for conf in sc.configurations:
+        for pol in ["default", "static_fully_async"] if conf.hybrid else ["static_fully_async"]:
+            r = run_configuration(sc, conf, pol)
+            assert all(r.conservation.values()), (seed, conf.name, pol, r.conservation)
+            assert 0.0 < r.efficiency <= 1.0, (seed, conf.name, pol, r.efficiency)
+
+
+def test_random_scenarios_are_deterministic_and_valid() -> None:
+    a, b = random_scenario(7), random_scenario(7)
+    assert a == b
+    assert random_scenario(8) != a
+    assert any(c.hybrid for c in a.configurations)
