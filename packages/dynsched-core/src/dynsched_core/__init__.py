@@ -2,8 +2,9 @@
 
 Depends on the standard library and attrs only. The names below are the public API (see
 the package README); the other names live in public submodules (`dynsched_core.events`,
-`dynsched_core.errors`, `dynsched_core.plugins`, `dynsched_core.derived`,
-`dynsched_core.validators`, `dynsched_core.testing`) or stay in private modules.
+`dynsched_core.errors`, `dynsched_core.trainer`, `dynsched_core.plugins`,
+`dynsched_core.derived`, `dynsched_core.validators`, `dynsched_core.testing`) or stay in
+private modules.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ from dynsched_core._protocols import (
     SampleQueue,
 )
 
+# trainers and the GPU hand-over (the rest: dynsched_core.trainer)
+# isort: split
+from dynsched_core._handover import GpuHandOver, HandOverReplica
+from dynsched_core._trainer import Trainer, TrainBatch, TrainerLoopBackend, TrainResponse
+
 # events and errors (the rest: dynsched_core.events, dynsched_core.errors)
 # isort: split
 from dynsched_core._errors import ConfigError, DynschedError, SwitchError
@@ -72,8 +78,10 @@ __all__ = [
     "FullyAsyncLoop",
     "GenerateRequest",
     "GenerateResult",
+    "GpuHandOver",
     "GuardRailOverride",
     "GuardRails",
+    "HandOverReplica",
     "HybridState",
     "InMemoryReplica",
     "LoadBalancer",
@@ -90,7 +98,11 @@ __all__ = [
     "SampleQueue",
     "ScheduleDriver",
     "SwitchError",
+    "TrainBatch",
+    "TrainResponse",
+    "Trainer",
     "TrainerBackend",
+    "TrainerLoopBackend",
     "available_policies",
     "build_policy",
     "get_policy_class",
