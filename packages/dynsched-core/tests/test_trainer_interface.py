@@ -102,10 +102,16 @@ class _Outcome(RolloutOutcome):
 
 
 def test_from_samples_reads_tokens_logprobs_versions_and_rewards() -> None:
-    o1 = _Outcome(request_id="p0/0", output_tokens=(7, 8), num_tokens=2, logprobs=(-0.1, -0.2),
-                  param_versions=(1, 2))
-    o2 = _Outcome(request_id="p0/1", output_tokens=(9,), num_tokens=1, logprobs=(-0.3,),
-                  param_versions=(2,))
+    o1 = _Outcome(
+        request_id="p0/0",
+        output_tokens=(7, 8),
+        num_tokens=2,
+        logprobs=(-0.1, -0.2),
+        param_versions=(1, 2),
+    )
+    o2 = _Outcome(
+        request_id="p0/1", output_tokens=(9,), num_tokens=1, logprobs=(-0.3,), param_versions=(2,)
+    )
     batch = TrainBatch.from_samples(
         [_sample("p0", [3, 4], [o1, o2])],
         lambda s, o: float(len(o.output_tokens)),
@@ -144,18 +150,27 @@ class _FakeTrainer:
         before = self._mem()
         self.is_offloaded = offloaded
         self.calls.append(direction)
-        return OffloadReport(direction=direction, before=before, after=self._mem(),
-                             moved_bytes=100, seconds=0.0)
+        return OffloadReport(
+            direction=direction, before=before, after=self._mem(), moved_bytes=100, seconds=0.0
+        )
 
     def train_step(self, batch: TrainBatch) -> TrainMetrics:
         assert not self.is_offloaded
         self.version += 1
         self.calls.append("train")
-        return TrainMetrics(loss=0.0, grad_norm=0.0, compute_s=0.01,
-                            num_tokens=batch.num_response_tokens,
-                            num_responses=len(batch.responses), clip_fraction=0.0,
-                            ratio_mean=1.0, ratio_max=1.0, approx_kl=0.0,
-                            staleness=batch.staleness(), version=self.version)
+        return TrainMetrics(
+            loss=0.0,
+            grad_norm=0.0,
+            compute_s=0.01,
+            num_tokens=batch.num_response_tokens,
+            num_responses=len(batch.responses),
+            clip_fraction=0.0,
+            ratio_mean=1.0,
+            ratio_max=1.0,
+            approx_kl=0.0,
+            staleness=batch.staleness(),
+            version=self.version,
+        )
 
     def offload(self) -> OffloadReport:
         return self._move("offload", True)

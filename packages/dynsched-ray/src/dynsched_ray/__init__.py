@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dynsched_ray._actors import (
     QueueActor,
     ReplicaActor,
@@ -33,11 +35,39 @@ from dynsched_ray._trainer import RayTrainerBackend
 
 __version__ = "0.1.0"
 
+# Trainers and the RL objective need torch (extras ``torch`` / ``megatron``): they are
+# imported on first access, so ``import dynsched_ray`` loads no tensor library.
+_LAZY = {
+    "RLObjective": "dynsched_ray._rl_objective",
+    "TrainerOptions": "dynsched_ray._trainer_base",
+    "TrainerOffloadedError": "dynsched_ray._trainer_base",
+    "TorchTrainer": "dynsched_ray._torch_trainer",
+    "MegatronTrainer": "dynsched_ray._megatron_trainer",
+    "LlamaShape": "dynsched_ray._megatron_convert",
+    "hf_llama_to_megatron": "dynsched_ray._megatron_convert",
+    "megatron_to_hf_llama": "dynsched_ray._megatron_convert",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dynsched_ray' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "ActorUnavailableError",
     "AllReplicasLostError",
     "FleetSpec",
+    "LlamaShape",
+    "MegatronTrainer",
     "QueueActor",
+    "RLObjective",
     "RayFleet",
     "RayQueue",
     "RayReplica",
@@ -53,11 +83,16 @@ __all__ = [
     "ResourcePools",
     "RouterActor",
     "TinyModelSpec",
+    "TorchTrainer",
+    "TrainerOffloadedError",
+    "TrainerOptions",
     "TrainerWorkerActor",
     "await_ref",
     "build_tiny_model",
     "default_replica_factory",
+    "hf_llama_to_megatron",
     "load_checkpoint",
+    "megatron_to_hf_llama",
     "placement_info",
     "remote_class",
     "run_ray",
