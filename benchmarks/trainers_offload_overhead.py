@@ -131,9 +131,7 @@ def _hand_step(trainer: Any, batch: TrainBatch) -> Callable[[], None]:
         opt.zero_grad(set_to_none=True)
         logits = trainer._logits(packed.input_ids)
         logp = token_logprobs(logits, packed.input_ids)
-        loss, _ = policy_loss(
-            logp, packed.rollout_logprobs, packed.advantages, packed.loss_mask
-        )
+        loss, _ = policy_loss(logp, packed.rollout_logprobs, packed.advantages, packed.loss_mask)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, trainer.options.max_grad_norm)
         opt.step()
@@ -199,7 +197,9 @@ def main() -> int:
                 results["rows"].append(row)
                 del trainer
         print()
-        print(f"{'trainer':<9} {'model':<23} {'train_step ms':>22} {'hand-written ms':>22} {'overhead':>8}")
+        print(
+            f"{'trainer':<9} {'model':<23} {'train_step ms':>22} {'hand-written ms':>22} {'overhead':>8}"
+        )
         folder = Path(tmp) / "tiny"
         batch = _batch(4, 4, TinyModelSpec().vocab_size)
         for kind, cls in (("torch", TorchTrainer), ("megatron", MegatronTrainer)):

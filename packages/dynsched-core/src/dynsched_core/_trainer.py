@@ -399,7 +399,8 @@ class TrainerLoopBackend:
     Args:
         trainer: The trainer.
         make_batch: ``make_batch(samples, version) -> TrainBatch``.
-        standalone: Standalone replicas that receive every weight sync.
+        standalone: Replicas that receive every weight sync: a `ReplicaSet` (its
+            standalone members) or a mapping of standalone replicas.
         as_bytes: Export safetensors bytes instead of a tensor mapping.
         handover: Records who holds the GPU (see `GpuHandOver`).
         gpu: The trainer's GPU key in ``handover``.
@@ -442,9 +443,9 @@ class TrainerLoopBackend:
         """Export the weights and load them into the standalone replicas as ``version``."""
         self.version = version
         _, weights = await asyncio.to_thread(self.trainer.export_weights, as_bytes=self.as_bytes)
-        await asyncio.gather(
-            *(r.update_weights(version, weights) for r in self.standalone.values())
-        )
+        of_role = getattr(self.standalone, "of_role", None)
+        targets = of_role("standalone") if of_role is not None else self.standalone.values()
+        await asyncio.gather(*(r.update_weights(version, weights) for r in targets))
         return weights
 
     async def release(self) -> None:

@@ -17,6 +17,7 @@ from dynsched_ray._errors import (
     AllReplicasLostError,
     RemoteCallTimeoutError,
     ReplicaActorDiedError,
+    TrainerOffloadedError,
 )
 from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory, default_replica_factory
 from dynsched_ray._placement import ResourcePools
@@ -32,6 +33,12 @@ from dynsched_ray._runner import (
 )
 from dynsched_ray._tiny_model import TinyModelSpec, build_tiny_model
 from dynsched_ray._trainer import RayTrainerBackend
+from dynsched_ray._trainer_group import (
+    RayTrainerGroup,
+    RayTrainerGroupBackend,
+    RayTrainerSpec,
+    TrainerActor,
+)
 
 __version__ = "0.1.0"
 
@@ -40,7 +47,6 @@ __version__ = "0.1.0"
 _LAZY = {
     "RLObjective": "dynsched_ray._rl_objective",
     "TrainerOptions": "dynsched_ray._trainer_base",
-    "TrainerOffloadedError": "dynsched_ray._trainer_base",
     "TorchTrainer": "dynsched_ray._torch_trainer",
     "MegatronTrainer": "dynsched_ray._megatron_trainer",
     "LlamaShape": "dynsched_ray._megatron_convert",
@@ -76,6 +82,9 @@ __all__ = [
     "RayRunResult",
     "RayRunner",
     "RayTrainerBackend",
+    "RayTrainerGroup",
+    "RayTrainerGroupBackend",
+    "RayTrainerSpec",
     "RemoteCallTimeoutError",
     "ReplicaActor",
     "ReplicaActorDiedError",
@@ -84,6 +93,7 @@ __all__ = [
     "RouterActor",
     "TinyModelSpec",
     "TorchTrainer",
+    "TrainerActor",
     "TrainerOffloadedError",
     "TrainerOptions",
     "TrainerWorkerActor",

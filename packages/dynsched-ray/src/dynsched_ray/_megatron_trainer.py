@@ -5,7 +5,9 @@ shapes of a Hugging Face Llama folder (RMSNorm, SwiGLU, rotary embeddings, group
 attention, no biases, untied embeddings); its weights are loaded from that folder
 through `hf_llama_to_megatron` and exported with `megatron_to_hf_llama`.
 
-One process is one rank with tensor, pipeline and data parallel size 1.
+One process is one rank; tensor and pipeline parallel size are 1, and the data-parallel
+size is the world size of the default process group (1 unless the process joined a
+group first, as the Ray trainer workers do).
 
 **On a GPU** it runs as Megatron runs: NCCL process group, ``parallel_state``, the CUDA
 RNG tracker seeded by ``model_parallel_cuda_manual_seed``, Megatron's
@@ -156,12 +158,11 @@ def _cpu_classes() -> tuple[type, type, type]:
 
 
 def init_megatron_runtime(device: torch.device, *, seed: int = 1234) -> None:
-    """Set up megatron-core for one rank (tp = pp = dp = 1) in this process; idempotent.
+    """Set up megatron-core for this rank (tp = pp = 1); idempotent.
 
-    On CPU also installs the CPU substitutes 1-3 of the module docstring.
-
-    Raises:
-        RuntimeError: ``torch.distributed`` is already initialised with more than one rank.
+    Without a default process group it creates a one-rank group; with one (a
+    data-parallel group the caller joined first) every rank is a data-parallel rank. On
+    CPU also installs the CPU substitutes 1-3 of the module docstring.
     """
     import torch.distributed as dist
 
@@ -169,11 +170,6 @@ def init_megatron_runtime(device: torch.device, *, seed: int = 1234) -> None:
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    elif dist.get_world_size() != 1:
-        raise RuntimeError(
-            "MegatronTrainer runs one rank per process: torch.distributed is initialised with "
-            f"world size {dist.get_world_size()}"
-        )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     if device.type == "cuda":

@@ -17,8 +17,10 @@ from typing import Any
 
 import attrs
 import torch
-from dynsched_core import MemoryReport, OffloadReport, TrainBatch, TrainMetrics
+from dynsched_core import TrainBatch
+from dynsched_core.trainer import MemoryReport, OffloadReport, TrainMetrics
 
+from dynsched_ray._errors import TrainerOffloadedError
 from dynsched_ray._rl_objective import (
     PolicyLossStats,
     RLObjective,
@@ -28,15 +30,11 @@ from dynsched_ray._rl_objective import (
     token_logprobs,
 )
 
-__all__ = ["TrainerOffloadedError", "TrainerOptions"]
+__all__ = ["RLTrainerBase", "TensorOffloader", "TrainerOffloadedError", "TrainerOptions"]
 
 logger = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
-
-
-class TrainerOffloadedError(RuntimeError):
-    """A call that needs the trainer's state on the device came while it was offloaded."""
 
 
 def _num(lo: float, *, lo_open: bool = False) -> Any:
@@ -338,12 +336,64 @@ class RLTrainerBase:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _clip_and_step(self) -> float:
+        self._all_reduce_grads()
         norm = torch.nn.utils.clip_grad_norm_(self._params(), self.options.max_grad_norm)
         self.optimizer.step()
         return float(norm)
 
+    # ------------------------------------------------------------------ data parallel
+    def _dp(self) -> tuple[int, int]:
+        """``(rank, world size)`` of the default process group ((0, 1) without one)."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def _all_reduce_grads(self) -> None:
+        """Sum the gradients over the data-parallel ranks (one flat all-reduce)."""
+        _, world = self._dp()
+        if world == 1:
+            return
+        import torch.distributed as dist
+
+        params = self._params()
+        grads = []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
+            offset += n
+
+    def _all_reduce_stats(self, stats: PolicyLossStats) -> PolicyLossStats:
+        _, world = self._dp()
+        if world == 1:
+            return stats
+        import torch.distributed as dist
+
+        sums = torch.tensor(
+            [stats.tokens, stats.loss_sum, stats.clipped, stats.ratio_sum, stats.kl_sum],
+            dtype=torch.float64,
+        )
+        top = torch.tensor([stats.ratio_max], dtype=torch.float64)
+        dist.all_reduce(sums)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        t, loss, clipped, ratio, kl = (float(x) for x in sums)
+        return PolicyLossStats(t, loss, clipped, ratio, float(top[0]), kl)
+
     def train_step(self, batch: TrainBatch) -> TrainMetrics:
         """One RL update: GRPO advantages, clipped ratio loss, one optimizer step.
+
+        Under a data-parallel process group (world size > 1) each rank takes every
+        ``world``-th prompt group of the (whole) batch, the loss stays normalised by the
+        whole batch's tokens, and the gradients are summed over the ranks before the
+        update, so every rank applies the same update.
 
         Raises:
             TrainerOffloadedError: the trainer is offloaded.
@@ -355,8 +405,9 @@ class RLTrainerBase:
         obj = self.options.objective
         t0 = time.perf_counter()
         adv = batch_advantages(batch, obj)
-        groups = list(batch.groups.values())
-        k = self.options.ppo_mini_batch_size or len(groups)
+        rank, world = self._dp()
+        groups = list(batch.groups.values())[rank::world]
+        k = self.options.ppo_mini_batch_size or max(len(groups), 1)
         total = batch.num_response_tokens
         stats = PolicyLossStats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._zero_grad()
@@ -381,6 +432,7 @@ class RLTrainerBase:
         grad_norm = self._clip_and_step()
         self._zero_grad()
         _sync(self.device)
+        stats = self._all_reduce_stats(stats)
         self._version += 1
         n = max(stats.tokens, 1.0)
         return TrainMetrics(
