@@ -235,3 +235,45 @@ def test_loop_backend_trains_syncs_and_hands_the_gpu_over() -> None:
     assert [m.version for m in backend.metrics] == [1, 2]
     assert backend.offloads[0].after.device_bytes == 0
     assert backend.metrics[0].as_dict()["version"] == 1.0
+
+
+def test_from_samples_reads_segments_for_versions_and_logprobs() -> None:
+    from types import SimpleNamespace
+
+    seg = SimpleNamespace
+    resumed = SimpleNamespace(  # resumed after an abort: the whole-response logprobs are empty
+        request_id="p0/0",
+        output_tokens=(7, 8, 9),
+        output_logprobs=(),
+        segments=(
+            seg(param_version=1, num_tokens=2, output_logprobs=(-0.1, -0.2)),
+            seg(param_version=2, num_tokens=1, output_logprobs=(-0.3,)),
+        ),
+        param_versions=(1, 2),
+    )
+    whole = SimpleNamespace(
+        request_id="p0/1",
+        output_tokens=(4,),
+        output_logprobs=(-0.4,),
+        segments=(),
+        param_versions=(2,),
+    )
+    sample = SimpleNamespace(
+        sample_id="p0", prompt=SimpleNamespace(prompt=[3]), responses=(resumed, whole)
+    )
+    batch = TrainBatch.from_samples([sample], lambda s, o: 1.0, version=4)
+    assert batch.responses[0].logprobs == (-0.1, -0.2, -0.3)
+    assert batch.responses[0].versions == (1, 1, 2)
+    assert batch.responses[1].logprobs == (-0.4,) and batch.responses[1].versions == (2,)
+    assert batch.staleness() == 3
+    gap = SimpleNamespace(
+        request_id="x",
+        output_tokens=(1, 2),
+        output_logprobs=(),
+        segments=(seg(param_version=1, num_tokens=2, output_logprobs=()),),
+    )
+    with pytest.raises(ConfigError, match="logprobs"):
+        TrainBatch.from_samples(
+            [SimpleNamespace(sample_id="q", prompt=SimpleNamespace(prompt=[3]), responses=(gap,))],
+            lambda s, o: 0.0,
+        )

@@ -203,15 +203,18 @@ class TrainBatch:
         """Build a batch from the rollout's samples (core `RolloutSample`).
 
         Each sample is one prompt group: ``sample.prompt.prompt`` holds the prompt token
-        ids, ``sample.responses`` the outcomes (``output_tokens``, per-token
-        ``logprobs``, ``param_versions``) and ``sample.sample_id`` becomes the group id.
+        ids, ``sample.responses`` the outcomes and ``sample.sample_id`` becomes the group
+        id. From each outcome: ``output_tokens``; the per-token rollout logprobs
+        (``output_logprobs``, else ``logprobs``, else those of its ``segments`` when they
+        cover every token); the weight version of each token (from ``segments``, else the
+        ``param_versions`` seen).
 
         Args:
             samples: Finished prompt groups from the sample queue.
             reward_fn: ``reward_fn(sample, outcome) -> float`` for each response.
             version: The consuming policy's weight version (for staleness metrics).
             logprobs_of: Reads the per-token rollout log-probabilities of an outcome
-                (default: its ``logprobs`` attribute).
+                (default: as above).
 
         Raises:
             ConfigError: a prompt has no token ids, or an outcome has no per-token
@@ -235,21 +238,45 @@ class TrainBatch:
                         logprobs=read(outcome),
                         reward=float(reward_fn(sample, outcome)),
                         group_id=sample.sample_id,
-                        versions=getattr(outcome, "param_versions", ()),
+                        versions=_outcome_versions(outcome),
                     )
                 )
         return cls(responses=out, version=version)
 
 
 def _outcome_logprobs(outcome: Any) -> Sequence[float]:
-    lp = getattr(outcome, "logprobs", None)
-    if lp is None:
-        raise ConfigError(
-            f"outcome {getattr(outcome, 'request_id', '?')!r} has no per-token logprobs: the "
-            "rollout engine must return them (or pass logprobs_of=...)",
-            key="logprobs",
-        )
-    return tuple(lp)
+    """Per-token rollout logprobs of an outcome.
+
+    Reads ``output_logprobs`` (or ``logprobs``); when that is empty, the logprobs of the
+    outcome's version-stamped ``segments`` if they cover every output token.
+    """
+    tokens = tuple(getattr(outcome, "output_tokens", ()))
+    if not tokens:
+        return ()
+    for name in ("output_logprobs", "logprobs"):
+        lp = tuple(getattr(outcome, name, None) or ())
+        if lp:
+            return lp
+    segs = getattr(outcome, "segments", None) or ()
+    joined = tuple(x for seg in segs for x in getattr(seg, "output_logprobs", ()))
+    if len(joined) == len(tokens):
+        return joined
+    raise ConfigError(
+        f"outcome {getattr(outcome, 'request_id', '?')!r} has no per-token logprobs: the "
+        "rollout engine must return them (or pass logprobs_of=...)",
+        key="logprobs",
+    )
+
+
+def _outcome_versions(outcome: Any) -> tuple[int, ...]:
+    """Weight version of each token (from ``segments``), else the versions seen."""
+    segs = getattr(outcome, "segments", None) or ()
+    per_token = tuple(
+        int(seg.param_version) for seg in segs for _ in range(int(getattr(seg, "num_tokens", 0)))
+    )
+    if per_token:
+        return per_token
+    return tuple(getattr(outcome, "param_versions", ()))
 
 
 @attrs.frozen(kw_only=True)
