@@ -6,8 +6,9 @@ import asyncio
 import pickle
 
 import pytest
-from dynsched_core import GpuHandOver, HandOverReplica, InMemoryReplica, ReplicaCapabilities
+from dynsched_core import InMemoryReplica, ReplicaCapabilities
 from dynsched_core.errors import HandOverError
+from dynsched_core.trainer import GpuHandOver, HandOverReplica
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 

@@ -10,16 +10,21 @@ import attrs
 import pytest
 from dynsched_core import (
     ConfigError,
-    GpuHandOver,
     Prompt,
     RolloutSample,
     TrainBatch,
     Trainer,
-    TrainerLoopBackend,
     TrainResponse,
 )
 from dynsched_core._client import RolloutOutcome
-from dynsched_core.trainer import HandOverError, MemoryReport, OffloadReport, TrainMetrics
+from dynsched_core.trainer import (
+    GpuHandOver,
+    HandOverError,
+    MemoryReport,
+    OffloadReport,
+    TrainerLoopBackend,
+    TrainMetrics,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from dynsched_core import (
     DynamicScheduleConfig,
-    HandOverError,
-    HandOverReplica,
+    InMemoryReplica,
     TrainBatch,
     TrainResponse,
 )
-from dynsched_core.testing import InMemoryReplica
+from dynsched_core.errors import HandOverError
+from dynsched_core.trainer import HandOverReplica
 from dynsched_ray import (
     RayReplica,
     RayRunner,

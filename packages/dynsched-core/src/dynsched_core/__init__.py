@@ -51,10 +51,9 @@ from dynsched_core._protocols import (
     SampleQueue,
 )
 
-# trainers and the GPU hand-over (the rest: dynsched_core.trainer)
+# trainers (the rest, and the GPU hand-over: dynsched_core.trainer)
 # isort: split
-from dynsched_core._handover import GpuHandOver, HandOverReplica
-from dynsched_core._trainer import Trainer, TrainBatch, TrainerLoopBackend, TrainResponse
+from dynsched_core._trainer import TrainBatch, Trainer, TrainResponse
 
 # events and errors (the rest: dynsched_core.events, dynsched_core.errors)
 # isort: split
@@ -78,10 +77,8 @@ __all__ = [
     "FullyAsyncLoop",
     "GenerateRequest",
     "GenerateResult",
-    "GpuHandOver",
     "GuardRailOverride",
     "GuardRails",
-    "HandOverReplica",
     "HybridState",
     "InMemoryReplica",
     "LoadBalancer",
@@ -102,7 +99,6 @@ __all__ = [
     "TrainResponse",
     "Trainer",
     "TrainerBackend",
-    "TrainerLoopBackend",
     "available_policies",
     "build_policy",
     "get_policy_class",

@@ -1,7 +1,6 @@
 """The trainer interface and the GPU hand-over between a trainer and hybrid replicas.
 
-`Trainer`, `TrainBatch`, `TrainResponse`, `TrainerLoopBackend`, `GpuHandOver` and
-`HandOverReplica` are also importable from ``dynsched_core``.
+`Trainer`, `TrainBatch` and `TrainResponse` are also importable from ``dynsched_core``.
 """
 
 from __future__ import annotations

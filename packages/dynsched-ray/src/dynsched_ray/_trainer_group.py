@@ -29,8 +29,14 @@ from typing import Any
 
 import attrs
 import ray
-from dynsched_core import GpuHandOver, HandOverReplica, TrainBatch
-from dynsched_core.trainer import MemoryReport, OffloadReport, TrainMetrics
+from dynsched_core import TrainBatch
+from dynsched_core.trainer import (
+    GpuHandOver,
+    HandOverReplica,
+    MemoryReport,
+    OffloadReport,
+    TrainMetrics,
+)
 
 from dynsched_ray._actors import placement_info, remote_class
 from dynsched_ray._errors import ActorUnavailableError, TrainerOffloadedError
