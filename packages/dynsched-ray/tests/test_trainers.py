@@ -258,3 +258,18 @@ def test_bad_options_and_inputs_are_named(tiny_model_dir: Path, tmp_path: Path) 
     trainer = _new("torch", tiny_model_dir)
     with pytest.raises(TypeError, match="TrainBatch"):
         trainer.train_step([1, 2, 3])
+
+
+def test_readme_trainers_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    section = readme.read_text(encoding="utf-8").split("## Trainers", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {"__name__": "readme"}
+    exec(compile(block.group(1), str(readme), "exec"), scope)
+    assert scope["metrics"].staleness == 1 and scope["metrics"].num_tokens == 3
+    assert scope["report"].after.device_bytes == 0
+    assert scope["version"] == 1 and isinstance(scope["blob"], bytes)
