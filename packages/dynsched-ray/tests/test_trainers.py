@@ -273,3 +273,84 @@ def test_readme_trainers_example_runs(tmp_path: Path, monkeypatch: pytest.Monkey
     assert scope["metrics"].staleness == 1 and scope["metrics"].num_tokens == 3
     assert scope["report"].after.device_bytes == 0
     assert scope["version"] == 1 and isinstance(scope["blob"], bytes)
+
+
+async def test_reference_loop_drives_a_real_trainer_through_the_hand_over(
+    tiny_model_dir: Path,
+) -> None:
+    """The core's in-process loop trains a TorchTrainer; the hybrid wakes only after it offloads."""
+    from dynsched_core import (
+        DynamicScheduleConfig,
+        FullyAsyncLoop,
+        InMemoryReplica,
+        Prompt,
+        TrainResponse,
+    )
+    from dynsched_core.trainer import GpuHandOver, HandOverReplica, TrainerLoopBackend
+
+    from ._policies import AlwaysSwitchPolicy
+
+    def make_batch(samples: Any, version: int) -> TrainBatch:
+        # the in-memory engine reports no logprobs: stand in uniform ones
+        return TrainBatch(
+            responses=[
+                TrainResponse(
+                    prompt_ids=s.prompt.prompt,
+                    response_ids=[3 + t % 500 for t in o.output_tokens],
+                    logprobs=[-6.0] * len(o.output_tokens),
+                    reward=float(k),
+                    group_id=s.sample_id,
+                    versions=o.param_versions,
+                )
+                for s in samples
+                for k, o in enumerate(s.responses)
+            ],
+            version=version,
+        )
+
+    config = DynamicScheduleConfig.from_dict(
+        {
+            "async_training": {
+                "use_dynamic_resource_scheduling": True,
+                "trigger_parameter_sync_step": 1,
+                "staleness_threshold": 0.5,
+            },
+            "trainer": {"nnodes": 1, "n_gpus_per_node": 1},
+            "rollout": {"nnodes": 1, "n_gpus_per_node": 1},
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 2}, "rollout": {"n": 2}},
+        }
+    )
+    standalone = {"s0": InMemoryReplica("s0", tokens_per_s=3000.0)}
+    handover = GpuHandOver()
+    trainer = TorchTrainer(tiny_model_dir, OPTIONS)
+    backend = TrainerLoopBackend(trainer, make_batch, standalone, as_bytes=True, handover=handover)
+    hybrid = HandOverReplica(
+        InMemoryReplica("h0", role="hybrid", tokens_per_s=3000.0),
+        handover,
+        [0],
+        before_wake=backend.release,
+    )
+    prompts = [
+        Prompt(
+            prompt_id=f"p{i}", prompt=[5 + i, 6, 7], prompt_len=3, max_tokens=8, target_lens=(4, 6)
+        )
+        for i in range(40)
+    ]
+    loop = FullyAsyncLoop.build(
+        config,
+        AlwaysSwitchPolicy(),
+        backend,
+        prompts=prompts,
+        standalone=standalone,
+        hybrid={"h0": hybrid},
+        wait_timeout_s=60.0,
+    )
+    result = await loop.run(3)
+    assert result.steps == 3 and result.activations >= 2
+    assert [m.version for m in backend.metrics] == [1, 2, 3] and trainer.version == 3
+    log = [e for e, _ in handover.log]
+    for i, e in enumerate(log):
+        trainer_events = [x for x in log[:i] if x.startswith("trainer_")]
+        if e.startswith("hybrid_waking"):
+            assert trainer_events and trainer_events[-1] == "trainer_offloaded", log
+    assert "trainer_reloading" in log and backend.offloads
