@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +32,19 @@ def ray_cluster() -> Iterator[None]:
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama model ("model A"), built once per session."""
+    from dynsched_ray import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model-a"))
+
+
+@pytest.fixture(scope="session")
+def rl_batch(tiny_model_dir: Path) -> Any:
+    """A fixed RL batch on the tiny model: 4 prompt groups of 4 responses, on-policy logprobs."""
+    from ._trainer_helpers import make_rl_batch
+
+    return make_rl_batch(tiny_model_dir)

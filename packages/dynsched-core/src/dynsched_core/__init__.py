@@ -2,8 +2,9 @@
 
 Depends on the standard library and attrs only. The names below are the public API (see
 the package README); the other names live in public submodules (`dynsched_core.events`,
-`dynsched_core.errors`, `dynsched_core.plugins`, `dynsched_core.derived`,
-`dynsched_core.validators`, `dynsched_core.testing`) or stay in private modules.
+`dynsched_core.errors`, `dynsched_core.trainer`, `dynsched_core.plugins`,
+`dynsched_core.derived`, `dynsched_core.validators`, `dynsched_core.testing`) or stay in
+private modules.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ from dynsched_core._protocols import (
     SampleQueue,
 )
 
+# trainers (the rest, and the GPU hand-over: dynsched_core.trainer)
+# isort: split
+from dynsched_core._trainer import TrainBatch, Trainer, TrainResponse
+
 # events and errors (the rest: dynsched_core.events, dynsched_core.errors)
 # isort: split
 from dynsched_core._errors import ConfigError, DynschedError, SwitchError
@@ -90,6 +95,9 @@ __all__ = [
     "SampleQueue",
     "ScheduleDriver",
     "SwitchError",
+    "TrainBatch",
+    "TrainResponse",
+    "Trainer",
     "TrainerBackend",
     "available_policies",
     "build_policy",

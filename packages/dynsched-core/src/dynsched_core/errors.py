@@ -18,12 +18,14 @@ from dynsched_core._errors import (
     SampleWaitTimeoutError,
     SwitchError,
 )
+from dynsched_core._handover import HandOverError
 from dynsched_core._inmemory import ReplicaDeadError, ReplicaNotReadyError
 
 __all__ = [
     "ConfigError",
     "ConfigTypeError",
     "DynschedError",
+    "HandOverError",
     "IllegalTransitionError",
     "NoRoutableReplicaError",
     "PluginError",

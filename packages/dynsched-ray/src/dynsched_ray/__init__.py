@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dynsched_ray._actors import (
     QueueActor,
     ReplicaActor,
@@ -15,6 +17,7 @@ from dynsched_ray._errors import (
     AllReplicasLostError,
     RemoteCallTimeoutError,
     ReplicaActorDiedError,
+    TrainerOffloadedError,
 )
 from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory, default_replica_factory
 from dynsched_ray._placement import ResourcePools
@@ -30,14 +33,47 @@ from dynsched_ray._runner import (
 )
 from dynsched_ray._tiny_model import TinyModelSpec, build_tiny_model
 from dynsched_ray._trainer import RayTrainerBackend
+from dynsched_ray._trainer_group import (
+    RayTrainerGroup,
+    RayTrainerGroupBackend,
+    RayTrainerSpec,
+    TrainerActor,
+)
 
 __version__ = "0.1.0"
+
+# Trainers and the RL objective need torch (extras ``torch`` / ``megatron``): they are
+# imported on first access, so ``import dynsched_ray`` loads no tensor library.
+_LAZY = {
+    "RLObjective": "dynsched_ray._rl_objective",
+    "TrainerOptions": "dynsched_ray._trainer_base",
+    "TorchTrainer": "dynsched_ray._torch_trainer",
+    "MegatronTrainer": "dynsched_ray._megatron_trainer",
+    "LlamaShape": "dynsched_ray._megatron_convert",
+    "hf_llama_to_megatron": "dynsched_ray._megatron_convert",
+    "megatron_to_hf_llama": "dynsched_ray._megatron_convert",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dynsched_ray' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ActorUnavailableError",
     "AllReplicasLostError",
     "FleetSpec",
+    "LlamaShape",
+    "MegatronTrainer",
     "QueueActor",
+    "RLObjective",
     "RayFleet",
     "RayQueue",
     "RayReplica",
@@ -46,6 +82,9 @@ __all__ = [
     "RayRunResult",
     "RayRunner",
     "RayTrainerBackend",
+    "RayTrainerGroup",
+    "RayTrainerGroupBackend",
+    "RayTrainerSpec",
     "RemoteCallTimeoutError",
     "ReplicaActor",
     "ReplicaActorDiedError",
@@ -53,11 +92,17 @@ __all__ = [
     "ResourcePools",
     "RouterActor",
     "TinyModelSpec",
+    "TorchTrainer",
+    "TrainerActor",
+    "TrainerOffloadedError",
+    "TrainerOptions",
     "TrainerWorkerActor",
     "await_ref",
     "build_tiny_model",
     "default_replica_factory",
+    "hf_llama_to_megatron",
     "load_checkpoint",
+    "megatron_to_hf_llama",
     "placement_info",
     "remote_class",
     "run_ray",

@@ -395,7 +395,7 @@ class TrainerWorkerActor:
     """A stand-in trainer worker (one per trainer GPU bundle) for CPU runs.
 
     It sleeps ``step_time_s`` per training step (real time inside the actor) and reports
-    verl-style timings; real trainers (Megatron, FSDP) come in a later issue.
+    verl-style timings; `TrainerActor` hosts real trainers (`TorchTrainer`, `MegatronTrainer`).
     """
 
     def __init__(self, rank: int, step_time_s: float = 0.05) -> None:

@@ -9,6 +9,7 @@ __all__ = [
     "AllReplicasLostError",
     "RemoteCallTimeoutError",
     "ReplicaActorDiedError",
+    "TrainerOffloadedError",
 ]
 
 
@@ -67,3 +68,7 @@ class AllReplicasLostError(DynschedError, RuntimeError):
             " the run cannot continue. Check the replica actors' logs (ray logs) for the cause."
         )
         self.dead = sorted(dead)
+
+
+class TrainerOffloadedError(DynschedError, RuntimeError):
+    """A call that needs a trainer's state on its device came while it was offloaded."""

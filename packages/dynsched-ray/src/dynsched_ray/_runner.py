@@ -49,6 +49,7 @@ from dynsched_ray._errors import AllReplicasLostError
 from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory
 from dynsched_ray._proxies import RayReplica
 from dynsched_ray._trainer import RayTrainerBackend
+from dynsched_ray._trainer_group import RayTrainerGroup, RayTrainerGroupBackend, RayTrainerSpec
 
 __all__ = [
     "RayRunOptions",
@@ -85,6 +86,9 @@ class RayRunOptions:
         stream_tokens: Replicas stream their output in segments of this many tokens, so
             the tokens of a replica that dies mid-generation are kept (None: off).
         trainer_workers: Trainer worker actors (None: one per trainer GPU; 0: none).
+        trainer: Real trainers (`RayTrainerSpec`: e.g. `TorchTrainer` on every trainer
+            GPU, with the hand-over order enforced against the hybrid replicas); None:
+            the stand-in workers that sleep ``trainer_step_time_s`` per step.
         trainer_step_time_s: Time of one stand-in training step.
         hybrid_gpu_fraction: Share of a trainer GPU declared by a hybrid replica.
         replica_factory: Builds each hosted replica (default: the core's
@@ -116,6 +120,7 @@ class RayRunOptions:
     switch_delay_s: float = 0.0
     stream_tokens: int | None = 16
     trainer_workers: int | None = None
+    trainer: RayTrainerSpec | None = None
     trainer_step_time_s: float = 0.05
     hybrid_gpu_fraction: float = 0.5
     replica_factory: ReplicaFactory | None = None
@@ -166,6 +171,7 @@ class RayRunResult:
         consumed_sample_ids: Sample ids consumed, over every run of a resumed chain.
         interrupted: ``(replica_id, request_id, tokens kept)`` of each generation attempt
             cut short by its replica's death (the request was resumed elsewhere).
+        trainer_metrics: `TrainMetrics` of every step (runs with ``options.trainer``).
     """
 
     loop: LoopResult
@@ -180,6 +186,7 @@ class RayRunResult:
     metrics: tuple[dict[str, Any], ...]
     consumed_sample_ids: tuple[str, ...]
     interrupted: tuple[tuple[str, str, int], ...] = ()
+    trainer_metrics: tuple[Any, ...] = ()
 
 
 def synthetic_prompts(
@@ -263,6 +270,8 @@ class RayRunner:
         self._switches: list[str] = []
         self._failed_switches: list[str] = []
         self._transitions: list[tuple[str, str]] = []
+        #: The real trainers of a run with ``options.trainer`` (None otherwise).
+        self.trainer_group: RayTrainerGroup | None = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -296,7 +305,7 @@ class RayRunner:
             standalone_replicas=cfg.num_standalone_replicas,
             hybrid_replicas=cfg.num_hybrid_replicas,
             gpus_per_replica=cfg.rollout_tensor_parallel_size,
-            trainer_workers=opt.trainer_workers,
+            trainer_workers=0 if opt.trainer is not None else opt.trainer_workers,
             hybrid_gpu_fraction=opt.hybrid_gpu_fraction,
             replica_factory=opt.replica_factory,
             standalone_kwargs=replica_kw,
@@ -317,6 +326,8 @@ class RayRunner:
         if replicas is None or not replicas.mark_dead(replica_id):
             return  # during launch (the launch fails), or already known
         self._say(f"replica {replica_id} is dead ({type(exc).__name__}); removing it from the run")
+        if self.trainer_group is not None:  # its memory went with its process
+            self.trainer_group.handover.forget_hybrid(replica_id)
         if not replicas and self._fatal is not None:
             self._fatal.set()
 
@@ -329,7 +340,7 @@ class RayRunner:
             await asyncio.gather(
                 *(
                     r.ping(timeout_s=max(interval * 4, 1.0))
-                    for r in live
+                    for r in (getattr(x, "inner", x) for x in live)  # unwrap HandOverReplica
                     if isinstance(r, RayReplica)
                 ),
                 return_exceptions=True,
@@ -404,7 +415,8 @@ class RayRunner:
         aggregator, sink = self._metrics(bus)
         health: asyncio.Task[None] | None = None
         try:
-            self.replicas = self._membership(fleet, bus)
+            hybrid = await self._trainer_group(fleet)
+            self.replicas = self._membership(fleet, hybrid, bus)
             self.loop = loop = self._build_loop(fleet, self.replicas, bus)
             await self._restore(loop, restored)
             bus.subscribe(self._on_event)
@@ -434,11 +446,33 @@ class RayRunner:
         self._step_offset = int(restored["steps_done"])
         return restored
 
-    def _membership(self, fleet: RayFleet, bus: EventBus) -> ReplicaSet:
-        """The run's `ReplicaSet` over the fleet's replicas (router follows it)."""
-        replicas = ReplicaSet(
-            fleet.router, standalone=fleet.standalone, hybrid=fleet.hybrid, events=bus
+    async def _trainer_group(self, fleet: RayFleet) -> dict[str, Any]:
+        """Start the real trainers (``options.trainer``) on the trainer pool's bundles.
+
+        Returns the hybrid replicas as the loop sees them: wrapped in `HandOverReplica`
+        when there are real trainers, so a hybrid replica wakes only after the trainer
+        on its GPU offloaded, and a trainer reloads only after the hybrid slept.
+        """
+        opt = self.options
+        if opt.trainer is None:
+            return dict(fleet.hybrid)
+        self.trainer_group = group = await RayTrainerGroup.launch(
+            fleet.pools,
+            opt.trainer,
+            gpu_fraction=1.0 - opt.hybrid_gpu_fraction if fleet.hybrid else 1.0,
+            name=opt.name,
+            namespace=opt.namespace,
+            call_timeout_s=opt.call_timeout_s,
         )
+        tp = fleet.spec.gpus_per_replica
+        return {
+            rid: group.hybrid(replica, range(i * tp, (i + 1) * tp))
+            for i, (rid, replica) in enumerate(fleet.hybrid.items())
+        }
+
+    def _membership(self, fleet: RayFleet, hybrid: dict[str, Any], bus: EventBus) -> ReplicaSet:
+        """The run's `ReplicaSet` over the fleet's replicas (router follows it)."""
+        replicas = ReplicaSet(fleet.router, standalone=fleet.standalone, hybrid=hybrid, events=bus)
         for rid, proxy in fleet.replicas.items():
             if proxy.is_dead:  # died before the set existed
                 replicas.mark_dead(rid)
@@ -447,13 +481,19 @@ class RayRunner:
     def _build_loop(self, fleet: RayFleet, replicas: ReplicaSet, bus: EventBus) -> FullyAsyncLoop:
         """Assemble the core loop over the fleet: every part given, none swapped later."""
         opt, cfg = self.options, self.config
-        trainer = RayTrainerBackend(
-            fleet.trainer_workers,
-            replicas,
-            call_timeout_s=opt.call_timeout_s,
-            step_time_s=opt.trainer_step_time_s,
-            on_step=self._record_step,
-        )
+        trainer: RayTrainerBackend | RayTrainerGroupBackend
+        if self.trainer_group is not None and opt.trainer is not None:
+            trainer = RayTrainerGroupBackend(
+                self.trainer_group, opt.trainer.make_batch, replicas, on_step=self._record_step
+            )
+        else:
+            trainer = RayTrainerBackend(
+                fleet.trainer_workers,
+                replicas,
+                call_timeout_s=opt.call_timeout_s,
+                step_time_s=opt.trainer_step_time_s,
+                on_step=self._record_step,
+            )
         loop = FullyAsyncLoop.build(
             cfg,
             self.policy,
@@ -512,6 +552,8 @@ class RayRunner:
         if sink is not None:
             sink.close()
         fleet.shutdown(keep_router=self.options.keep_router)
+        if self.trainer_group is not None:
+            self.trainer_group.shutdown()
 
     def _result(
         self, result: LoopResult, fleet: RayFleet, resumed: bool, aggregator: Any
@@ -536,6 +578,9 @@ class RayRunner:
                 for rid, replica in fleet.replicas.items()
                 for req, kept in replica.interrupted
             ),
+            trainer_metrics=tuple(getattr(self.loop.trainer, "metrics", ()))
+            if self.loop is not None
+            else (),
         )
 
     async def _run_loop(self, loop: FullyAsyncLoop) -> LoopResult:
