@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from dynsched_core import TrainBatch, TrainResponse
+from dynsched_core.trainer import TrainBatch, TrainResponse
 from dynsched_ray import (
     MegatronTrainer,
     TinyModelSpec,

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from importlib import metadata
 
-from dynsched_core import available_policies, build_policy, get_policy_class
+from dynsched_core import POLICY_API_VERSION, available_policies, build_policy, get_policy_class
 from dynsched_core.testing import check_policy
 
 
@@ -41,12 +41,20 @@ def test_example_policy_builds_by_name_in_a_fresh_interpreter() -> None:
 
 
 def test_example_policy_passes_check_policy() -> None:
+    import dynsched_example_policy
+
     cls = get_policy_class("example_threshold")
-    check_policy(
+    report = check_policy(
         lambda: build_policy("example_threshold"),
         colocated_factory=functools.partial(cls, only_hybrid=True),
         name="example_threshold",
     )
+    # checked against this core's policy API, which serves the one the package is written for
+    assert report.policy_api_version == POLICY_API_VERSION
+    want = tuple(map(int, dynsched_example_policy.POLICY_API.split(".")))
+    have = tuple(map(int, report.policy_api_version.split(".")))
+    assert have[0] == want[0] and have[1] >= want[1]
+    assert f"example_threshold conforms to dynsched policy API {POLICY_API_VERSION}" in str(report)
     check_policy(
         lambda: build_policy("example_threshold", threshold=0.9), name="example_threshold(0.9)"
     )

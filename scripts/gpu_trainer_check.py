@@ -37,7 +37,7 @@ warnings.filterwarnings("ignore")
 
 def _batch(vocab: int, groups: int = 4, n: int = 4, seed: int = 0) -> Any:
     import torch
-    from dynsched_core import TrainBatch, TrainResponse
+    from dynsched_core.trainer import TrainBatch, TrainResponse
 
     gen = torch.Generator().manual_seed(seed)
     out = []

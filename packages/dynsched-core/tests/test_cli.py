@@ -83,3 +83,56 @@ def test_installed_command_lists_installed_subcommands() -> None:
     names = {ep.name for ep in metadata.entry_points(group=cli.CLI_ENTRY_POINT_GROUP)}
     for name in names:
         assert name in out.stdout
+
+
+def test_a_known_subcommand_that_is_not_installed_names_its_package(
+    dists: list[_FakeDist], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without plug-ins, `dynsched simulate ...` says to install dynsched-sim (any arguments)."""
+    assert set(cli.KNOWN_SUBCOMMANDS) == {"simulate", "optimus", "run"}
+    for name, dist in cli.KNOWN_SUBCOMMANDS.items():
+        for argv in ([name], [name, "--help"], [name, "--policy", "default", "-x", "y"]):
+            assert cli.main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert (
+                f"the sub-command {name!r} is provided by {dist}, which is not installed: "
+                f"pip install {dist}"
+            ) in err
+            assert "invalid choice" not in err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+    help_text = capsys.readouterr().out
+    for dist in cli.KNOWN_SUBCOMMANDS.values():
+        assert f"(not installed: pip install {dist})" in help_text
+    # an unknown sub-command is still refused by argparse, naming the known ones
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["simulat"])
+    assert exc.value.code == 2
+    assert "'simulate'" in capsys.readouterr().err
+
+
+def _register_simulate(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="a simulator")
+    p.add_argument("--steps", type=int, default=1)
+    p.set_defaults(func=lambda a: print(f"simulated {a.steps}") or 0)
+
+
+def test_an_installed_known_subcommand_is_the_plugin(
+    dists: list[_FakeDist], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        sys.modules["_dynsched_test_cli"], "register_simulate", _register_simulate, raising=False
+    )
+    dists.append(_FakeDist("dynsched-sim", [("simulate", "_dynsched_test_cli:register_simulate")]))
+    assert cli.main(["simulate", "--steps", "3"]) == 0
+    assert "simulated 3" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["simulate", "--bogus"])  # its own arguments are checked as before
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "pip install dynsched-sim" not in help_text
+    assert "(not installed: pip install dynsched-ray)" in help_text

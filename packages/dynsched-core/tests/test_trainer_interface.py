@@ -8,22 +8,18 @@ from typing import Any
 
 import attrs
 import pytest
-from dynsched_core import (
-    ConfigError,
-    Prompt,
-    RolloutSample,
-    TrainBatch,
-    Trainer,
-    TrainResponse,
-)
+from dynsched_core import ConfigError, Prompt, RolloutSample
 from dynsched_core._client import RolloutOutcome
 from dynsched_core.trainer import (
     GpuHandOver,
     HandOverError,
     MemoryReport,
     OffloadReport,
+    TrainBatch,
+    Trainer,
     TrainerLoopBackend,
     TrainMetrics,
+    TrainResponse,
 )
 from hypothesis import given
 from hypothesis import strategies as st

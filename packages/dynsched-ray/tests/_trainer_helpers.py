@@ -23,7 +23,7 @@ def make_rl_batch(folder: Path, *, groups: int = 4, n: int = 4, seed: int = 0) -
     The rollout logprobs are the model's own (an on-policy batch at version 0).
     """
     import torch
-    from dynsched_core import TrainBatch, TrainResponse
+    from dynsched_core.trainer import TrainBatch, TrainResponse
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)

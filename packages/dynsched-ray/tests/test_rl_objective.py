@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from dynsched_core import TrainBatch, TrainResponse
+from dynsched_core.trainer import TrainBatch, TrainResponse
 from dynsched_ray import RLObjective
 from dynsched_ray._rl_objective import (
     batch_advantages,

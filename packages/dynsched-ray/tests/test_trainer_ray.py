@@ -8,14 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from dynsched_core import (
-    DynamicScheduleConfig,
-    InMemoryReplica,
-    TrainBatch,
-    TrainResponse,
-)
+from dynsched_core import DynamicScheduleConfig, InMemoryReplica
 from dynsched_core.errors import HandOverError
-from dynsched_core.trainer import HandOverReplica
+from dynsched_core.trainer import HandOverReplica, TrainBatch, TrainResponse
 from dynsched_ray import (
     RayReplica,
     RayRunner,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from dynsched_core import TrainBatch, Trainer
+from dynsched_core.trainer import TrainBatch, Trainer
 from dynsched_ray import (
     LlamaShape,
     MegatronTrainer,
@@ -284,9 +284,13 @@ async def test_reference_loop_drives_a_real_trainer_through_the_hand_over(
         FullyAsyncLoop,
         InMemoryReplica,
         Prompt,
+    )
+    from dynsched_core.trainer import (
+        GpuHandOver,
+        HandOverReplica,
+        TrainerLoopBackend,
         TrainResponse,
     )
-    from dynsched_core.trainer import GpuHandOver, HandOverReplica, TrainerLoopBackend
 
     from ._policies import AlwaysSwitchPolicy
 

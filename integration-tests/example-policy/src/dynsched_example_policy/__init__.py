@@ -1,13 +1,23 @@
-"""An example third-party policy: activate hybrid replicas while the queue is short."""
+"""An example third-party policy: activate hybrid replicas while the queue is short.
+
+Written against dynsched policy API 1.0: the distribution pins the dynsched-core series it
+is tested with (``dynsched-core>=0.1.0,<0.2``) and checks the policy API at import time,
+so an incompatible core fails here, with a message, instead of mid-run.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from dynsched_core import DynamicScheduleContext, DynamicSchedulePolicyBase
+from dynsched_core import DynamicScheduleContext, DynamicSchedulePolicyBase, require_policy_api
 
-__all__ = ["ThresholdPolicy"]
+__all__ = ["POLICY_API", "ThresholdPolicy"]
+
+#: The dynsched policy API this package is written against.
+POLICY_API = "1.0"
+
+require_policy_api(POLICY_API, by="dynsched-example-policy")
 
 
 class ThresholdPolicy(DynamicSchedulePolicyBase):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # writing a policy
 from dynsched_core._context import DynamicScheduleContext
+from dynsched_core._contract import POLICY_API_VERSION, require_policy_api
 from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core._registry import (
     available_policies,
@@ -53,7 +54,6 @@ from dynsched_core._protocols import (
 
 # trainers (the rest, and the GPU hand-over: dynsched_core.trainer)
 # isort: split
-from dynsched_core._trainer import TrainBatch, Trainer, TrainResponse
 
 # events and errors (the rest: dynsched_core.events, dynsched_core.errors)
 # isort: split
@@ -63,6 +63,7 @@ from dynsched_core._events import EventBus
 __version__ = "0.1.0"
 
 __all__ = [
+    "POLICY_API_VERSION",
     "AsyncSampleQueue",
     "ClientOptions",
     "ConfigError",
@@ -95,12 +96,10 @@ __all__ = [
     "SampleQueue",
     "ScheduleDriver",
     "SwitchError",
-    "TrainBatch",
-    "TrainResponse",
-    "Trainer",
     "TrainerBackend",
     "available_policies",
     "build_policy",
     "get_policy_class",
     "register_policy",
+    "require_policy_api",
 ]

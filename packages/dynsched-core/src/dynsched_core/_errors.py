@@ -11,6 +11,7 @@ __all__ = [
     "IllegalTransitionError",
     "NoRoutableReplicaError",
     "PluginError",
+    "PolicyAPIError",
     "PolicyRegistryError",
     "RequestFailedError",
     "SampleWaitTimeoutError",
@@ -47,6 +48,10 @@ class PluginError(DynschedError, LookupError):
 
 class PolicyRegistryError(PluginError):
     """A policy name is unknown, registered twice, or points at a non-policy object."""
+
+
+class PolicyAPIError(DynschedError, RuntimeError):
+    """The installed dynsched-core provides a policy API a policy package cannot use."""
 
 
 class IllegalTransitionError(DynschedError, RuntimeError):

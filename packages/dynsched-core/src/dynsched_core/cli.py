@@ -10,6 +10,11 @@ rules are those of every dynsched plug-in: a name two distributions provide is r
 (both named), and a plug-in that fails to load is reported in ``--help`` and on stderr,
 never fatal; running an unavailable sub-command exits with status 2.
 
+The sub-commands of the first-party packages are known even when their package is not
+installed (`KNOWN_SUBCOMMANDS`): ``dynsched simulate`` without dynsched-sim says to
+``pip install dynsched-sim`` (exit status 2), and ``dynsched --help`` lists them as not
+installed.
+
 Example plug-in declaration (pyproject.toml)::
 
     [project.entry-points."dynsched.cli"]
@@ -21,13 +26,22 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from dynsched_core.plugins import PluginError, PluginGroup
 
-__all__ = ["CLI_ENTRY_POINT_GROUP", "build_parser", "main"]
+__all__ = ["CLI_ENTRY_POINT_GROUP", "KNOWN_SUBCOMMANDS", "build_parser", "main"]
 
 CLI_ENTRY_POINT_GROUP = "dynsched.cli"
+
+#: The sub-commands of dynsched's own packages, by the distribution that provides each, so
+#: that a sub-command whose package is not installed is answered with what to install. A
+#: test checks it against the packages' entry points.
+KNOWN_SUBCOMMANDS: Mapping[str, str] = {
+    "optimus": "dynsched-optimus",
+    "run": "dynsched-ray",
+    "simulate": "dynsched-sim",
+}
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +80,34 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                 else f"sub-command {name!r} failed to register: {exc!r}"
             )
             sub.add_parser(name, help="(unavailable: see the problems below)")
+    missing = {n: d for n, d in sorted(KNOWN_SUBCOMMANDS.items()) if n not in group.names()}
+    for name, dist in missing.items():
+        # Whatever follows (``--help`` included) is ignored: `main` says what to install.
+        stub = sub.add_parser(name, help=f"(not installed: pip install {dist})", add_help=False)
+        stub.set_defaults(func=_not_installed(name, dist), _not_installed=True)
     if problems:
         parser.epilog = "problems with installed plug-ins:\n  " + "\n  ".join(problems)
     return parser, problems
 
 
+def _not_installed(name: str, dist: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        print(
+            f"dynsched: the sub-command {name!r} is provided by {dist}, which is not "
+            f"installed: pip install {dist}",
+            file=sys.stderr,
+        )
+        return 2
+
+    return handler
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dynsched`` command."""
     parser, problems = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "_not_installed", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     level = logging.WARNING - 10 * min(int(args.verbose), 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for p in problems:

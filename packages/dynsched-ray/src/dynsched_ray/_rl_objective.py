@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 import torch
-from dynsched_core import TrainBatch, TrainResponse
+from dynsched_core.trainer import TrainBatch, TrainResponse
 
 __all__ = [
     "PackedBatch",

@@ -17,8 +17,7 @@ from typing import Any
 
 import attrs
 import torch
-from dynsched_core import TrainBatch
-from dynsched_core.trainer import MemoryReport, OffloadReport, TrainMetrics
+from dynsched_core.trainer import MemoryReport, OffloadReport, TrainBatch, TrainMetrics
 
 from dynsched_ray._errors import TrainerOffloadedError
 from dynsched_ray._rl_objective import (

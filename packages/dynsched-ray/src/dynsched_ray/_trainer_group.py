@@ -29,12 +29,12 @@ from typing import Any
 
 import attrs
 import ray
-from dynsched_core import TrainBatch
 from dynsched_core.trainer import (
     GpuHandOver,
     HandOverReplica,
     MemoryReport,
     OffloadReport,
+    TrainBatch,
     TrainMetrics,
 )
 

@@ -3,7 +3,8 @@
 Recording fakes of the core protocols (`CallRecorder`, `RecordingRouter`), the
 in-memory replica (re-exported from the runtime, `dynsched_core.InMemoryReplica`),
 hypothesis strategies for valid contexts and the policy conformance kit
-`check_policy`. The fakes import without hypothesis; the strategies and the kit need it
+`check_policy` (which returns a `ConformanceReport` naming the policy API version the
+policy was checked against). The fakes import without hypothesis; the strategies and the kit need it
 (``pip install dynsched-core[testing]``) and import it only when first used.
 """
 
@@ -18,6 +19,7 @@ from dynsched_core.testing._fakes import Call, CallRecorder, RecordingRouter
 #: Names that need hypothesis, by the module that defines them (imported on first use).
 _NEEDS_HYPOTHESIS = {
     "POLICY_PROPERTIES": "_conformance",
+    "ConformanceReport": "_conformance",
     "PolicyConformanceError": "_conformance",
     "check_policy": "_conformance",
     "PolicyStep": "_strategies",
@@ -34,6 +36,7 @@ __all__ = [
     "POLICY_PROPERTIES",
     "Call",
     "CallRecorder",
+    "ConformanceReport",
     "InMemoryReplica",
     "PolicyConformanceError",
     "PolicyStep",

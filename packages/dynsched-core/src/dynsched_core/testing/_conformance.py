@@ -9,7 +9,9 @@ Usable from any project's pytest suite::
         check_policy(lambda: MyPolicy(ratio=0.7), max_examples=200)
 
 A violated property raises `PolicyConformanceError` (an `AssertionError`) whose message
-names the property, the policy and the smallest input hypothesis found.
+names the property, the policy, the smallest input hypothesis found and the policy API
+version (`dynsched_core.POLICY_API_VERSION`) the policy was checked against. A passing check
+returns a `ConformanceReport` that records that version.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from dynsched_core._context import DynamicScheduleContext
+from dynsched_core._contract import POLICY_API_VERSION
 from dynsched_core._guards import GuardRails
 from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core.testing._strategies import (
@@ -36,7 +40,7 @@ from dynsched_core.testing._strategies import (
     step_sequences,
 )
 
-__all__ = ["POLICY_PROPERTIES", "PolicyConformanceError", "check_policy"]
+__all__ = ["POLICY_PROPERTIES", "ConformanceReport", "PolicyConformanceError", "check_policy"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,16 +78,48 @@ class PolicyConformanceError(AssertionError):
         property_name: Key of the violated property in `POLICY_PROPERTIES`.
         policy: Label of the policy under test.
         detail: What happened.
+        policy_api_version: The policy API version the policy was checked against.
     """
 
     def __init__(self, policy: str, property_name: str, detail: str) -> None:
         super().__init__(
             f"check_policy({policy}): property {property_name!r} failed: {detail}\n"
-            f"  property: {POLICY_PROPERTIES.get(property_name, property_name)}"
+            f"  property: {POLICY_PROPERTIES.get(property_name, property_name)}\n"
+            f"  checked against dynsched policy API {POLICY_API_VERSION}"
         )
         self.policy = policy
         self.property_name = property_name
         self.detail = detail
+        self.policy_api_version = POLICY_API_VERSION
+
+
+@attrs.frozen
+class ConformanceReport:
+    """What `check_policy` verified.
+
+    Attributes:
+        policy: Label of the policy checked.
+        policy_api_version: The policy API version (`dynsched_core.POLICY_API_VERSION`)
+            the policy was checked against: the contract its hooks were called through.
+        core_version: The dynsched-core version that ran the check.
+        properties: Names of the properties that hold (keys of `POLICY_PROPERTIES`).
+        max_examples: Examples per hypothesis search.
+        colocated_factory: Whether a colocated factory was checked too.
+    """
+
+    policy: str
+    policy_api_version: str
+    core_version: str
+    properties: tuple[str, ...]
+    max_examples: int
+    colocated_factory: bool = False
+
+    def __str__(self) -> str:
+        return (
+            f"{self.policy} conforms to dynsched policy API {self.policy_api_version} "
+            f"(dynsched-core {self.core_version}; {len(self.properties)} properties, "
+            f"{self.max_examples} examples per search)"
+        )
 
 
 # ----------------------------------------------------------------------------------
@@ -402,7 +438,7 @@ def check_policy(
     colocated_factory: PolicyFactory | None = None,
     name: str | None = None,
     shrink: bool = True,
-) -> None:
+) -> ConformanceReport:
     """Check a scheduling policy against the `POLICY_PROPERTIES` with hypothesis.
 
     Runs three hypothesis searches, each with ``max_examples`` examples:
@@ -433,9 +469,13 @@ def check_policy(
             Shrinking can take tens of seconds; with False the failure is reported at
             once with the first failing input found.
 
+    Returns:
+        A `ConformanceReport` naming the policy API version the policy was checked
+        against (``report.policy_api_version``), the properties and the example count.
+
     Raises:
-        PolicyConformanceError: a property failed; the message names the property and
-            the smallest failing input.
+        PolicyConformanceError: a property failed; the message names the property, the
+            smallest failing input and the policy API version.
     """
     label = name or _label(factory)
     _make(factory, label)  # fail fast and clearly when the factory itself is broken
@@ -443,9 +483,10 @@ def check_policy(
     if colocated_factory is not None:
         _make(colocated_factory, colocated_label)
     parent = settings()  # the active hypothesis profile
+    examples = max_examples if max_examples is not None else parent.max_examples
     run_settings = settings(
         parent,
-        max_examples=max_examples if max_examples is not None else parent.max_examples,
+        max_examples=examples,
         deadline=None,
         database=None,
         report_multiple_bugs=False,
@@ -523,4 +564,15 @@ def check_policy(
                 f"hypothesis saw the same example pass once and fail once ({exc!r}): the policy "
                 "does not decide deterministically",
             ) from exc
-    logger.debug("check_policy(%s): all properties hold", label)
+    from dynsched_core import __version__
+
+    report = ConformanceReport(
+        policy=label,
+        policy_api_version=POLICY_API_VERSION,
+        core_version=__version__,
+        properties=tuple(POLICY_PROPERTIES),
+        max_examples=examples,
+        colocated_factory=colocated_factory is not None,
+    )
+    logger.info("check_policy: %s", report)
+    return report
