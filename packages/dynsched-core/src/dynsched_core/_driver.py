@@ -578,14 +578,15 @@ class ScheduleDriver:
         self, global_steps: int, ctx: DynamicScheduleContext
     ) -> AfterSyncResult:
         """Lend hybrid replicas at a step boundary: they load the current weights (version
-        ``param_version``) from their own trainer GPUs; no rebalance."""
+        ``param_version``) from their own trainer GPUs; then ``request_rebalance`` as after
+        a weight sync (when rebalance is enabled)."""
         pending = AfterSyncResult(
             global_steps=global_steps,
             version=self.param_version,
             should_activate=True,
             context=ctx,
         )
-        result = await self._activate(pending, self._last_weights, allow_rebalance=False)
+        result = await self._activate(pending, self._last_weights)
         if result.activated:
             self.mid_cycle_activations += 1
             self._cycle_activate_s += result.activate_s

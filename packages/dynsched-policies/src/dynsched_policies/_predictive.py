@@ -72,7 +72,11 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         dynsched_core.ConfigError: an argument is out of range.
     """
 
-    SATURATED_ONLY: ClassVar[bool] = True
+    #: Ratio steps of the wait feedback (as ``default``): up by the waited share of a
+    #: cycle clipped to [MIN_INCREASE, MAX_INCREASE], down by DECREASE otherwise.
+    MIN_INCREASE: ClassVar[float] = 0.02
+    MAX_INCREASE: ClassVar[float] = 0.1
+    DECREASE: ClassVar[float] = 0.02
 
     _STATE_KEYS: ClassVar[frozenset[str]] = frozenset(
         {
@@ -83,6 +87,10 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "tracker",
             "steps_seen",
             "lend_k",
+            "lent_after_sync",
+            "cycle_lent",
+            "deactivate_ratio",
+            "window",
         }
     )
 
@@ -96,6 +104,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         rate_window: int = 3,
         step_window: int = 16,
         cost_window: int = 4,
+        mid_cycle: bool = False,
+        mid_cycle_margin: float = 1.0,
     ) -> None:
         owner = type(self).__name__
         self.only_hybrid = check_bool(owner, "only_hybrid", only_hybrid)
@@ -107,6 +117,10 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.rate_window = int(check_number(owner, "rate_window", rate_window, 1, 1000))
         self.step_window = int(check_number(owner, "step_window", step_window, 2, 1000))
         self.cost_window = int(check_number(owner, "cost_window", cost_window, 1, 1000))
+        self.mid_cycle = check_bool(owner, "mid_cycle", mid_cycle)
+        self.mid_cycle_margin = check_number(
+            owner, "mid_cycle_margin", mid_cycle_margin, 0.0, 100.0
+        )
         self.rates = RateModel(self.rate_window)
         self.step_time = LinearTrend(self.step_window)
         self.activate_cost = MeanEstimate(self.cost_window)
@@ -115,12 +129,23 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self._tracker: list[float] = [math.nan, 0.0, 0.0, 0.0]
         self._steps_seen = 0
         self._lend_k = 0  # hybrid replicas the last activation decision lends
+        self._lent_after_sync = False  # the current lend started after a weight sync
+        self._cycle_lent = False  # the cycle now ending started with a lend
+        # staleness window: queued at the last sync, in flight at its reset, admitted since
+        self._queue_at_sync = 0.0
+        self._active_at_reset = 0.0
+        self._submits = 0
 
     # ------------------------------------------------------------------ estimates
     def observe(self, event: Any) -> None:
         """Feed one event of the driver's bus into the estimates."""
         if isinstance(event, RolloutEvent):
             self._advance(event.time, completed=event.kind == "complete")
+            if event.kind == "submit":
+                self._submits += 1
+            elif event.kind == "reset":
+                self._submits = 0
+                self._active_at_reset = float(event.active)
             self._tracker[1] = float(event.active)
             self._tracker[2] = float(event.capacity)
         elif isinstance(event, TransitionEvent):
@@ -139,8 +164,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def _advance(self, now: float, *, completed: bool) -> None:
         t, active, capacity, lent = self._tracker
-        busy = active >= capacity if self.SATURATED_ONLY else active > 0
-        if not math.isnan(t) and capacity > 0 and busy and now >= t:
+        if not math.isnan(t) and capacity > 0 and active >= capacity and now >= t:
             self.rates.add(int(lent), now - t, 1 if completed else 0)
         self._tracker[0] = float(now)
 
@@ -163,27 +187,45 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def _fluid(
         self,
         q: float,
-        pos: int,
+        supply: float,
         taus: list[float],
         rate: float,
         ctx: DynamicScheduleContext,
     ) -> float:
         """Predicted seconds to train the cycle's remaining steps without lending.
 
-        ``q``: samples buffered; ``pos``: steps of the cycle already consumed; ``taus``:
-        predicted step times of the remaining steps; ``rate``: standalone samples/s.
+        ``q``: samples buffered; ``supply``: samples the rollouter can still deliver
+        before the next weight sync (in flight plus what the staleness window still
+        admits); ``taus``: predicted step times of the remaining steps; ``rate``:
+        standalone samples/s.
         """
         b = ctx.required_samples
-        ceiling = ctx.step_required_samples + ctx.buffer_samples
         t = 0.0
-        for i, tau in enumerate(taus):
+        for tau in taus:
             if q < b:
                 t += (b - q) / rate if rate > 0 else math.inf
+                supply = max(0.0, supply - (b - q))
                 q = b
             q -= b
             t += tau
-            q = min(q + rate * tau, max(b, ceiling - (pos + i + 1) * b))
+            made = min(rate * tau, supply)
+            q += made
+            supply -= made
         return t
+
+    def _supply(self, ctx: DynamicScheduleContext, *, after_sync: bool) -> float:
+        """Samples the rollouter can deliver before the next sync beyond the queue.
+
+        verl's staleness rule: a window admits ``step_required_samples + buffer_samples``
+        samples, the queued and in-flight ones at the window's start included.
+        """
+        active = self._tracker[1]
+        window = ctx.step_required_samples + ctx.buffer_samples
+        if after_sync:  # the window about to open counts what is queued and in flight
+            counted = ctx.queue_size + active
+        else:
+            counted = self._queue_at_sync + self._active_at_reset + self._submits
+        return active + max(0.0, window - counted)
 
     def _plan(
         self, ctx: DynamicScheduleContext, *, active: bool, after_sync: bool = False
@@ -191,7 +233,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Best ``(k, W, gain_s)``: lend ``k`` replicas until ``W`` samples are buffered.
 
         ``active``: the replicas are already lent (only the wait is decided; no activation
-        cost). ``k = 0`` means do not lend (or deactivate now).
+        cost). ``k = 0`` means do not lend (or deactivate now). A target the staleness
+        window cannot deliver before the next sync is never chosen (the wait would only
+        end at the driver's timeout).
         """
         rates = self.rates_of(ctx)
         cost = self.switch_cost_s()
@@ -211,35 +255,39 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             est = self.predicted_step_s(i + 1)
             taus.append(max(0.0, est.value if est is not None else tau0.value))
         q = float(ctx.queue_size)
+        supply = self._supply(ctx, after_sync=after_sync)
         b = ctx.required_samples
         act_s, deact_s = (0.0, cost[1]) if active else cost
-        base = self._fluid(q, pos, taus, a.value, ctx)
+        base = self._fluid(q, supply, taus, a.value, ctx)
         best = (0, 0, 0.0)
-        logger.debug(
-            "plan active=%s after_sync=%s pos=%d q=%.0f a=%.4g b=%s tau=%.4g cost=%s base=%.4g",
-            active, after_sync, pos, q, a.value, hyb, tau0.value, cost, base,
-        )
         demand = left * b
         hi = min(demand, floor_samples(ctx.max_deactivate_ratio, ctx.step_required_samples))
         stride = max(b, math.ceil(hi / _MAX_TARGETS))
-        ks = sorted({m} if active else {1, max(1, m // 2), m})
+        ks = sorted({1, max(1, m // 2), m})
         if active:
             ks = [max(1, ctx.num_active_hybrid_replicas or m)]
         for k in ks:
             rate = a.value + k * b_low
             for w in range(b, hi + 1, stride):
-                qq = q + a.value * act_s
-                t = act_s
+                made = min(a.value * act_s, supply)
+                qq, left_supply, t = q + made, supply - made, act_s
                 if qq < w:
+                    if w - qq > left_supply:
+                        break  # the window cannot deliver w before the sync
                     t += (w - qq) / rate if rate > 0 else math.inf
+                    left_supply -= w - qq
                     qq = w
-                t += deact_s
-                qq += a.value * deact_s
-                t += self._fluid(qq, pos, taus, a.value, ctx)
+                made = min(a.value * deact_s, left_supply)
+                t += deact_s + self._fluid(qq + made, left_supply - made, taus, a.value, ctx)
                 gain = base - t
                 if gain > best[2]:
                     best = (k, w, gain)
-        logger.debug("plan -> k=%d W=%d gain=%.4g", *best)
+        logger.debug(
+            "plan active=%s after_sync=%s pos=%d q=%.0f supply=%.0f a=%.4g b=%.4g tau=%.4g "
+            "cost=%s base=%.4g -> k=%d W=%d gain=%.4g",
+            active, after_sync, pos, q, supply, a.value, hyb.value, tau0.value, cost, base,
+            *best,
+        )
         return best
 
     # ------------------------------------------------------------------ decisions
@@ -251,8 +299,10 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
         """The wait target minimising the predicted rest of the cycle (0: deactivate now)."""
-        k, w, _ = self._plan(ctx, active=True)
         hi = ctx.step_required_samples + ctx.buffer_samples
+        if self._lent_after_sync:
+            return min(hi, floor_samples(self.deactivate_ratio, ctx.step_required_samples))
+        k, w, _ = self._plan(ctx, active=True)
         if k < 0:  # no model yet: as default does
             return min(hi, floor_samples(self.deactivate_ratio, ctx.step_required_samples))
         return max(0, min(hi, w if k > 0 else 0))
@@ -261,24 +311,31 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
         """Lend after the weight sync when the model predicts a gain (first cycle: lend)."""
+        self._queue_at_sync = float(ctx.queue_size)
         k, _, gain = self._plan(ctx, active=False, after_sync=True)
         if k < 0:
             self._lend_k = ctx.num_hybrid_replicas
-            return global_steps == 0 or ctx.total_wait_samples > 0
-        self._lend_k = k
-        return k > 0 and gain > 0
+            lend = global_steps == 0 or ctx.total_wait_samples > 0
+        else:
+            self._lend_k = k
+            lend = k > 0 and gain > 0
+        self._lent_after_sync = lend
+        return lend
 
     def should_activate_mid_cycle(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
         """Lend at a step boundary when the model predicts a gain (never without a model)."""
-        if is_hybrid_active:
+        if is_hybrid_active or not self.mid_cycle:
             return False
         k, _, gain = self._plan(ctx, active=False)
-        if k <= 0:
+        cost = self.switch_cost_s()
+        # a lend inside a cycle must win back more than a whole switch (model error margin)
+        if k <= 0 or cost is None or gain <= self.mid_cycle_margin * (cost[0] + cost[1]):
             return False
         self._lend_k = k
-        return gain > 0
+        self._lent_after_sync = False
+        return True
 
     def hybrid_replicas_to_activate(self, global_steps: int, ctx: DynamicScheduleContext) -> int:
         """The ``k`` of the last lending decision (at least 1)."""
@@ -289,8 +346,19 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return True
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
-        """Close the cycle's rate buckets (the rate model is refitted per cycle)."""
+        """Close the cycle's rate buckets; adapt the wait of after-sync lends to the waits."""
         self.rates.end_cycle()
+        if global_steps <= 0 or not self._cycle_lent:
+            self._cycle_lent = self._lent_after_sync
+            return
+        if ctx.total_wait_samples > 0:
+            share = ctx.total_wait_samples / ctx.step_required_samples
+            ratio = self.deactivate_ratio + min(max(share, self.MIN_INCREASE), self.MAX_INCREASE)
+        else:
+            ratio = self.deactivate_ratio - self.DECREASE
+        ratio = round(ratio, 12)
+        self.deactivate_ratio = min(max(ratio, ctx.min_deactivate_ratio), ctx.max_deactivate_ratio)
+        self._cycle_lent = self._lent_after_sync
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -303,6 +371,10 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             "tracker": [None if math.isnan(x) else x for x in self._tracker],
             "steps_seen": self._steps_seen,
             "lend_k": self._lend_k,
+            "lent_after_sync": self._lent_after_sync,
+            "cycle_lent": self._cycle_lent,
+            "deactivate_ratio": self.deactivate_ratio,
+            "window": [self._queue_at_sync, self._active_at_reset, self._submits],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -325,6 +397,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             self._tracker = tracker
             self._steps_seen = int(state["steps_seen"])
             self._lend_k = int(state["lend_k"])
+            window = [float(x) for x in state["window"]]
+            self._queue_at_sync, self._active_at_reset = window[0], window[1]
+            self._submits = int(window[2])
+            self._lent_after_sync = bool(state["lent_after_sync"])
+            self._cycle_lent = bool(state["cycle_lent"])
+            self.deactivate_ratio = check_number(
+                owner, "state['deactivate_ratio']", state["deactivate_ratio"], 0.0, 1.0
+            )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"{owner}.load_state_dict: malformed state: {exc}") from exc
 

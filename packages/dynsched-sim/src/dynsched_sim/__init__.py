@@ -32,6 +32,7 @@ from dynsched_sim._scenario import (
     scenario_from_dict,
 )
 from dynsched_sim._sim import RunResult, run_configuration
+from dynsched_sim._heldout import HELD_OUT_FIRST_DRAW, HELD_OUT_RANGES, heldout_scenario
 from dynsched_sim._trainer import MemoryConservationError, SimTrainer
 from dynsched_sim._vloop import SimulationDeadlockError, VirtualTimeEventLoop, run_virtual
 from dynsched_sim._workload import LengthDistribution, PromptGroup, Workload, WorkloadModel
@@ -39,6 +40,8 @@ from dynsched_sim._workload import LengthDistribution, PromptGroup, Workload, Wo
 __version__ = "0.1.0"
 
 __all__ = [
+    "HELD_OUT_FIRST_DRAW",
+    "HELD_OUT_RANGES",
     "MODES",
     "PROVENANCE_LABELS",
     "Aggregate",
@@ -69,6 +72,7 @@ __all__ = [
     "builtin_scenarios",
     "compare",
     "format_table",
+    "heldout_scenario",
     "load_scenario",
     "lower_bound",
     "pool_throughput",
