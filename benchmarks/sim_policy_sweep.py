@@ -5,8 +5,10 @@ configuration with each policy, every static split once per seed) and ``N`` draw
 held-out family (`dynsched_sim.heldout_scenario`, draws ``HELD_OUT_FIRST_DRAW + i``, one
 workload each), then writes into ``--out``:
 
-- ``sweep.json``: every run (seconds, lower bound, efficiency, switches, re-prefilled
-  tokens) and the summary below;
+- ``runs.jsonl``: every run as it finishes (seconds, lower bound, efficiency, switches,
+  re-prefilled tokens); a rerun with the same ``--out`` skips the runs already there
+  (``--summarise`` only summarises them);
+- ``sweep.json``: the summary below;
 - ``table.md``: per scenario, time relative to ``default`` (mean +- standard deviation
   over the seeds, seed-paired), relative to the best static split, efficiency against the
   tight bound; the geometric mean over the scenarios; the same for the held-out draws;
@@ -23,6 +25,7 @@ reported per scenario. ``--quick`` shortens every run (a smoke test, not a measu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -31,7 +34,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +45,8 @@ BASELINE = "default"
 
 
 def _nice() -> None:
-    try:
+    with contextlib.suppress(OSError):  # not permitted: run at the normal priority
         os.nice(10)
-    except OSError:  # pragma: no cover - not permitted
-        pass
 
 
 def _run(task: tuple[str, int, int, str, str, int | None]) -> dict[str, Any]:
@@ -79,20 +80,48 @@ def tasks(
 ) -> list[tuple[str, int, int, str, str, int | None]]:
     from dynsched_sim import HELD_OUT_FIRST_DRAW, heldout_scenario, load_scenario
 
-    out = []
-    for name in scenarios:
-        sc = load_scenario(name)
-        for seed in range(seeds):
-            for conf in sc.configurations:
-                for p in policies if conf.hybrid else ("static_fully_async",):
-                    out.append((name, 0, seed, conf.name, p, steps))
+    confs = {name: load_scenario(name).configurations for name in scenarios}
+    per_seed = [
+        [
+            (name, 0, seed, conf.name, p, steps)
+            for name in scenarios
+            for conf in confs[name]
+            for p in (policies if conf.hybrid else ("static_fully_async",))
+        ]
+        for seed in range(seeds)
+    ]
+    held = []
     for i in range(held_out):
         draw = HELD_OUT_FIRST_DRAW + i
-        sc = heldout_scenario(draw)
-        for conf in sc.configurations:
+        for conf in heldout_scenario(draw).configurations:
             for p in policies if conf.hybrid else ("static_fully_async",):
-                out.append(("heldout", draw, draw, conf.name, p, steps))
-    return out
+                held.append(("heldout", draw, draw, conf.name, p, steps))
+    # seed by seed (a partial sweep covers every scenario), the held-out draws after three
+    first = [t for chunk in per_seed[:3] for t in chunk]
+    rest = [t for chunk in per_seed[3:] for t in chunk]
+    return first + held + rest
+
+
+def _key(r: dict[str, Any]) -> tuple[str, int, str, str]:
+    return (r["scenario"], r["seed"], r["configuration"], r["policy"])
+
+
+def _task_key(t: tuple[str, int, int, str, str, int | None]) -> tuple[str, int, str, str]:
+    name, draw, seed, conf, policy, _ = t
+    return (f"heldout-{draw}" if name == "heldout" else name, seed, conf, policy)
+
+
+def _complete(runs: list[dict[str, Any]], policies: Iterable[str]) -> list[dict[str, Any]]:
+    """Only (scenario, seed) groups with every policy and every static split run."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        groups[(r["scenario"], r["seed"])].append(r)
+    keep = []
+    for rs in groups.values():
+        have = {r["policy"] for r in rs}
+        if set(policies) <= have and any(r["policy"] == "static_fully_async" for r in rs):
+            keep += rs
+    return keep
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
@@ -169,9 +198,7 @@ def table(summary: dict[str, Any], policies: list[str], command: str) -> str:
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for scen, r in rows.items():
             cells = [scen, str(r["seeds"])]
-            cells += [
-                "{:.3f} ± {:.3f}".format(*r[f"rel/{p}"]) for p in policies if p != BASELINE
-            ]
+            cells += ["{:.3f} ± {:.3f}".format(*r[f"rel/{p}"]) for p in policies if p != BASELINE]
             cells.append("{:.3f} ({})".format(r[f"rel/{r['best_static']}"][0], r["best_static"]))
             cells.append("{:.3f} ± {:.3f}".format(*r["vs_best_static/predictive"]))
             cells += ["{:.3f}".format(r[f"efficiency/{p}"][0]) for p in policies]
@@ -238,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="process pool size (at most 2 here)")
     ap.add_argument("--quick", action="store_true", help="8 steps per run (smoke test)")
     ap.add_argument("--out", default="policy-sweep", help="output folder (or a .json file)")
+    ap.add_argument("--summarise", action="store_true", help="only summarise runs.jsonl")
     args = ap.parse_args(argv)
     from dynsched_sim import builtin_scenarios, load_scenario
 
@@ -253,32 +281,45 @@ def main(argv: list[str] | None = None) -> int:
         [BASELINE] if BASELINE not in args.policies else []
     )
     todo = tasks(scenarios, args.seeds, args.held_out, policies, 8 if args.quick else None)
-    t0 = time.perf_counter()
-    print(f"{len(todo)} runs on {args.workers} worker(s)", file=sys.stderr, flush=True)
-    runs: list[dict[str, Any]] = []
-    if args.workers > 1:
-        with ProcessPoolExecutor(max_workers=args.workers, initializer=_nice) as pool:
-            for i, r in enumerate(pool.map(_run, todo), 1):
-                runs.append(r)
-                if i % 10 == 0:
-                    print(f"  {i}/{len(todo)}", file=sys.stderr, flush=True)
-    else:
-        _nice()
-        runs = [_run(t) for t in todo]
-    summary = summarise(runs, policies)
     command = "hatch run python benchmarks/sim_policy_sweep.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     out = Path(args.out)
-    if out.suffix == ".json":  # benchmarks/run_all.py --out
-        out.parent.mkdir(parents=True, exist_ok=True)
+    single_file = out.suffix == ".json"  # benchmarks/run_all.py --out FILE.json
+    folder = out.parent if single_file else out
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / (out.stem + ".runs.jsonl" if single_file else "runs.jsonl")
+    runs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    done = {_key(r) for r in runs}
+    todo = [t for t in todo if _task_key(t) not in done]
+    t0 = time.perf_counter()
+    print(f"{len(todo)} runs to do on {args.workers} worker(s), {len(runs)} done", file=sys.stderr)
+    if not args.summarise and todo:
+        with log.open("a") as fh:
+            if args.workers > 1:
+                with ProcessPoolExecutor(max_workers=args.workers, initializer=_nice) as pool:
+                    futures = [pool.submit(_run, t) for t in todo]
+                    for i, fut in enumerate(as_completed(futures), 1):
+                        r = fut.result()
+                        runs.append(r)
+                        fh.write(json.dumps(r) + "\n")
+                        fh.flush()
+                        if i % 10 == 0:
+                            print(f"  {i}/{len(todo)}", file=sys.stderr, flush=True)
+            else:
+                _nice()
+                for t in todo:
+                    r = _run(t)
+                    runs.append(r)
+                    fh.write(json.dumps(r) + "\n")
+                    fh.flush()
+    runs = _complete(runs, policies)
+    summary = summarise(runs, policies)
+    if single_file:
         out.write_text(json.dumps({"summary": summary}, indent=1))
         print(table(summary, policies, command))
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(
-        json.dumps({"command": command, "summary": summary, "runs": runs}, indent=1)
-    )
+    (out / "sweep.json").write_text(json.dumps({"command": command, "summary": summary}, indent=1))
     (out / "table.md").write_text(table(summary, policies, command) + "\n")
     plot(summary, policies, out / "sweep.png")
     print(table(summary, policies, command))

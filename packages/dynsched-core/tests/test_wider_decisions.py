@@ -101,7 +101,7 @@ def test_base_class_defaults_are_the_published_behaviour() -> None:
 
 
 async def test_published_policy_lends_every_hybrid_and_never_mid_cycle() -> None:
-    driver, queue, hyb = await make(Published())
+    driver, _, _ = await make(Published())
     before = await driver.before_train_step(0)
     assert not before.activated_mid_cycle and not driver.controller.is_hybrid_active
     after = await driver.after_weight_sync(1, 1)
@@ -132,7 +132,7 @@ async def test_mid_cycle_activation_loads_current_weights_then_deactivates() -> 
 
 async def test_partial_lending_routes_only_the_chosen_replicas() -> None:
     policy = Lender(mid=False, after=True, k=2)
-    driver, queue, hyb = await make(policy)
+    driver, _, hyb = await make(policy)
     after = await driver.after_weight_sync(1, 1)
     assert after.activated
     assert driver.controller.active_hybrid_ids == ("h0", "h1")

@@ -65,8 +65,16 @@ def feed(
             step = policy._steps_seen + 1
             dur = tau + slope * step
             completions(t + dur, a)
-            policy.observe(TrainStepEvent(step=step, time=t, timings={"update_actor": dur},
-                                          allocated_s=dur, mq_size=0, is_sync_step=False))
+            policy.observe(
+                TrainStepEvent(
+                    step=step,
+                    time=t,
+                    timings={"update_actor": dur},
+                    allocated_s=dur,
+                    mq_size=0,
+                    is_sync_step=False,
+                )
+            )
         policy.rates.end_cycle()
 
 
@@ -108,8 +116,19 @@ def test_estimates_converge_on_synthetic_streams_with_known_rates(
     policy = PredictiveDynamicSchedulePolicy(rate_window=6, step_window=16)
     # lend shares vary between cycles so the two rates are identifiable
     for i in range(6):
-        feed(policy, a=a, b=b, k=k, tau=tau, slope=slope, act_s=act_s, deact_s=deact_s,
-             cycles=1, seed=seed + i, lend_s=100.0 + 150.0 * (i % 3))
+        feed(
+            policy,
+            a=a,
+            b=b,
+            k=k,
+            tau=tau,
+            slope=slope,
+            act_s=act_s,
+            deact_s=deact_s,
+            cycles=1,
+            seed=seed + i,
+            lend_s=100.0 + 150.0 * (i % 3),
+        )
     fit = policy.rates_of(ctx(num_hybrid_replicas=k))
     assert fit is not None
     a_hat, b_hat = fit
@@ -140,7 +159,9 @@ def test_mean_estimate_is_the_window_mean(xs: list[float]) -> None:
 
 
 @given(
-    st.floats(-5.0, 5.0), st.floats(0.0, 100.0), st.integers(3, 20),
+    st.floats(-5.0, 5.0),
+    st.floats(0.0, 100.0),
+    st.integers(3, 20),
 )
 def test_linear_trend_recovers_a_noiseless_line(slope: float, icept: float, n: int) -> None:
     trend = LinearTrend(window=n)
@@ -163,8 +184,9 @@ def test_rate_model_needs_saturated_time() -> None:
 
 def warmed(**kw: Any) -> PredictiveDynamicSchedulePolicy:
     policy = PredictiveDynamicSchedulePolicy(**kw)
-    feed(policy, a=0.1, b=0.05, k=2, tau=100.0, slope=0.0, act_s=11.0, deact_s=5.0,
-         cycles=3, seed=1)
+    feed(
+        policy, a=0.1, b=0.05, k=2, tau=100.0, slope=0.0, act_s=11.0, deact_s=5.0, cycles=3, seed=1
+    )
     return policy
 
 
@@ -201,8 +223,7 @@ def test_state_round_trip_keeps_the_estimates() -> None:
 def test_never_lends_when_the_trainer_is_the_bottleneck() -> None:
     # standalone replicas produce 1 sample/s, a step consumes 16 in 100 s: nothing is waited for
     policy = PredictiveDynamicSchedulePolicy()
-    feed(policy, a=1.0, b=0.5, k=2, tau=100.0, slope=0.0, act_s=11.0, deact_s=5.0,
-         cycles=3, seed=2)
+    feed(policy, a=1.0, b=0.5, k=2, tau=100.0, slope=0.0, act_s=11.0, deact_s=5.0, cycles=3, seed=2)
     c = ctx(queue_size=48, cycle_step=4)
     assert not policy.should_activate_after_step(12, False, c)
     assert not policy.should_activate_mid_cycle(13, False, ctx(queue_size=40, cycle_step=2))
@@ -211,12 +232,17 @@ def test_never_lends_when_the_trainer_is_the_bottleneck() -> None:
 def test_lends_everything_when_rollout_is_the_bottleneck() -> None:
     # 0.05 samples/s against 16 samples per 60 s step: the trainer would mostly wait
     policy = PredictiveDynamicSchedulePolicy()
-    feed(policy, a=0.05, b=0.025, k=2, tau=60.0, slope=0.0, act_s=11.0, deact_s=5.0,
-         cycles=3, seed=3)
+    feed(
+        policy, a=0.05, b=0.025, k=2, tau=60.0, slope=0.0, act_s=11.0, deact_s=5.0, cycles=3, seed=3
+    )
     c = ctx(queue_size=4, cycle_step=4)
     assert policy.should_activate_after_step(12, False, c)
     assert policy.hybrid_replicas_to_activate(12, c) == 2
     # and waits for a real share of the cycle before giving the GPUs back
     policy._lent_after_sync = False
-    assert policy.deactivate_wait_samples(ctx(queue_size=4, cycle_step=1,
-                                              num_active_hybrid_replicas=2)) >= 16
+    assert (
+        policy.deactivate_wait_samples(
+            ctx(queue_size=4, cycle_step=1, num_active_hybrid_replicas=2)
+        )
+        >= 16
+    )

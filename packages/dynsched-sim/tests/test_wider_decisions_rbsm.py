@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dynsched_core import DynamicScheduleContext, DynamicSchedulePolicyBase, EventBus
-from dynsched_core import FullyAsyncLoop
+from dynsched_core import (
+    DynamicScheduleContext,
+    DynamicSchedulePolicyBase,
+    EventBus,
+    FullyAsyncLoop,
+)
 from dynsched_sim import VirtualTimeEventLoop, load_scenario
 from dynsched_sim._cluster import build_cluster, prompt_source
 from dynsched_sim._sim import _reclaimer
@@ -68,14 +72,20 @@ class LendingMachine(RuleBasedStateMachine):
 
         async def build() -> FullyAsyncLoop:
             loop = asyncio.get_running_loop()
-            cluster = build_cluster(sc, conf, seed=0, events=EventBus(), clock=loop.time,
-                                    config=cfg)
+            cluster = build_cluster(
+                sc, conf, seed=0, events=EventBus(), clock=loop.time, config=cfg
+            )
             self.cluster = cluster
             floop = FullyAsyncLoop.build(
-                cfg, self.policy, cluster.trainer,
+                cfg,
+                self.policy,
+                cluster.trainer,
                 prompts=prompt_source(cluster.workload, sc.workload.max_response_len),
-                standalone=cluster.standalone, hybrid=cluster.hybrid, events=bus,
-                wait_timeout_s=3 * 24 * 3600.0, max_tokens=sc.workload.max_response_len,
+                standalone=cluster.standalone,
+                hybrid=cluster.hybrid,
+                events=bus,
+                wait_timeout_s=3 * 24 * 3600.0,
+                max_tokens=sc.workload.max_response_len,
             )
             cluster.trainer.set_reclaim(_reclaimer(floop, cfg, has_standalone=True))
             await floop._setup()

@@ -277,7 +277,9 @@ class ScheduleDriver:
             mid = await self._activate_mid_cycle(global_steps, ctx)
             ctx = await self.context(global_steps, is_last_step=is_last_step)
         if not self.policy.should_deactivate(global_steps, self.controller.is_hybrid_active, ctx):
-            return self._with_mid_cycle(BeforeStepResult(global_steps=global_steps, context=ctx), mid)
+            return self._with_mid_cycle(
+                BeforeStepResult(global_steps=global_steps, context=ctx), mid
+            )
         proposed = self._checked_wait(self.policy.deactivate_wait_samples(ctx))
         target, overrides = self.guard_rails.wait_target(
             proposed,

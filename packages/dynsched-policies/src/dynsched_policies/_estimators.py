@@ -209,9 +209,7 @@ class RateModel:
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Restore `state`."""
-        self._cycles = deque(
-            ([float(x) for x in c] for c in state["cycles"]), maxlen=self.window
-        )
+        self._cycles = deque(([float(x) for x in c] for c in state["cycles"]), maxlen=self.window)
         cur = [float(x) for x in state["current"]]
         if len(cur) != 3 or any(len(c) != 3 for c in self._cycles):
             raise ValueError("rate cycles must be [seconds, hybrid seconds, completions]")

@@ -285,7 +285,16 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         logger.debug(
             "plan active=%s after_sync=%s pos=%d q=%.0f supply=%.0f a=%.4g b=%.4g tau=%.4g "
             "cost=%s base=%.4g -> k=%d W=%d gain=%.4g",
-            active, after_sync, pos, q, supply, a.value, hyb.value, tau0.value, cost, base,
+            active,
+            after_sync,
+            pos,
+            q,
+            supply,
+            a.value,
+            hyb.value,
+            tau0.value,
+            cost,
+            base,
             *best,
         )
         return best

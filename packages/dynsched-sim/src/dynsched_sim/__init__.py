@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dynsched_sim._accounting import MODES, GroupAccountant, GroupUsage
 from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound, pool_throughput
+from dynsched_sim._heldout import HELD_OUT_FIRST_DRAW, HELD_OUT_RANGES, heldout_scenario
 from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerModel
 from dynsched_sim._random import random_scenario
 from dynsched_sim._replica import ReplicaNotServingError, SimReplica
@@ -32,12 +33,11 @@ from dynsched_sim._scenario import (
     scenario_from_dict,
 )
 from dynsched_sim._sim import RunResult, run_configuration
-from dynsched_sim._heldout import HELD_OUT_FIRST_DRAW, HELD_OUT_RANGES, heldout_scenario
 from dynsched_sim._trainer import MemoryConservationError, SimTrainer
 from dynsched_sim._vloop import SimulationDeadlockError, VirtualTimeEventLoop, run_virtual
 from dynsched_sim._workload import LengthDistribution, PromptGroup, Workload, WorkloadModel
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"
 
 __all__ = [
     "HELD_OUT_FIRST_DRAW",

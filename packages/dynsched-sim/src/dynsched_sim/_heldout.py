@@ -60,16 +60,37 @@ def heldout_scenario(draw: int, *, steps: int = 40) -> Scenario:
     replicas = total // g
     trainer = min(replicas - 1, max(1, round(share * replicas)))
     rollout = replicas - trainer
-    confs = [Configuration(name=f"static-{trainer * g}-{rollout * g}", trainer_gpus=trainer * g,
-                           rollout_gpus=rollout * g)]
+    confs = [
+        Configuration(
+            name=f"static-{trainer * g}-{rollout * g}",
+            trainer_gpus=trainer * g,
+            rollout_gpus=rollout * g,
+        )
+    ]
     if trainer > 1:
-        confs.append(Configuration(name=f"static-{(trainer - 1) * g}-{(rollout + 1) * g}",
-                                   trainer_gpus=(trainer - 1) * g, rollout_gpus=(rollout + 1) * g))
+        confs.append(
+            Configuration(
+                name=f"static-{(trainer - 1) * g}-{(rollout + 1) * g}",
+                trainer_gpus=(trainer - 1) * g,
+                rollout_gpus=(rollout + 1) * g,
+            )
+        )
     if rollout > 1:
-        confs.append(Configuration(name=f"static-{(trainer + 1) * g}-{(rollout - 1) * g}",
-                                   trainer_gpus=(trainer + 1) * g, rollout_gpus=(rollout - 1) * g))
-    confs.append(Configuration(name=f"dynamic-{trainer * g}-{rollout * g}",
-                               trainer_gpus=trainer * g, rollout_gpus=rollout * g, hybrid=True))
+        confs.append(
+            Configuration(
+                name=f"static-{(trainer + 1) * g}-{(rollout - 1) * g}",
+                trainer_gpus=(trainer + 1) * g,
+                rollout_gpus=(rollout - 1) * g,
+            )
+        )
+    confs.append(
+        Configuration(
+            name=f"dynamic-{trainer * g}-{rollout * g}",
+            trainer_gpus=trainer * g,
+            rollout_gpus=rollout * g,
+            hybrid=True,
+        )
+    )
     scale = math.sqrt(params_b / base.model.params_b)
     prov = dict(base.provenance)
     prov.pop("published", None)
