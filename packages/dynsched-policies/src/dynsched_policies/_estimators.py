@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import attrs
 
 __all__ = ["Estimate", "LinearTrend", "MeanEstimate", "RateModel"]
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Estimate:
     """A point estimate with its standard deviation and how many observations made it.
 
