@@ -209,3 +209,51 @@ async def test_a_policy_without_observe_is_not_subscribed() -> None:
     bus = EventBus()
     await make(Published(), events=bus)
     assert bus._subs == []
+
+
+class _Trainer:
+    async def train_step(self, samples: Any) -> dict[str, float]:
+        return {"update_actor": 0.0}
+
+    async def sync_weights(self, version: int) -> None:
+        return None
+
+
+async def test_reference_loop_with_partial_mid_cycle_lends_keeps_every_sample_once() -> None:
+    from dynsched_core import FullyAsyncLoop
+
+    class PartialMidCycle(Lender):
+        def __init__(self) -> None:
+            super().__init__(mid=True, after=False, k=1, wait=2)
+            self.lent: list[int] = []
+
+        def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: Any) -> bool:
+            if is_hybrid_active:
+                self.lent.append(ctx.num_active_hybrid_replicas)
+            return is_hybrid_active
+
+    policy = PartialMidCycle()
+    config = DynamicScheduleConfig(
+        use_dynamic_resource_scheduling=True,
+        ppo_mini_batch_size=2,
+        trigger_parameter_sync_step=2,
+        staleness_threshold=0.5,
+    )
+    loop = FullyAsyncLoop.build(
+        config,
+        policy,
+        _Trainer(),
+        prompts=range(40),
+        standalone=[InMemoryReplica("s0", tokens_per_s=2e4)],
+        hybrid=[InMemoryReplica(f"h{i}", role="hybrid", tokens_per_s=2e4) for i in range(2)],
+        max_tokens=16,
+        wait_timeout_s=30.0,
+    )
+    result = await loop.run(6)
+    assert result.steps == 6 and result.samples_failed == 0
+    assert result.samples_produced == result.samples_consumed + result.samples_left
+    ids = result.consumed_sample_ids
+    assert len(ids) == len(set(ids)) == 6 * config.required_samples
+    assert loop.driver.mid_cycle_activations >= 1
+    assert set(policy.lent) == {1}
+    assert loop.controller.active_hybrid_ids == ()

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
-
 
 __all__ = ["Estimate", "LinearTrend", "MeanEstimate", "RateModel"]
 
