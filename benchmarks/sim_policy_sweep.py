@@ -94,7 +94,9 @@ def tasks(
     for i in range(held_out):
         draw = HELD_OUT_FIRST_DRAW + i
         for conf in heldout_scenario(draw).configurations:
-            for p in policies if conf.hybrid else ("static_fully_async",):
+            # the held-out draws judge predictive against default and the static splits
+            ps = [p for p in policies if p in ("predictive", BASELINE)] or list(policies)
+            for p in ps if conf.hybrid else ("static_fully_async",):
                 held.append(("heldout", draw, draw, conf.name, p, steps))
     # seed by seed (a partial sweep covers every scenario), the held-out draws after three
     first = [t for chunk in per_seed[:3] for t in chunk]
@@ -119,7 +121,10 @@ def _complete(runs: list[dict[str, Any]], policies: Iterable[str]) -> list[dict[
     keep = []
     for rs in groups.values():
         have = {r["policy"] for r in rs}
-        if set(policies) <= have and any(r["policy"] == "static_fully_async" for r in rs):
+        need = set(policies)
+        if rs[0]["family"] == "heldout":
+            need &= {"predictive", BASELINE}
+        if need <= have and any(r["policy"] == "static_fully_async" for r in rs):
             keep += rs
     return keep
 
@@ -145,10 +150,11 @@ def summarise(runs: list[dict[str, Any]], policies: Iterable[str]) -> dict[str, 
     for scen, seeds in sorted(by.items()):
         row: dict[str, Any] = {"family": family[scen], "seeds": len(seeds)}
         statics = sorted({k for s in seeds.values() for k in s if k.startswith("static")})
-        for key in (*policies, *statics):
+        present = [p for p in policies if all(p in s for s in seeds.values())]
+        for key in (*present, *statics):
             rel = [s[key]["wall_clock_s"] / s[BASELINE]["wall_clock_s"] for s in seeds.values()]
             row[f"rel/{key}"] = _mean_sd(rel)
-        for p in policies:
+        for p in present:
             vs = [
                 s[p]["wall_clock_s"] / min(s[k]["wall_clock_s"] for k in statics)
                 for s in seeds.values()
@@ -164,18 +170,21 @@ def summarise(runs: list[dict[str, Any]], policies: Iterable[str]) -> dict[str, 
         fam_rows = [r for r in rows.values() if r["family"] == fam]
         if not fam_rows:
             continue
-        summary[fam] = {
-            p: {
-                "geomean_rel_default": _geomean(r[f"rel/{p}"][0] for r in fam_rows),
-                "worst_vs_best_static": max(r[f"vs_best_static/{p}"][0] for r in fam_rows),
+        summary[fam] = {}
+        for p in policies:
+            have = [r for r in fam_rows if f"rel/{p}" in r]
+            if not have:
+                continue
+            summary[fam][p] = {
+                "scenarios": len(have),
+                "geomean_rel_default": _geomean(r[f"rel/{p}"][0] for r in have),
+                "worst_vs_best_static": max(r[f"vs_best_static/{p}"][0] for r in have),
                 "scenarios_over_1pct_vs_best_static": sum(
-                    r[f"vs_best_static/{p}"][0] > 1.01 for r in fam_rows
+                    r[f"vs_best_static/{p}"][0] > 1.01 for r in have
                 ),
-                "min_efficiency": min(r[f"efficiency/{p}"][0] for r in fam_rows),
-                "geomean_vs_best_static": _geomean(r[f"vs_best_static/{p}"][0] for r in fam_rows),
+                "min_efficiency": min(r[f"efficiency/{p}"][0] for r in have),
+                "geomean_vs_best_static": _geomean(r[f"vs_best_static/{p}"][0] for r in have),
             }
-            for p in policies
-        }
     return summary
 
 
@@ -198,16 +207,24 @@ def table(summary: dict[str, Any], policies: list[str], command: str) -> str:
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for scen, r in rows.items():
             cells = [scen, str(r["seeds"])]
-            cells += ["{:.3f} ± {:.3f}".format(*r[f"rel/{p}"]) for p in policies if p != BASELINE]
+            cells += [
+                "{:.3f} ± {:.3f}".format(*r[f"rel/{p}"]) if f"rel/{p}" in r else "-"
+                for p in policies
+                if p != BASELINE
+            ]
             cells.append("{:.3f} ({})".format(r[f"rel/{r['best_static']}"][0], r["best_static"]))
             cells.append("{:.3f} ± {:.3f}".format(*r["vs_best_static/predictive"]))
-            cells += ["{:.3f}".format(r[f"efficiency/{p}"][0]) for p in policies]
+            cells += [
+                "{:.3f}".format(r[f"efficiency/{p}"][0]) if f"efficiency/{p}" in r else "-"
+                for p in policies
+            ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-        for p in policies:
+        for p in summary[fam]:
             s = summary[fam][p]
             lines.append(
-                f"- `{p}`: geomean {s['geomean_rel_default']:.4f} of default; worst "
+                f"- `{p}` ({s['scenarios']} scenarios): geomean {s['geomean_rel_default']:.4f} "
+                "of default; worst "
                 f"{s['worst_vs_best_static']:.4f} of the best static split "
                 f"({s['scenarios_over_1pct_vs_best_static']} scenario(s) more than 1 % slower); "
                 f"lowest efficiency {s['min_efficiency']:.3f}"
@@ -231,7 +248,7 @@ def plot(summary: dict[str, Any], policies: list[str], path: Path) -> None:
         if key == "best static":
             vals = [rows[n][f"rel/{rows[n]['best_static']}"] for n in names]
         else:
-            vals = [rows[n][f"rel/{key}"] for n in names]
+            vals = [rows[n].get(f"rel/{key}", (0.0, 0.0)) for n in names]
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(names))]
         ax.bar(xs, [v[0] for v in vals], width, yerr=[v[1] for v in vals], label=key, capsize=2)
     ax.axhline(1.0, color="k", lw=0.8)
@@ -245,7 +262,8 @@ def plot(summary: dict[str, Any], policies: list[str], path: Path) -> None:
     ax.legend(fontsize=7)
     for i, p in enumerate(policies):
         xs = [j + (i - (len(policies) - 1) / 2) * (0.8 / len(policies)) for j in range(len(names))]
-        ax2.bar(xs, [rows[n][f"efficiency/{p}"][0] for n in names], 0.8 / len(policies), label=p)
+        effs = [rows[n].get(f"efficiency/{p}", (0.0, 0.0))[0] for n in names]
+        ax2.bar(xs, effs, 0.8 / len(policies), label=p)
     ax2.axhline(0.9, color="k", ls=":", lw=0.8, label="moonshot 0.9")
     ax2.set_ylabel("efficiency (bound / time)")
     ax2.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
