@@ -16,7 +16,7 @@ from dynsched_core import (
 from dynsched_sim import VirtualTimeEventLoop, load_scenario
 from dynsched_sim._cluster import build_cluster, prompt_source
 from dynsched_sim._sim import _reclaimer
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -116,6 +116,9 @@ class LendingMachine(RuleBasedStateMachine):
         if record.before.activated_mid_cycle:
             # lent mid-cycle with the current weights, then given back before training
             assert record.before.deactivated
+            event("mid-cycle lend")
+        if record.after is not None and record.after.activated:
+            event(f"{len(self.floop.controller.active_hybrid_ids)} of 2 lent after a sync")
 
     @invariant()
     def every_sample_exactly_once(self) -> None:
