@@ -60,3 +60,36 @@ class AlwaysSwitchPolicy(DynamicSchedulePolicyBase):
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
         return True
+
+
+class PartialMidCyclePolicy(DynamicSchedulePolicyBase):
+    """Never lends after a sync; lends one hybrid replica (k of m) at every step boundary
+    inside a cycle and gives it back once a micro-batch is buffered (the widened hooks)."""
+
+    name = "partial-mid-cycle-test"
+
+    def __init__(self) -> None:
+        self.lent_counts: list[int] = []
+
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        if is_hybrid_active:
+            self.lent_counts.append(ctx.num_active_hybrid_replicas)
+        return is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        return ctx.required_samples
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return global_steps == 0  # something must generate before the first step
+
+    def should_activate_mid_cycle(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return True
+
+    def hybrid_replicas_to_activate(self, global_steps: int, ctx: DynamicScheduleContext) -> int:
+        return 1

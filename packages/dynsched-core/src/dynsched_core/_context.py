@@ -56,6 +56,12 @@ class DynamicScheduleContext:
             step_required_samples)`` samples before deactivating (a policy that adapts a
             ratio keeps it inside the range).
         max_deactivate_ratio: Upper bound of that range, in ``[min_deactivate_ratio, 1]``.
+        num_active_hybrid_replicas: Hybrid replicas lent to rollout right now (``0`` when
+            none is; at most ``num_hybrid_replicas`` while switching is settled) (>= 0).
+        cycle_step: Micro-steps of the current weight-sync cycle requested so far, the
+            one being decided on included: ``1..trigger_parameter_sync_step`` before a
+            training step, ``trigger_parameter_sync_step`` after the weight sync that
+            ends the cycle, ``0`` before the first step (>= 0).
     """
 
     required_samples: int = attrs.field(validator=v.int_ge(1))
@@ -83,6 +89,8 @@ class DynamicScheduleContext:
     now: float = attrs.field(default=0.0, validator=v.float_ge(float("-inf")))
     min_deactivate_ratio: float = attrs.field(default=0.0, validator=v.float_in(0.0, 1.0))
     max_deactivate_ratio: float = attrs.field(default=1.0, validator=v.float_in(0.0, 1.0))
+    num_active_hybrid_replicas: int = attrs.field(default=0, validator=v.int_ge(0))
+    cycle_step: int = attrs.field(default=0, validator=v.int_ge(0))
 
     def __attrs_post_init__(self) -> None:
         if self.max_deactivate_ratio < self.min_deactivate_ratio:

@@ -12,7 +12,9 @@ Deactivation, order critical:
   2. ``abort`` — in-flight requests return; the retrying client resumes them elsewhere;
   3. ``sleep`` — KV cache released, weights offloaded, GPU memory back to training.
 
-Activation, after the weight sync of a cycle:
+Activation, after the weight sync of a cycle (or at any step boundary: a replica woken
+mid-cycle loads the current weights from its own trainer GPU), of every live hybrid
+replica or of the ``replica_ids`` chosen (partial lending, k of m):
   1. ``wake_up`` then ``update_weights`` — the hybrid weight sync (skipped entirely when
      the policy does not activate: the driver simply does not call `activate`);
   2. ``resume``;
@@ -165,6 +167,7 @@ class DynamicResourceController:
         self.call_timeout_s = self.options.call_timeout_s
         self._lock = asyncio.Lock()
         self._hybrid_version: int | None = None
+        self._active: tuple[str, ...] = ()
         self.activate_count = 0
         self.deactivate_count = 0
         self.failure_count = 0
@@ -201,6 +204,18 @@ class DynamicResourceController:
         return tuple(self._replicas.hybrid_ids)
 
     @property
+    def active_hybrid_ids(self) -> tuple[str, ...]:
+        """Ids of the live hybrid replicas lent to rollout now (empty unless ``HYBRID_ACTIVE``).
+
+        Every live hybrid replica after a full activation; the ``replica_ids`` chosen
+        after a partial one.
+        """
+        if self._sm.state is not _S.HYBRID_ACTIVE:
+            return ()
+        live = set(self._replicas.hybrid_ids)
+        return tuple(rid for rid in self._active if rid in live)
+
+    @property
     def has_hybrid_replicas(self) -> bool:
         """False when there is nothing to switch (every call is then a no-op)."""
         return self._replicas.num_hybrid > 0
@@ -216,12 +231,27 @@ class DynamicResourceController:
         return self._hybrid_version
 
     # ------------------------------------------------------------------ switches
-    async def activate(self, version: int, weights: Any = None, rebalance: bool = False) -> bool:
+    async def activate(
+        self,
+        version: int,
+        weights: Any = None,
+        rebalance: bool = False,
+        *,
+        replica_ids: Sequence[str] | None = None,
+    ) -> bool:
         """Wake, sync weights, resume and route the hybrid replicas (optionally rebalance).
 
         Idempotent: when already active with ``version`` nothing happens; when active with
-        older weights, the weights are refreshed in place (out of routing, abort, update,
-        resume, back in routing).
+        older weights, the weights of the active replicas are refreshed in place (out of
+        routing, abort, update, resume, back in routing).
+
+        Args:
+            version: Weight version to load.
+            weights: Forwarded to ``update_weights`` (None: the replica loads ``version``
+                from its own trainer GPU).
+            rebalance: Rebalance in-flight requests after routing.
+            replica_ids: Partial lending: activate only these live hybrid replicas (k of
+                m); None (default) activates every live one. Ignored when already active.
 
         Returns:
             True when a switch (or weight refresh) happened, False for a no-op.
@@ -229,19 +259,23 @@ class DynamicResourceController:
         Raises:
             SwitchError: a step failed; the hybrid replicas are out of routing and the
                 state is ``STANDALONE_ONLY``.
+            ValueError: ``replica_ids`` is empty or names a replica that is not a live
+                hybrid member.
         """
         if not self.has_hybrid_replicas:
             return False
         async with self._lock:
             await self._recover_transitional()
-            ids = self.hybrid_ids
             if self._sm.state is _S.HYBRID_ACTIVE:
                 if self._hybrid_version == version:
                     return False
                 await self._timed(
-                    "hybrid_weight_sync", self._refresh_weights(ids, version, weights)
+                    "hybrid_weight_sync",
+                    self._refresh_weights(self.active_hybrid_ids, version, weights),
                 )
                 return True
+            ids = self._chosen(replica_ids)
+            self._active = tuple(ids)
             start = self._clock.now()
             self._sm.transition(_S.ACTIVATING, reason=f"activate v{version}")
             try:
@@ -255,8 +289,27 @@ class DynamicResourceController:
             self.activate_count += 1
             end = self._clock.now()
             self.last_activate_duration_s = end - start
-            self._emit_switch("activate", start, True, f"version={version}", end=end)
+            detail = f"version={version}"
+            if replica_ids is not None:
+                detail += f" replicas={len(ids)}/{len(self.hybrid_ids)}"
+            self._emit_switch("activate", start, True, detail, end=end)
             return True
+
+    def _chosen(self, replica_ids: Sequence[str] | None) -> tuple[str, ...]:
+        """The hybrid replicas an activation switches: all live ones, or a checked subset."""
+        if replica_ids is None:
+            return self.hybrid_ids
+        if isinstance(replica_ids, str):
+            raise TypeError(f"replica_ids must be a sequence of ids, got {replica_ids!r}")
+        chosen = sorted(set(replica_ids))
+        live = set(self.hybrid_ids)
+        unknown = [rid for rid in chosen if rid not in live]
+        if not chosen or unknown:
+            raise ValueError(
+                f"replica_ids must name live hybrid replicas, got {list(replica_ids)!r} "
+                f"(unknown or dead: {unknown}); live hybrid replicas: {sorted(live)}"
+            )
+        return tuple(chosen)
 
     async def deactivate(self) -> bool:
         """Remove hybrid replicas from routing, abort their requests, put them to sleep.
@@ -276,7 +329,7 @@ class DynamicResourceController:
             await self._recover_transitional()
             if self._sm.state is not _S.HYBRID_ACTIVE:
                 return False
-            ids = self.hybrid_ids
+            ids = self.active_hybrid_ids
             start = self._clock.now()
             self._sm.transition(_S.DEACTIVATING, reason="deactivate")
             try:
@@ -309,7 +362,8 @@ class DynamicResourceController:
             if self._sm.state is not _S.HYBRID_ACTIVE or self._hybrid_version == version:
                 return False
             await self._timed(
-                "hybrid_weight_sync", self._refresh_weights(self.hybrid_ids, version, weights)
+                "hybrid_weight_sync",
+                self._refresh_weights(self.active_hybrid_ids, version, weights),
             )
             return True
 
@@ -338,7 +392,8 @@ class DynamicResourceController:
         """Make the router agree with the state and the membership; return the ids fixed.
 
         In ``STANDALONE_ONLY`` no hybrid replica may be routable; in ``HYBRID_ACTIVE``
-        every live hybrid replica must be; a dead member never is. A transitional state
+        every lent live hybrid replica must be (`active_hybrid_ids`: all of them unless
+        the activation was partial) and no other; a dead member never is. A transitional state
         left behind by a cancelled switch is resolved to ``STANDALONE_ONLY`` first. The
         router's own routable set is read, so a router that lost or kept routes behind
         the `ReplicaSet`'s back (a reused router actor) is brought back in line.
@@ -352,9 +407,14 @@ class DynamicResourceController:
             if stale:
                 await self._bounded(self._replicas.unroute(stale))
             if self._sm.state is _S.HYBRID_ACTIVE:
-                fix = [rid for rid in self.hybrid_ids if rid not in routable]
+                active = set(self.active_hybrid_ids)
+                fix = [rid for rid in self.hybrid_ids if rid in active and rid not in routable]
                 if fix:
                     await self._bounded(self._replicas.route(fix))
+                idle = [rid for rid in self.hybrid_ids if rid not in active and rid in routable]
+                if idle:  # partial lending: a hybrid replica not lent is never routable
+                    await self._bounded(self._replicas.unroute(idle))
+                    fix += idle
             else:
                 fix = [rid for rid in self.hybrid_ids if rid in routable]
                 if fix:
@@ -542,7 +602,7 @@ class DynamicResourceController:
 
     def _drop_if_all_lost(self) -> None:
         """Never claim capacity that is gone: no live hybrid replica -> ``STANDALONE_ONLY``."""
-        if self._sm.state is _S.HYBRID_ACTIVE and not self.has_hybrid_replicas:
+        if self._sm.state is _S.HYBRID_ACTIVE and not self.active_hybrid_ids:
             reason = "every hybrid replica was lost"
             logger.warning("%s while active; back to STANDALONE_ONLY", reason)
             self._sm.transition(_S.DEACTIVATING, reason=reason)

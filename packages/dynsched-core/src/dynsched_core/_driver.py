@@ -13,6 +13,11 @@ The embedding API for any RL stack is two awaits per micro-step plus one observa
    an activation, when rebalance is enabled) -> ``update_after_step``, with one context
    for both decisions of the cycle.
 
+Optional hooks (defaults reproduce the published behaviour): at every step boundary while
+no hybrid replica is lent, ``should_activate_mid_cycle`` may lend them now (they load the
+current weights from their own trainer GPUs); ``hybrid_replicas_to_activate`` picks how
+many are lent (k of m) at any activation; ``observe`` receives the bus's events.
+
 After each decision the driver applies the `GuardRails` configured from the config, the
 same for every policy (deactivate ratio range, colocated schedule, queue capacity, end
 of run), and reports each correction: in the step's result (``overrides``), as a
@@ -69,6 +74,9 @@ class BeforeStepResult:
         context: The context given to the policy (None when scheduling is disabled).
         proposed_wait: What ``deactivate_wait_samples`` returned (None when not called).
         overrides: The guard rails' corrections of the wait target.
+        activated_mid_cycle: Hybrid replicas were lent at this step boundary
+            (``should_activate_mid_cycle``), before ``should_deactivate`` was asked.
+        mid_cycle_activate_s: Seconds that activation took.
     """
 
     global_steps: int
@@ -83,6 +91,8 @@ class BeforeStepResult:
     context: DynamicScheduleContext | None = None
     proposed_wait: int | None = None
     overrides: tuple[GuardRailOverride, ...] = ()
+    activated_mid_cycle: bool = False
+    mid_cycle_activate_s: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -215,6 +225,11 @@ class ScheduleDriver:
         self._cycle_activate_s = 0.0
         self._cycle_deactivate_s = 0.0
         self._cycle_requested = 0
+        # Wider decision space (optional hooks): mid-cycle lends, what they load.
+        self.mid_cycle_activations = 0
+        self._last_weights: Any = None
+        if events is not None and _overrides(policy, "observe"):
+            events.subscribe(policy.observe)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -255,8 +270,16 @@ class ScheduleDriver:
         if not self.enabled:
             return BeforeStepResult(global_steps=global_steps)
         ctx = await self.context(global_steps, is_last_step=is_last_step)
+        mid: AfterSyncResult | None = None
+        if self._may_activate_mid_cycle(ctx) and self.policy.should_activate_mid_cycle(
+            global_steps, self.controller.is_hybrid_active, ctx
+        ):
+            mid = await self._activate_mid_cycle(global_steps, ctx)
+            ctx = await self.context(global_steps, is_last_step=is_last_step)
         if not self.policy.should_deactivate(global_steps, self.controller.is_hybrid_active, ctx):
-            return BeforeStepResult(global_steps=global_steps, context=ctx)
+            return self._with_mid_cycle(
+                BeforeStepResult(global_steps=global_steps, context=ctx), mid
+            )
         proposed = self._checked_wait(self.policy.deactivate_wait_samples(ctx))
         target, overrides = self.guard_rails.wait_target(
             proposed,
@@ -270,7 +293,7 @@ class ScheduleDriver:
         if switched:
             self.deactivations += 1
             self._cycle_deactivate_s += took
-        return BeforeStepResult(
+        result = BeforeStepResult(
             global_steps=global_steps,
             should_deactivate=True,
             wait_target=target,
@@ -284,6 +307,7 @@ class ScheduleDriver:
             proposed_wait=proposed,
             overrides=overrides,
         )
+        return self._with_mid_cycle(result, mid)
 
     def record_collection(self, wait_s: float, waited_samples: int) -> None:
         """Report one sample collection of the trainer.
@@ -317,6 +341,7 @@ class ScheduleDriver:
         is forwarded to the hybrid replicas' ``update_weights``.
         """
         self.param_version = version
+        self._last_weights = weights
         if not self.enabled:
             self._end_cycle(0.0)
             return AfterSyncResult(global_steps=global_steps, version=version)
@@ -353,6 +378,7 @@ class ScheduleDriver:
         on), with the guard rails; the activation time counts for the first cycle.
         """
         self.param_version = version
+        self._last_weights = weights
         if not self.enabled:
             return AfterSyncResult(global_steps=0, version=version)
         ctx = await self.context(0)
@@ -402,6 +428,8 @@ class ScheduleDriver:
             now=self._clock.now(),
             min_deactivate_ratio=self.guard_rails.min_deactivate_ratio,
             max_deactivate_ratio=self.guard_rails.max_deactivate_ratio,
+            num_active_hybrid_replicas=len(self.controller.active_hybrid_ids),
+            cycle_step=self._cycle_requested // cfg.required_samples,
         )
 
     # ------------------------------------------------------------------ checkpoint
@@ -517,7 +545,10 @@ class ScheduleDriver:
     ) -> AfterSyncResult:
         start = self._clock.now()
         version = result.version
-        switched, _, error = await self._switch(lambda: self.controller.activate(version, weights))
+        ids = self._activation_ids(result.global_steps, result.context)
+        switched, _, error = await self._switch(
+            lambda: self.controller.activate(version, weights, replica_ids=ids)
+        )
         report: RebalanceReport | None = None
         if switched:
             self.activations += 1
@@ -532,6 +563,80 @@ class ScheduleDriver:
             activate_s=self._clock.now() - start,
             error=error,
         )
+
+    # ------------------------------------------------------------------ wider decisions
+    def _may_activate_mid_cycle(self, ctx: DynamicScheduleContext) -> bool:
+        """Whether ``should_activate_mid_cycle`` is asked: nothing lent, something to lend,
+        not colocated (the colocated schedule decides there), not at the end of the run."""
+        return (
+            not self.controller.is_hybrid_active
+            and self.controller.has_hybrid_replicas
+            and not ctx.only_hybrid
+            and not ctx.is_last_step
+            and not ctx.producer_finished
+        )
+
+    async def _activate_mid_cycle(
+        self, global_steps: int, ctx: DynamicScheduleContext
+    ) -> AfterSyncResult:
+        """Lend hybrid replicas at a step boundary: they load the current weights (version
+        ``param_version``) from their own trainer GPUs; then ``request_rebalance`` as after
+        a weight sync (when rebalance is enabled)."""
+        pending = AfterSyncResult(
+            global_steps=global_steps,
+            version=self.param_version,
+            should_activate=True,
+            context=ctx,
+        )
+        result = await self._activate(pending, self._last_weights)
+        if result.activated:
+            self.mid_cycle_activations += 1
+            self._cycle_activate_s += result.activate_s
+            logger.debug(
+                "step %s: %d hybrid replica(s) lent mid-cycle in %.3g s",
+                global_steps,
+                len(self.controller.active_hybrid_ids),
+                result.activate_s,
+            )
+        return result
+
+    @staticmethod
+    def _with_mid_cycle(result: BeforeStepResult, mid: AfterSyncResult | None) -> BeforeStepResult:
+        if mid is None:
+            return result
+        return attrs.evolve(
+            result,
+            activated_mid_cycle=mid.activated,
+            mid_cycle_activate_s=mid.activate_s,
+            error=result.error or mid.error,
+        )
+
+    def _activation_ids(
+        self, global_steps: int, ctx: DynamicScheduleContext | None
+    ) -> list[str] | None:
+        """The hybrid replicas to lend: None (all) unless the policy asks for k < m."""
+        if ctx is None:
+            return None
+        raw = self.policy.hybrid_replicas_to_activate(global_steps, ctx)
+        if raw is None:
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise TypeError(
+                f"{type(self.policy).__name__}.hybrid_replicas_to_activate must return an int "
+                f"or None, got {raw!r}"
+            )
+        live = self.controller.hybrid_ids
+        if raw >= len(live):
+            return None
+        if raw < 1:
+            logger.warning(
+                "step %s: %s.hybrid_replicas_to_activate returned %d; lending 1 (not lending "
+                "is the activation hooks' decision)",
+                global_steps,
+                type(self.policy).__name__,
+                raw,
+            )
+        return list(live[: max(1, raw)])
 
     def _wants_rebalance(self, result: AfterSyncResult) -> bool:
         if not self.config.dynamic_schedule_enable_rebalance or result.context is None:
@@ -567,6 +672,11 @@ class ScheduleDriver:
             f"ScheduleDriver(policy={type(self.policy).__name__}, cycles={self.cycles}, "
             f"activations={self.activations}, deactivations={self.deactivations})"
         )
+
+
+def _overrides(policy: DynamicSchedulePolicyBase, hook: str) -> bool:
+    """Whether ``policy`` overrides the base class's optional ``hook``."""
+    return getattr(type(policy), hook, None) is not getattr(DynamicSchedulePolicyBase, hook)
 
 
 def _capacity_of(queue: SampleQueue) -> int | None:

@@ -27,6 +27,19 @@ class DynamicSchedulePolicyBase(abc.ABC):
     4. `request_rebalance` after an activation, if rebalance is enabled;
     5. `update_after_step` after the weight sync (same context as 3).
 
+    Optional hooks widen the decision space; their defaults reproduce the published
+    behaviour exactly, so a policy that does not override them (verl's included) decides
+    as before:
+
+    - `should_activate_mid_cycle` at every step boundary while no hybrid replica is
+      active (default False: hybrid replicas join only after a weight sync); a replica
+      woken mid-cycle loads the current weights from its own trainer GPU (a local copy,
+      not a broadcast);
+    - `hybrid_replicas_to_activate` whenever hybrid replicas are activated: how many of
+      the live hybrid replicas (k of m) to lend (default None: all of them);
+    - `observe` receives every event of the driver's bus (default: ignored), for
+      policies that estimate rates online.
+
     Constructor arguments must be plain data (numbers, strings, bools) so a policy can
     be built from a YAML/JSON config with `dynsched_core.build_policy`.
     """
@@ -67,6 +80,41 @@ class DynamicSchedulePolicyBase(abc.ABC):
             The driver only rebalances when rebalance is enabled in its config.
         """
         return None
+
+    def should_activate_mid_cycle(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        """Return True to activate hybrid replicas now, at a step boundary inside a cycle.
+
+        Called by the driver before ``should_deactivate`` at every micro-step while no
+        hybrid replica is active (not on the last step, not after the producer finished,
+        not in colocated mode). The replicas woken load the current weights from their
+        own trainer GPUs (the trainer holds them): a local copy, no broadcast. The lend
+        then ends like any other: ``should_deactivate`` and ``deactivate_wait_samples``
+        of the same step decide when. Default: False (the published behaviour).
+        """
+        return False
+
+    def hybrid_replicas_to_activate(
+        self, global_steps: int, ctx: DynamicScheduleContext
+    ) -> int | None:
+        """Return how many hybrid replicas to lend (k of ``ctx.num_hybrid_replicas``).
+
+        Called whenever the driver activates (after a weight sync or mid-cycle). The
+        driver lends the first ``k`` live hybrid replicas in id order (one per trainer
+        node in the usual layout), bounded to ``[1, num_hybrid_replicas]``; ``0`` or a
+        negative count is corrected to 1 (deciding not to lend is the activation hooks'
+        job). Default: None, every live hybrid replica (the published behaviour).
+        """
+        return None
+
+    def observe(self, event: Any) -> None:  # noqa: B027
+        """Receive one event of the driver's event bus (default: nothing).
+
+        Events: `TrainStepEvent`, `SwitchEvent`, `RolloutEvent`, `TransitionEvent`, ...
+        (`dynsched_core.events`). Must be cheap and must not raise; it runs inside the
+        emitter's call.
+        """
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:  # noqa: B027
         """Adapt internal state after the weight sync of a cycle (default: nothing)."""

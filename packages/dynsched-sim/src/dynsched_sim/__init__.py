@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dynsched_sim._accounting import MODES, GroupAccountant, GroupUsage
 from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound, pool_throughput
+from dynsched_sim._heldout import HELD_OUT_FIRST_DRAW, HELD_OUT_RANGES, heldout_scenario
 from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerModel
 from dynsched_sim._random import random_scenario
 from dynsched_sim._replica import ReplicaNotServingError, SimReplica
@@ -36,9 +37,11 @@ from dynsched_sim._trainer import MemoryConservationError, SimTrainer
 from dynsched_sim._vloop import SimulationDeadlockError, VirtualTimeEventLoop, run_virtual
 from dynsched_sim._workload import LengthDistribution, PromptGroup, Workload, WorkloadModel
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"
 
 __all__ = [
+    "HELD_OUT_FIRST_DRAW",
+    "HELD_OUT_RANGES",
     "MODES",
     "PROVENANCE_LABELS",
     "Aggregate",
@@ -69,6 +72,7 @@ __all__ = [
     "builtin_scenarios",
     "compare",
     "format_table",
+    "heldout_scenario",
     "load_scenario",
     "lower_bound",
     "pool_throughput",
