@@ -3,24 +3,36 @@
 Algorithm (one scheduling interval), for jobs with remaining steps ``Q_j > 0`` and
 speed models ``f_j(p, w)``; the estimated remaining time is ``T_j(p, w) = Q_j / f_j(p, w)``:
 
+Two job kinds share the loop: a **parameter-server** job (``kind="ps"``, speed
+``f(p, w)``) and an **all-reduce** GPU job (``kind="allreduce"``: no PS, ``ps_demand``
+all zero, speed ``f(0, w)`` of its ``w`` workers/GPUs).
+
 1. **Starter tasks.** Jobs are visited in ascending order of the dominant share of their
-   ``1 PS + 1 worker`` bundle (ties: ascending ``job_id``); each job whose bundle fits in
-   the free capacity gets it.  A job whose bundle does not fit is skipped (it gets
-   nothing this interval), the loop goes on.
+   starter bundle (``1 PS + 1 worker``, or ``1 worker`` for an all-reduce job; ties:
+   ascending ``arrival``, then ``job_id``); each job whose bundle fits in the free
+   capacity gets it.  A job whose bundle does not fit is skipped (it gets nothing this
+   interval), the loop goes on.
 2. **Greedy growth.** Each allocated job offers two candidates: one more worker, with gain
    ``(T(p, w) - T(p, w+1)) / s_w`` and one more PS, with gain ``(T(p, w) - T(p+1, w)) /
    s_p``, where ``s`` is the task's *dominant share* (its largest fraction of the
    cluster's capacity over the resources).  Gains of jobs flagged ``damped`` (models
    fitted on few points) are multiplied by ``damping`` (default 0.95).  A max-heap pops
    the candidate with the largest gain; so for each job the larger of its two terms comes
-   first.  If the task fits in the free capacity it is added and both candidates of that
+   first (an all-reduce job offers only the worker).  If the task fits in the free capacity it is added and both candidates of that
    job are recomputed (older candidates of the job become stale); if it does not fit it
    is skipped (the job's other candidate stays in the heap).  The loop stops when the
    heap is empty or the largest gain is ``<= 0``.
 
-**Tie-break key.** Heap entries are ordered by ``(-gain, job_id, kind)`` with ``kind`` 0
-for a worker and 1 for a PS, so equal gains go to the smaller ``job_id`` and a worker
-wins over a PS of the same job: the result does not depend on the order jobs are listed.
+**Tie-break key.** Heap entries are ordered by ``(-gain, arrival, job_id, kind)`` with
+``kind`` 0 for a worker and 1 for a PS, so equal gains go to the earlier arrival (first
+come, first served; ``job_id`` only separates equal arrivals) and a worker wins over a PS
+of the same job: the result does not depend on the order jobs are listed.
+
+**Placement-aware.** With ``node_capacity`` the allocation is placed right away by
+:func:`~dynsched_optimus.place` with its fill fallback and ``shrink=True``, and the
+counts returned are the ones placed: what is allocated can be placed
+(``Allocation.placement`` holds the placements, ``Allocation.trimmed`` the jobs that
+lost tasks to fragmentation).
 
 Cost: each added task pops one entry and pushes two: ``O(T log J)`` for ``T`` added tasks
 and ``J`` jobs.  :func:`allocate` (``method="fast"``) computes the same result with numpy:
@@ -46,6 +58,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dynsched_optimus._errors import OptimusError
+from dynsched_optimus._placement import JobPlacement, PlacementRequest, PlacementResult, place
 from dynsched_optimus._speed import PSSpeedModel
 
 __all__ = [
@@ -65,7 +78,7 @@ RESOURCES: tuple[str, ...] = ("cpu", "memory", "gpu", "bandwidth")
 FloatArray = npt.NDArray[np.float64]
 SpeedFn = Callable[[int, int], float]
 _TOL = 1e-9
-_Entry = tuple[float, str, int, int, int]
+_Entry = tuple[float, int, int, int, int]
 
 
 def _vec(value: Sequence[float]) -> tuple[float, ...]:
@@ -84,22 +97,31 @@ def dominant_share(demand: Sequence[float], capacity: Sequence[float]) -> float:
     return best
 
 
+#: job kinds the allocator and the placement know
+JOB_KINDS: tuple[str, ...] = ("ps", "allreduce")
+
+
 @attrs.frozen
 class AllocationJob:
     """A job as seen by the allocator.
 
     Attributes:
-        job_id: unique identifier (also the tie-break key).
+        job_id: unique identifier (the last tie-break key).
         remaining_steps: estimated steps to convergence ``Q`` (<= 0: finished, skipped).
-        speed: a :class:`PSSpeedModel` (vectorised fast path) or any callable
-            ``f(p, w) -> steps/s`` (reference path only).
-        ps_demand: resources of one parameter server (same order as the capacity).
-        worker_demand: resources of one worker.
+        speed: a :class:`PSSpeedModel` (vectorised fast path, ``kind="ps"`` only) or any
+            callable ``f(p, w) -> steps/s`` (heap path); an all-reduce job is called with
+            ``p = 0`` and ``w`` = its GPU (worker) count.
+        ps_demand: resources of one parameter server (same order as the capacity); for
+            an all-reduce job empty or all zero.
+        worker_demand: resources of one worker (one GPU replica of an all-reduce job).
         damped: the job's models were fitted on few points (e.g. ``speed.n_points < 10``
             or a convergence fit on fewer than ~20 points): its gains are multiplied by
             ``damping``, so better-known jobs win close calls.
         max_ps: optional cap on the number of parameter servers (>= 1).
         max_workers: optional cap on the number of workers (>= 1).
+        kind: ``"ps"`` (parameter server + workers) or ``"allreduce"`` (workers only).
+        arrival: submission time; ties in gain and starter order go to the earlier
+            arrival, then to the smaller ``job_id``.
     """
 
     job_id: str = attrs.field(converter=str)
@@ -110,14 +132,37 @@ class AllocationJob:
     damped: bool = False
     max_ps: int | None = None
     max_workers: int | None = None
+    kind: str = "ps"
+    arrival: float = attrs.field(default=0.0, converter=float)
 
     def __attrs_post_init__(self) -> None:
-        for name in ("ps_demand", "worker_demand"):
+        if self.kind not in JOB_KINDS:
+            raise OptimusError(
+                f"job {self.job_id!r}: field 'kind' must be one of {list(JOB_KINDS)}, "
+                f"got {self.kind!r}"
+            )
+        if self.kind == "allreduce":
+            if isinstance(self.speed, PSSpeedModel):
+                raise OptimusError(
+                    f"job {self.job_id!r}: an all-reduce job needs a speed callable f(0, w), "
+                    "not a PSSpeedModel"
+                )
+            if not self.ps_demand:
+                object.__setattr__(self, "ps_demand", (0.0,) * len(self.worker_demand))
+            if any(x != 0 for x in self.ps_demand):
+                raise OptimusError(
+                    f"job {self.job_id!r}: an all-reduce job has no PS: ps_demand must be "
+                    "empty or all zero"
+                )
+        names = ("ps_demand", "worker_demand") if self.kind == "ps" else ("worker_demand",)
+        for name in names:
             vec = getattr(self, name)
             if any(not (x >= 0 and math.isfinite(x)) for x in vec):
                 raise OptimusError(f"job {self.job_id!r}: {name} must be finite and >= 0")
             if not any(x > 0 for x in vec):
                 raise OptimusError(f"job {self.job_id!r}: {name} must have a positive entry")
+        if not math.isfinite(self.arrival):
+            raise OptimusError(f"job {self.job_id!r}: arrival must be finite")
         if len(self.ps_demand) != len(self.worker_demand):
             raise OptimusError(
                 f"job {self.job_id!r}: ps_demand and worker_demand must have the same length"
@@ -139,12 +184,19 @@ class Allocation:
         used: resources used by all allocated tasks.
         capacity: the cluster capacity allocated against.
         method: ``"fast"`` or ``"reference"``.
+        placement: with ``node_capacity``: where the allocated tasks run (every job
+            with tasks is placed).
+        trimmed: with ``node_capacity``: ``job_id -> (ps, workers)`` the aggregate
+            allocation had for the jobs that fragmentation cut down (``tasks`` holds
+            the placed counts).
     """
 
     tasks: Mapping[str, tuple[int, int]]
     used: tuple[float, ...]
     capacity: tuple[float, ...]
     method: str = "reference"
+    placement: PlacementResult | None = None
+    trimmed: Mapping[str, tuple[int, int]] = attrs.field(factory=dict)
 
     @property
     def total_tasks(self) -> int:
@@ -183,6 +235,14 @@ def _time_fn(job: AllocationJob) -> Callable[[int, int], float]:
         return t_sync
     fn = job.speed
 
+    if job.kind == "allreduce":
+
+        def t_allreduce(p: int, w: int) -> float:
+            f = float(fn(0, w))
+            return q / f if f > 0 else math.inf
+
+        return t_allreduce
+
     def t_generic(p: int, w: int) -> float:
         f = float(fn(p, w))
         return q / f if f > 0 else math.inf
@@ -211,15 +271,31 @@ def _check(jobs: Sequence[AllocationJob], capacity: Sequence[float]) -> tuple[fl
     return cap
 
 
+def _bundle(j: AllocationJob) -> tuple[float, ...]:
+    """Demand of the starter tasks: 1 PS + 1 worker, or 1 worker for an all-reduce job."""
+    if j.kind == "allreduce":
+        return j.worker_demand
+    return tuple(a + b for a, b in zip(j.ps_demand, j.worker_demand, strict=True))
+
+
+def _ranks(jobs: Sequence[AllocationJob]) -> list[int]:
+    """Tie-break rank of each job: by ``(arrival, job_id)``."""
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival, jobs[i].job_id))
+    rank = [0] * len(jobs)
+    for r, i in enumerate(order):
+        rank[i] = r
+    return rank
+
+
 def _starter_order(jobs: Sequence[AllocationJob], cap: tuple[float, ...]) -> list[int]:
+    rank = _ranks(jobs)
     keyed = []
     for i, j in enumerate(jobs):
         if j.remaining_steps <= 0:
             continue
-        bundle = [a + b for a, b in zip(j.ps_demand, j.worker_demand, strict=True)]
-        keyed.append((dominant_share(bundle, cap), j.job_id, i))
+        keyed.append((dominant_share(_bundle(j), cap), rank[i], i))
     keyed.sort()
-    return [i for _s, _id, i in keyed]
+    return [i for _s, _r, i in keyed]
 
 
 def _gains(
@@ -254,6 +330,7 @@ def _heap_greedy(
     sw = [dominant_share(j.worker_demand, cap) for j in jobs]
     sp = [dominant_share(j.ps_demand, cap) for j in jobs]
     damp = [damping if j.damped else 1.0 for j in jobs]
+    rank = _ranks(jobs)
     version = [0] * n
     heap: list[_Entry] = []
 
@@ -262,17 +339,19 @@ def _heap_greedy(
         can_w = (j.max_workers is None or wk[i] < j.max_workers) and not (
             blocked_w is not None and blocked_w[i]
         )
-        can_p = (j.max_ps is None or ps[i] < j.max_ps) and not (
-            blocked_p is not None and blocked_p[i]
+        can_p = (
+            j.kind == "ps"
+            and (j.max_ps is None or ps[i] < j.max_ps)
+            and not (blocked_p is not None and blocked_p[i])
         )
         gw, gp = _gains(tfns[i], ps[i], wk[i], sw[i], sp[i], damp[i], can_w, can_p)
         if gw > 0:
-            add(heap, (-gw, j.job_id, 0, i, version[i]))
+            add(heap, (-gw, rank[i], 0, i, version[i]))
         if gp > 0:
-            add(heap, (-gp, j.job_id, 1, i, version[i]))
+            add(heap, (-gp, rank[i], 1, i, version[i]))
 
     for i in range(n):
-        if ps[i] > 0 and wk[i] > 0 and jobs[i].remaining_steps > 0:
+        if wk[i] > 0 and jobs[i].remaining_steps > 0:
             push(i, list.append)
     heapq.heapify(heap)
     while heap:
@@ -318,11 +397,11 @@ def allocate_reference(
     wk = [0] * len(jobs)
     for i in _starter_order(jobs, cap):
         j = jobs[i]
-        bundle = tuple(a + b for a, b in zip(j.ps_demand, j.worker_demand, strict=True))
+        bundle = _bundle(j)
         if _fits(used, bundle, cap):
             for r, d in enumerate(bundle):
                 used[r] = used[r] + d
-            ps[i], wk[i] = 1, 1
+            ps[i], wk[i] = (1 if j.kind == "ps" else 0), 1
     _heap_greedy(jobs, cap, used, ps, wk, damping)
     return Allocation(
         tasks={j.job_id: (ps[i], wk[i]) for i, j in enumerate(jobs)},
@@ -509,25 +588,71 @@ class _Generator:
 
 def allocate(
     jobs: Sequence[AllocationJob],
-    capacity: Sequence[float],
+    capacity: Sequence[float] | None = None,
     *,
     damping: float = 0.95,
     method: Literal["fast", "reference"] = "fast",
     max_rounds: int = 256,
+    node_capacity: npt.ArrayLike | None = None,
+    previous: Mapping[str, JobPlacement] | None = None,
 ) -> Allocation:
     """Allocate PS and workers to jobs (see the module docstring for the algorithm).
 
     Args:
-        jobs: the jobs (unique ``job_id``).
-        capacity: the cluster's total capacity per resource (same order as demands).
+        jobs: the jobs (unique ``job_id``), parameter-server and all-reduce in any mix.
+        capacity: the cluster's total capacity per resource (same order as demands);
+            default: the sum of ``node_capacity``.
         damping: gain factor for ``damped`` jobs, in ``(0, 1]``.
         method: ``"fast"`` (numpy; falls back to the heap for generic speed callables or
             after ``max_rounds`` regenerations) or ``"reference"``.
         max_rounds: bound on the vectorised rounds before finishing on the heap.
+        node_capacity: ``(nodes, resources)`` capacities: placement-aware allocation.
+            The aggregate allocation is placed by :func:`~dynsched_optimus.place`
+            (fewest servers, fill fallback, ``shrink=True``) and cut to what was placed,
+            so every job with tasks has a placement (``Allocation.placement``).
+        previous: last round's placements, kept for jobs whose counts did not change
+            (with ``node_capacity`` only).
 
     Returns:
-        The allocation; identical for both methods.
+        The allocation; the aggregate counts are identical for both methods.
     """
+    if capacity is None:
+        if node_capacity is None:
+            raise OptimusError("allocate: give capacity or node_capacity")
+        capacity = tuple(float(x) for x in np.asarray(node_capacity, dtype=float).sum(axis=0))
+    agg = _allocate_aggregate(jobs, capacity, damping=damping, method=method, max_rounds=max_rounds)
+    if node_capacity is None:
+        return agg
+    reqs = [
+        PlacementRequest(j.job_id, *agg.tasks[j.job_id], j.ps_demand, j.worker_demand)
+        for j in jobs
+        if sum(agg.tasks[j.job_id]) > 0
+    ]
+    res = place(reqs, node_capacity, previous=previous, shrink=True, fill=True)
+    tasks = dict(agg.tasks)
+    trimmed: dict[str, tuple[int, int]] = {}
+    for jid in res.unplaced:
+        trimmed[jid] = tasks[jid]
+        tasks[jid] = (0, 0)
+    for jid, counts in res.shrunk.items():
+        trimmed[jid] = tasks[jid]
+        tasks[jid] = counts
+    used = [0.0] * len(agg.capacity)
+    for j in jobs:
+        p, w = tasks[j.job_id]
+        for r in range(len(used)):
+            used[r] += p * j.ps_demand[r] + w * j.worker_demand[r]
+    return attrs.evolve(agg, tasks=tasks, used=tuple(used), placement=res, trimmed=trimmed)
+
+
+def _allocate_aggregate(
+    jobs: Sequence[AllocationJob],
+    capacity: Sequence[float],
+    *,
+    damping: float,
+    method: str,
+    max_rounds: int,
+) -> Allocation:
     if method == "reference":
         return allocate_reference(jobs, capacity, damping=damping)
     if method != "fast":
@@ -547,9 +672,7 @@ def allocate(
     wd = np.array([j.worker_demand for j in jobs], dtype=np.float64).reshape(n, nr)
 
     # ---- starter tasks: prefix by cumulative sum, then a short loop past the first refusal
-    ids = [j.job_id for j in jobs]
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.argsort(np.array(ids, dtype=object), kind="stable")] = np.arange(n)
+    rank = np.array(_ranks(jobs), dtype=np.int64)
     qv = np.array([j.remaining_steps for j in jobs], dtype=np.float64)
     bshare = _np_share(pd + wd, capa)
     cand = np.flatnonzero(qv > 0)
