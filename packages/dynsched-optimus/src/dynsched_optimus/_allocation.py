@@ -65,7 +65,10 @@ __all__ = [
     "RESOURCES",
     "Allocation",
     "AllocationJob",
+    "JOB_KINDS",
+    "RESTART_LOOKAHEAD",
     "allocate",
+    "allocate_incremental",
     "allocate_reference",
     "dominant_share",
 ]
@@ -591,10 +594,14 @@ def allocate(
     capacity: Sequence[float] | None = None,
     *,
     damping: float = 0.95,
-    method: Literal["fast", "reference"] = "fast",
+    method: Literal["fast", "reference", "incremental"] = "fast",
     max_rounds: int = 256,
     node_capacity: npt.ArrayLike | None = None,
     previous: Mapping[str, JobPlacement] | None = None,
+    current: Mapping[str, tuple[int, int]] | None = None,
+    restart_penalty: float = 0.0,
+    min_gain: float = 0.0,
+    utility_exponent: float = 1.0,
 ) -> Allocation:
     """Allocate PS and workers to jobs (see the module docstring for the algorithm).
 
@@ -612,6 +619,9 @@ def allocate(
             so every job with tasks has a placement (``Allocation.placement``).
         previous: last round's placements, kept for jobs whose counts did not change
             (with ``node_capacity`` only).
+        current, restart_penalty, min_gain, utility_exponent: ``method="incremental"``
+            only, see :func:`allocate_incremental` (``current`` defaults to the counts
+            of ``previous``).
 
     Returns:
         The allocation; the aggregate counts are identical for both methods.
@@ -620,7 +630,21 @@ def allocate(
         if node_capacity is None:
             raise OptimusError("allocate: give capacity or node_capacity")
         capacity = tuple(float(x) for x in np.asarray(node_capacity, dtype=float).sum(axis=0))
-    agg = _allocate_aggregate(jobs, capacity, damping=damping, method=method, max_rounds=max_rounds)
+    if method == "incremental":
+        if current is None:
+            current = {k: (v.ps, v.workers) for k, v in (previous or {}).items()}
+        agg = allocate_incremental(
+            jobs,
+            capacity,
+            current=current,
+            restart_penalty=restart_penalty,
+            min_gain=min_gain,
+            utility_exponent=utility_exponent,
+        )
+    else:
+        agg = _allocate_aggregate(
+            jobs, capacity, damping=damping, method=method, max_rounds=max_rounds
+        )
     if node_capacity is None:
         return agg
     reqs = [
@@ -656,7 +680,9 @@ def _allocate_aggregate(
     if method == "reference":
         return allocate_reference(jobs, capacity, damping=damping)
     if method != "fast":
-        raise OptimusError(f"method must be 'fast' or 'reference', got {method!r}")
+        raise OptimusError(
+            f"method must be 'fast', 'reference' or 'incremental', got {method!r}"
+        )
     if not 0 < damping <= 1:
         raise OptimusError(f"damping must be in (0, 1], got {damping}")
     cap = _check(jobs, capacity)
@@ -793,4 +819,213 @@ def _allocate_aggregate(
         used=tuple(float(x) for x in used),
         capacity=cap,
         method="fast",
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Incremental, restart-aware allocation (optimus+)
+# ---------------------------------------------------------------------------------------
+
+#: tasks a job with a pending restart may add at once when its restart cost is credited
+RESTART_LOOKAHEAD = 4
+
+
+def _utility(t: float, a: float) -> float:
+    """``F(T)``: ``log T`` for ``a = 1``, else ``T**(1 - a) / (1 - a)`` (``a = 0``: ``T``)."""
+    if not math.isfinite(t):
+        return 1e18
+    t = max(t, 1e-9)
+    return math.log(t) if a == 1.0 else t ** (1.0 - a) / (1.0 - a)
+
+
+def allocate_incremental(
+    jobs: Sequence[AllocationJob],
+    capacity: Sequence[float],
+    *,
+    current: Mapping[str, tuple[int, int]],
+    restart_penalty: float = 0.0,
+    min_gain: float = 0.0,
+    utility_exponent: float = 1.0,
+) -> Allocation:
+    """Restart-aware allocation from the current tasks, on ``sum F(T_j)`` (``optimus+``).
+
+    Start from ``current`` (``job_id -> (ps, workers)``); waiting jobs (shortest
+    estimated time at their minimum first: 1 PS + 1 worker, or 1 worker for an all-reduce
+    job) get their minimum from free capacity or from the running jobs that lose least;
+    then one task at a time goes to the largest gain ``F(T(now)) - F(T(new) + pen)`` per
+    dominant share, ``F = log`` (``utility_exponent = 1``: time saved relative to the
+    job's remaining time) or ``T**(1 - a) / (1 - a)``.  ``pen = restart_penalty`` (in
+    seconds) is charged once per running job whose tasks change and credited against the
+    best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is added only when it
+    improves ``F`` by at least ``min_gain``; a task is taken from another job only when
+    the gain exceeds that job's loss (with its own restart penalty).  Ties: earlier
+    ``arrival``, then ``job_id``.
+
+    Returns:
+        The allocation (``method="incremental"``).
+    """
+    cap = _check(jobs, capacity)
+    capa = np.array(cap, dtype=np.float64)
+    tot_safe = np.where(capa > 0, capa, np.inf)
+    free = capa.copy()
+    by_id = {j.job_id: j for j in jobs}
+    rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
+    tfns = {j.job_id: _time_fn(j) for j in jobs}
+    wd = {j.job_id: np.array(j.worker_demand) for j in jobs}
+    pd = {j.job_id: np.array(j.ps_demand) for j in jobs}
+    a = float(utility_exponent)
+
+    def mins(j: AllocationJob) -> tuple[int, int]:
+        return (1, 1) if j.kind == "ps" else (1, 0)
+
+    def maxw(j: AllocationJob) -> int:
+        return j.max_workers if j.max_workers is not None else 1 << 30
+
+    def maxp(j: AllocationJob) -> int:
+        if j.kind != "ps":
+            return 0
+        return j.max_ps if j.max_ps is not None else 1 << 30
+
+    def demand(jid: str, dw: int, dp: int) -> FloatArray:
+        return np.asarray(dw * wd[jid] + dp * pd[jid], dtype=np.float64)
+
+    def t_of(jid: str, w: int, p: int) -> float:
+        if w <= 0 or (by_id[jid].kind == "ps" and p <= 0):
+            return math.inf
+        return tfns[jid](p, w)
+
+    def fu(jid: str, w: int, p: int, extra: float = 0.0) -> float:
+        return _utility(t_of(jid, w, p) + extra, a)
+
+    def share(jid: str, dw: int, dp: int) -> float:
+        return max(float(np.max(demand(jid, dw, dp) / tot_safe)), 1e-12)
+
+    def fits(need: FloatArray, room: FloatArray) -> bool:
+        return bool(np.all(need <= room + 1e-9))
+
+    counts: dict[str, list[int]] = {}
+    running: set[str] = set()
+    for j in jobs:
+        p, w = current.get(j.job_id, (0, 0))
+        if w > 0 and j.remaining_steps > 0:
+            counts[j.job_id] = [w, p]
+            running.add(j.job_id)
+            free -= demand(j.job_id, w, p)
+    changed: set[str] = set()
+
+    def penalty(jid: str) -> float:
+        return restart_penalty if (jid in running and jid not in changed) else 0.0
+
+    def loss_of(jid: str, dw: int, dp: int) -> float:
+        w, p = counts[jid]
+        mw, mp = mins(by_id[jid])
+        if w - dw < mw or p - dp < mp:
+            return math.inf
+        return (fu(jid, w - dw, p - dp, penalty(jid)) - fu(jid, w, p)) / share(jid, dw, dp)
+
+    def take(need: FloatArray, exclude: str, budget: float) -> bool:
+        """Free ``need`` by removing tasks of jobs losing less than ``budget`` in total."""
+        nonlocal free
+        plan: list[str] = []
+        trial = free.copy()
+        spent = 0.0
+        saved = {k: list(v) for k, v in counts.items()}
+        while not fits(need, trial):
+            best: tuple[float, int, str, int, int] | None = None
+            for jid, (w, p) in counts.items():
+                if jid == exclude:
+                    continue
+                mw, mp = mins(by_id[jid])
+                for dw, dp in ((1, 0), (0, 1)):
+                    if (dw and w <= mw) or (dp and p <= mp):
+                        continue
+                    short = np.maximum(need - trial, 0.0)
+                    if not np.any(np.minimum(demand(jid, dw, dp), short) > 0):
+                        continue
+                    loss = loss_of(jid, dw, dp) * share(jid, dw, dp)
+                    if best is None or (loss, rank[jid]) < (best[0], best[1]):
+                        best = (loss, rank[jid], jid, dw, dp)
+            if best is None or spent + best[0] >= budget:
+                for k, v in saved.items():
+                    counts[k] = v
+                return False
+            loss, _r, jid, dw, dp = best
+            spent += loss
+            counts[jid][0] -= dw
+            counts[jid][1] -= dp
+            trial += demand(jid, dw, dp)
+            plan.append(jid)
+        free = trial
+        changed.update(plan)
+        return True
+
+    waiting = [j for j in jobs if j.job_id not in counts and j.remaining_steps > 0]
+    waiting.sort(key=lambda j: (t_of(j.job_id, *mins(j)), rank[j.job_id]))
+    for j in waiting:
+        w0, p0 = mins(j)
+        need = demand(j.job_id, w0, p0)
+        if not fits(need, free) and not take(need, j.job_id, math.inf):
+            continue
+        free -= need
+        counts[j.job_id] = [w0, p0]
+        changed.add(j.job_id)
+
+    def best_gain(jid: str) -> tuple[float, int, int] | None:
+        j = by_id[jid]
+        w, p = counts[jid]
+        base = fu(jid, w, p)
+        out = None
+        for dw, dp in ((1, 0), (0, 1)):
+            if w + dw > maxw(j) or p + dp > maxp(j):
+                continue
+            pj = penalty(jid)
+            g = base - fu(jid, w + dw, p + dp, pj)
+            if pj > 0:
+                # a restart is paid once: credit the best of up to RESTART_LOOKAHEAD tasks
+                for m in range(2, RESTART_LOOKAHEAD + 1):
+                    if w + m * dw > maxw(j) or p + m * dp > maxp(j):
+                        break
+                    g = max(g, (base - fu(jid, w + m * dw, p + m * dp, pj)) / m)
+            if g < min_gain:
+                continue  # not worth a task that another job may need later
+            g /= share(jid, dw, dp)
+            if out is None or g > out[0]:
+                out = (g, dw, dp)
+        return out
+
+    heap: list[tuple[float, int, str, int, int]] = []
+    for jid in counts:
+        bg = best_gain(jid)
+        if bg is not None and bg[0] > 0:
+            heap.append((-bg[0], rank[jid], jid, bg[1], bg[2]))
+    heapq.heapify(heap)
+    moves = 0
+    # safety bound on the loop (each move adds one task; tasks can be taken back)
+    limit = 4 * int(max(tot_safe[np.isfinite(tot_safe)].max(initial=1.0), 1.0)) + 4 * len(jobs)
+    while heap and moves < limit:
+        neg, _r, jid, dw, dp = heapq.heappop(heap)
+        bg = best_gain(jid)
+        if bg is None or bg[0] <= 0:
+            continue
+        if abs(-neg - bg[0]) > 1e-12 * max(1.0, abs(bg[0])):
+            heapq.heappush(heap, (-bg[0], rank[jid], jid, bg[1], bg[2]))
+            continue
+        moves += 1
+        need = demand(jid, dw, dp)
+        if not fits(need, free) and not take(need, jid, bg[0] * share(jid, dw, dp)):
+            continue
+        free -= need
+        counts[jid][0] += dw
+        counts[jid][1] += dp
+        changed.add(jid)
+        bg = best_gain(jid)
+        if bg is not None and bg[0] > 0:
+            heapq.heappush(heap, (-bg[0], rank[jid], jid, bg[1], bg[2]))
+    tasks = {j.job_id: (0, 0) for j in jobs}
+    used = np.zeros(len(cap))
+    for jid, (w, p) in counts.items():
+        tasks[jid] = (p, w)
+        used += demand(jid, w, p)
+    return Allocation(
+        tasks=tasks, used=tuple(float(x) for x in used), capacity=cap, method="incremental"
     )
