@@ -58,15 +58,15 @@ class CompletionRule:
 def _throughput(value: Mapping[object, object]) -> dict[tuple[int, int, int], tuple[float, ...]]:
     out: dict[tuple[int, int, int], tuple[float, ...]] = {}
     for key, samples in value.items():
-        k = tuple(int(x) for x in key)  # type: ignore[attr-defined]
-        if len(k) != 3 or k[0] < 1 or k[1] < 0 or k[2] < 1:
+        w, p, n = key  # type: ignore[misc]
+        if not (w >= 1 and p >= 0 and n >= 1):
             raise OptimusError(
                 f"field 'throughput': keys are (workers >= 1, ps >= 0, nodes >= 1), got {key!r}"
             )
-        vals = tuple(float(x) for x in samples)  # type: ignore[attr-defined]
-        if not vals or any(not (v > 0 and math.isfinite(v)) for v in vals):
+        vals = tuple(samples)  # type: ignore[call-overload]
+        if not vals or not (min(vals) > 0 and math.isfinite(sum(vals))):
             raise OptimusError(f"field 'throughput[{key!r}]': samples must be finite and > 0")
-        out[(k[0], k[1], k[2])] = vals
+        out[(int(w), int(p), int(n))] = vals
     return out
 
 

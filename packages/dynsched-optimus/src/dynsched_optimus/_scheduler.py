@@ -169,6 +169,7 @@ class Round:
     index: int
     per_node: dict[str, int] = attrs.field(factory=dict)
     remaining: dict[str, RemainingEstimate] = attrs.field(factory=dict)
+    memo: dict[tuple[object, ...], float] = attrs.field(factory=dict)
 
 
 def workers_per_node(obs: JobObservation, node_capacity: FloatArray) -> int:
@@ -204,7 +205,7 @@ class FittedEstimator:
     prior: str = attrs.field(default="linear", validator=attrs.validators.in_(("linear", "requested")))
     prior_s: float = 3600.0
     extrapolation: float | None = None
-    _conv: dict[str, tuple[tuple[int, int, float], RemainingEstimate | None]] = attrs.field(
+    _conv: dict[str, tuple[tuple[int, str, float], RemainingEstimate | None]] = attrs.field(
         factory=dict, init=False, repr=False
     )
     _fits: dict[str, tuple[tuple[int, int], object]] = attrs.field(
@@ -223,7 +224,9 @@ class FittedEstimator:
             # the job runs N epochs: what is left is known up to the epoch length
             r = max(rule.value * spe - done, 0.0)
             return RemainingEstimate(r, r, r, True)
-        key = (len(obs.loss_points), obs.epochs_done, done)
+        # the fit changes only with a new loss point: it is cached as the absolute step
+        # the job completes at, and the remaining steps are taken from the current step
+        key = (len(obs.loss_points), rule.kind, rule.value)
         hit = self._conv.get(obs.job_id)
         if hit is None or hit[0] != key:
             est = None
@@ -232,7 +235,10 @@ class FittedEstimator:
             hit = (key, est)
             self._conv[obs.job_id] = hit
         if hit[1] is not None:
-            return hit[1]
+            end = hit[1]
+            cap = MAX_REMAINING_FACTOR * max(done, obs.steps_per_epoch or 1.0)
+            e, lo, hi = (min(max(v - done, 0.0), cap) for v in (end.estimate, end.low, end.high))
+            return RemainingEstimate(e, min(lo, e), max(hi, e), True)
         ps = 1 if obs.kind == "ps" else 0
         speed1 = self.speed(obs, ps, 1, 1, rnd)
         prior = max(self.prior_s * speed1, done)
@@ -282,8 +288,8 @@ class FittedEstimator:
                 else:
                     lo = hi = tgt
                 est = tgt
-        cap = MAX_REMAINING_FACTOR * max(done, spe)
-        est, lo, hi = (min(max(v, 0.0), cap) for v in (est, lo, hi))
+        # absolute completion steps (the caller subtracts the current step and caps)
+        est, lo, hi = (max(v, 0.0) + done for v in (est, lo, hi))
         return RemainingEstimate(est, min(lo, est), max(hi, est), True)
 
     # -- speed
@@ -324,6 +330,13 @@ class FittedEstimator:
         return float(min(n, max(obs.requested_workers, 1))) ** PRIOR_SCALING_EXPONENT
 
     def speed(self, obs: JobObservation, ps: int, workers: int, nodes: int, rnd: Round) -> float:
+        key = (obs.job_id, ps, workers, nodes)
+        hit = rnd.memo.get(key)
+        if hit is None:
+            hit = rnd.memo[key] = self._speed(obs, ps, workers, nodes, rnd)
+        return hit
+
+    def _speed(self, obs: JobObservation, ps: int, workers: int, nodes: int, rnd: Round) -> float:
         if obs.kind == "ps":
             model = self._fit(obs, rnd)
             if isinstance(model, PSSpeedModel):
