@@ -34,6 +34,7 @@ __all__ = [
     "SCHEDULERS",
     "DRFScheduler",
     "FIFOScheduler",
+    "FixedDRFScheduler",
     "OptimusScheduler",
     "SRTFScheduler",
     "TetrisScheduler",
@@ -151,6 +152,48 @@ class DRFScheduler(_Base):
         counts = self.allocate(jobs, cluster.capacity)
         out = place_requests(counts, jobs, cluster.capacity, mode=self.placement_mode)
         return _shrink_unplaced(counts, out, jobs, cluster, self.placement_mode)
+
+
+class FixedDRFScheduler(DRFScheduler):
+    """DRF with each job's allocation fixed when it starts (the Optimus paper's baseline).
+
+    Running jobs keep their tasks until they complete (no re-filling); in each interval
+    the waiting jobs share the capacity left free by progressive filling on dominant
+    shares (capped at their request, ties by submission) and, once placed, keep that
+    allocation. Elastic :class:`DRFScheduler` re-fills every interval instead.
+    """
+
+    name = "drf-fixed"
+
+    def schedule(
+        self, now: float, jobs: Sequence[SimJob], cluster: ClusterState
+    ) -> dict[str, Placement]:
+        out: dict[str, Placement] = {}
+        used = np.zeros_like(cluster.capacity, dtype=float)
+        for job in jobs:
+            if job.placement is not None:
+                out[job.name] = job.placement
+                used += job.placement.usage(job.worker_demand, job.ps_demand)
+        waiting = [j for j in jobs if j.placement is None]
+        if not waiting:
+            return out
+        free = cluster.capacity - used
+        counts = self.allocate(waiting, free)
+        placed = place_requests(
+            counts, waiting, cluster.capacity, mode=self.placement_mode, free=free
+        )
+        view = _FreeView(cluster, free)
+        new = _shrink_unplaced(counts, placed, waiting, view, self.placement_mode)  # type: ignore[arg-type]
+        out.update(new)
+        return out
+
+
+class _FreeView:
+    """A :class:`ClusterState` look-alike whose capacity is what is still free."""
+
+    def __init__(self, cluster: ClusterState, free: np.ndarray) -> None:
+        self.capacity = free
+        self.spec = cluster.spec
 
 
 def _shrink_unplaced(
@@ -568,6 +611,7 @@ class OptimusScheduler(_Base):
 SCHEDULERS: dict[str, Callable[..., _Base]] = {
     "fifo": FIFOScheduler,
     "drf": DRFScheduler,
+    "drf-fixed": FixedDRFScheduler,
     "tetris": TetrisScheduler,
     "srtf": SRTFScheduler,
     "tiresias": TiresiasScheduler,
