@@ -364,3 +364,15 @@ def test_policy_driven_by_a_hand_built_host(variant: str) -> None:
     assert set(host.finished) == set(host.total)
     assert host.finished["b"] < host.finished["a"]  # the short job is not starved
     assert all(math.isfinite(t) for t in host.finished.values())
+
+
+def test_readme_scheduler_example_runs(capsys) -> None:  # type: ignore[no-untyped-def]
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    example = next(b for b in blocks if "make_optimus" in b)
+    exec(compile(example, "README.md", "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert "bert:" in out and "resnet:" in out
