@@ -80,13 +80,19 @@ def summary(files: list[str]) -> None:
     for ld in loads:
         wls = sorted({k[1] for k in runs if k[0] == ld}, key=lambda w: int(w.split("-")[1]))
         print(f"\nload {ld}: average JCT s / makespan s")
-        print("| scheduler | " + " | ".join(w.split("-")[1] for w in wls) + " | mean JCT | mean makespan |")
+        print(
+            "| scheduler | "
+            + " | ".join(w.split("-")[1] for w in wls)
+            + " | mean JCT | mean makespan |"
+        )
         print("|---" * (len(wls) + 3) + "|")
         for s in scheds:
             row = [runs.get((ld, w, s)) for w in wls]
             if not any(row):
                 continue
-            cells = [f"{r['avg_jct_s']:.0f} / {r['makespan_s'] / 3600:.1f}h" if r else "-" for r in row]
+            cells = [
+                f"{r['avg_jct_s']:.0f} / {r['makespan_s'] / 3600:.1f}h" if r else "-" for r in row
+            ]
             jcts = [r["avg_jct_s"] for r in row if r]
             mks = [r["makespan_s"] for r in row if r]
             full = len(jcts) == len(wls)
@@ -104,7 +110,9 @@ def summary(files: list[str]) -> None:
                 ]
                 if pairs:
                     wins = sum(a < b for a, b in pairs)
-                    ratio = statistics.mean(a for a, _ in pairs) / statistics.mean(b for _, b in pairs)
+                    ratio = statistics.mean(a for a, _ in pairs) / statistics.mean(
+                        b for _, b in pairs
+                    )
                     print(
                         f"optimus+ vs {s}: lower JCT on {wins}/{len(pairs)} workloads, "
                         f"mean ratio {ratio:.3f}"
@@ -112,7 +120,9 @@ def summary(files: list[str]) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--loads", default="1.0")
     p.add_argument("--workloads", default="1-8")
     p.add_argument("--schedulers", default="tiresias,optimus+")

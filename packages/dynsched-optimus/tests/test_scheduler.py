@@ -37,9 +37,7 @@ def _nodes(n: int = 4) -> np.ndarray:
 
 
 def _loss_points(n_epochs: int, spe: float, b0: float = 1e-3) -> tuple[tuple[float, float], ...]:
-    return tuple(
-        (e * spe, 1.0 / (b0 * e * spe + 1.0) + 0.1) for e in range(1, n_epochs + 1)
-    )
+    return tuple((e * spe, 1.0 / (b0 * e * spe + 1.0) + 0.1) for e in range(1, n_epochs + 1))
 
 
 def _gpu(jid: str, arrival: float = 0.0, **kw: object) -> JobObservation:

@@ -62,11 +62,11 @@ from dynsched_optimus._placement import JobPlacement, PlacementRequest, Placemen
 from dynsched_optimus._speed import PSSpeedModel
 
 __all__ = [
+    "JOB_KINDS",
     "RESOURCES",
+    "RESTART_LOOKAHEAD",
     "Allocation",
     "AllocationJob",
-    "JOB_KINDS",
-    "RESTART_LOOKAHEAD",
     "allocate",
     "allocate_incremental",
     "allocate_reference",
@@ -680,9 +680,7 @@ def _allocate_aggregate(
     if method == "reference":
         return allocate_reference(jobs, capacity, damping=damping)
     if method != "fast":
-        raise OptimusError(
-            f"method must be 'fast', 'reference' or 'incremental', got {method!r}"
-        )
+        raise OptimusError(f"method must be 'fast', 'reference' or 'incremental', got {method!r}")
     if not 0 < damping <= 1:
         raise OptimusError(f"damping must be in (0, 1], got {damping}")
     cap = _check(jobs, capacity)

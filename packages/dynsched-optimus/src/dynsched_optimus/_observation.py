@@ -50,7 +50,9 @@ class CompletionRule:
                 f"got {self.kind!r}"
             )
         if not (math.isfinite(self.value) and self.value >= 0):
-            raise OptimusError(f"field 'completion.value' must be finite and >= 0, got {self.value}")
+            raise OptimusError(
+                f"field 'completion.value' must be finite and >= 0, got {self.value}"
+            )
         if self.kind in ("epochs", "steps", "converged") and self.value <= 0:
             raise OptimusError(f"field 'completion.value' must be > 0 for {self.kind!r}")
 

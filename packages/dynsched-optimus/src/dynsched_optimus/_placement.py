@@ -379,7 +379,9 @@ def place_reference(
     )
 
 
-def _fit_count(free: Sequence[float], tolcap: Sequence[float], d: Sequence[float], left: int) -> int:
+def _fit_count(
+    free: Sequence[float], tolcap: Sequence[float], d: Sequence[float], left: int
+) -> int:
     """How many tasks of demand ``d`` (at most ``left``) fit in ``free`` (+ tolerance)."""
     m = left
     for r, x in enumerate(d):

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -202,7 +201,9 @@ class FittedEstimator:
     """
 
     hedged: bool = False
-    prior: str = attrs.field(default="linear", validator=attrs.validators.in_(("linear", "requested")))
+    prior: str = attrs.field(
+        default="linear", validator=attrs.validators.in_(("linear", "requested"))
+    )
     prior_s: float = 3600.0
     extrapolation: float | None = None
     _conv: dict[str, tuple[tuple[int, str, float], RemainingEstimate | None]] = attrs.field(
@@ -342,9 +343,7 @@ class FittedEstimator:
             if isinstance(model, PSSpeedModel):
                 return float(model.predict(max(ps, 1), workers))
             ms = [
-                sum(v) / len(v)
-                for k, v in obs.throughput.items()
-                if k[0] == workers and k[1] == ps
+                sum(v) / len(v) for k, v in obs.throughput.items() if k[0] == workers and k[1] == ps
             ]
             return ms[0] if ms else 1e-9
         per = rnd.per_node.get(obs.job_id, 1)
@@ -449,9 +448,7 @@ def _allocation_jobs(
         else:
             per = rnd.per_node.get(jid, 1)
 
-            def speed_fn(
-                p: int, w: int, _o: JobObservation = obs, _per: int = per
-            ) -> float:
+            def speed_fn(p: int, w: int, _o: JobObservation = obs, _per: int = per) -> float:
                 return est.speed(_o, p, w, _compact_nodes(w, _per), rnd)
 
             speed = speed_fn

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 from dynsched_optimus import Allocation, PSSpeedModel
+from dynsched_optimus import _scheduler as sched_mod
 from dynsched_optimus._allocation import allocate_reference
 from dynsched_optimus.cluster import (
     ClusterSpec,
@@ -18,7 +19,6 @@ from dynsched_optimus.cluster import (
     OptimusScheduler,
     PSJob,
 )
-from dynsched_optimus import _scheduler as sched_mod
 from dynsched_optimus.cluster._run import PS_JOB_TYPES
 
 
