@@ -79,7 +79,7 @@ def summary(files: list[str]) -> None:
     scheds = sorted({k[2] for k in runs})
     for ld in loads:
         wls = sorted({k[1] for k in runs if k[0] == ld}, key=lambda w: int(w.split("-")[1]))
-        print(f"\nload {ld}: average JCT s / makespan s")
+        print(f"\nload {ld}: average JCT s / makespan s\n")
         print(
             "| scheduler | "
             + " | ".join(w.split("-")[1] for w in wls)
@@ -100,6 +100,7 @@ def summary(files: list[str]) -> None:
             mean_m = f"{statistics.mean(mks) / 3600:.2f}h" + ("" if full else "*")
             print(f"| {s} | " + " | ".join(cells) + f" | {mean_j} | {mean_m} |")
         if "optimus+" in scheds:
+            print()
             for s in scheds:
                 if s == "optimus+":
                     continue
@@ -115,7 +116,7 @@ def summary(files: list[str]) -> None:
                     )
                     print(
                         f"optimus+ vs {s}: lower JCT on {wins}/{len(pairs)} workloads, "
-                        f"mean ratio {ratio:.3f}"
+                        f"mean ratio {ratio:.3f} (over the workloads both finished)"
                     )
 
 
