@@ -3,24 +3,36 @@
 Algorithm (one scheduling interval), for jobs with remaining steps ``Q_j > 0`` and
 speed models ``f_j(p, w)``; the estimated remaining time is ``T_j(p, w) = Q_j / f_j(p, w)``:
 
+Two job kinds share the loop: a **parameter-server** job (``kind="ps"``, speed
+``f(p, w)``) and an **all-reduce** GPU job (``kind="allreduce"``: no PS, ``ps_demand``
+all zero, speed ``f(0, w)`` of its ``w`` workers/GPUs).
+
 1. **Starter tasks.** Jobs are visited in ascending order of the dominant share of their
-   ``1 PS + 1 worker`` bundle (ties: ascending ``job_id``); each job whose bundle fits in
-   the free capacity gets it.  A job whose bundle does not fit is skipped (it gets
-   nothing this interval), the loop goes on.
+   starter bundle (``1 PS + 1 worker``, or ``1 worker`` for an all-reduce job; ties:
+   ascending ``arrival``, then ``job_id``); each job whose bundle fits in the free
+   capacity gets it.  A job whose bundle does not fit is skipped (it gets nothing this
+   interval), the loop goes on.
 2. **Greedy growth.** Each allocated job offers two candidates: one more worker, with gain
    ``(T(p, w) - T(p, w+1)) / s_w`` and one more PS, with gain ``(T(p, w) - T(p+1, w)) /
    s_p``, where ``s`` is the task's *dominant share* (its largest fraction of the
    cluster's capacity over the resources).  Gains of jobs flagged ``damped`` (models
    fitted on few points) are multiplied by ``damping`` (default 0.95).  A max-heap pops
    the candidate with the largest gain; so for each job the larger of its two terms comes
-   first.  If the task fits in the free capacity it is added and both candidates of that
+   first (an all-reduce job offers only the worker).  If the task fits in the free capacity it is added and both candidates of that
    job are recomputed (older candidates of the job become stale); if it does not fit it
    is skipped (the job's other candidate stays in the heap).  The loop stops when the
    heap is empty or the largest gain is ``<= 0``.
 
-**Tie-break key.** Heap entries are ordered by ``(-gain, job_id, kind)`` with ``kind`` 0
-for a worker and 1 for a PS, so equal gains go to the smaller ``job_id`` and a worker
-wins over a PS of the same job: the result does not depend on the order jobs are listed.
+**Tie-break key.** Heap entries are ordered by ``(-gain, arrival, job_id, kind)`` with
+``kind`` 0 for a worker and 1 for a PS, so equal gains go to the earlier arrival (first
+come, first served; ``job_id`` only separates equal arrivals) and a worker wins over a PS
+of the same job: the result does not depend on the order jobs are listed.
+
+**Placement-aware.** With ``node_capacity`` the allocation is placed right away by
+:func:`~dynsched_optimus.place` with its fill fallback and ``shrink=True``, and the
+counts returned are the ones placed: what is allocated can be placed
+(``Allocation.placement`` holds the placements, ``Allocation.trimmed`` the jobs that
+lost tasks to fragmentation).
 
 Cost: each added task pops one entry and pushes two: ``O(T log J)`` for ``T`` added tasks
 and ``J`` jobs.  :func:`allocate` (``method="fast"``) computes the same result with numpy:
@@ -46,13 +58,17 @@ import numpy as np
 import numpy.typing as npt
 
 from dynsched_optimus._errors import OptimusError
+from dynsched_optimus._placement import JobPlacement, PlacementRequest, PlacementResult, place
 from dynsched_optimus._speed import PSSpeedModel
 
 __all__ = [
+    "JOB_KINDS",
     "RESOURCES",
+    "RESTART_LOOKAHEAD",
     "Allocation",
     "AllocationJob",
     "allocate",
+    "allocate_incremental",
     "allocate_reference",
     "dominant_share",
 ]
@@ -65,7 +81,7 @@ RESOURCES: tuple[str, ...] = ("cpu", "memory", "gpu", "bandwidth")
 FloatArray = npt.NDArray[np.float64]
 SpeedFn = Callable[[int, int], float]
 _TOL = 1e-9
-_Entry = tuple[float, str, int, int, int]
+_Entry = tuple[float, int, int, int, int]
 
 
 def _vec(value: Sequence[float]) -> tuple[float, ...]:
@@ -84,22 +100,31 @@ def dominant_share(demand: Sequence[float], capacity: Sequence[float]) -> float:
     return best
 
 
+#: job kinds the allocator and the placement know
+JOB_KINDS: tuple[str, ...] = ("ps", "allreduce")
+
+
 @attrs.frozen
 class AllocationJob:
     """A job as seen by the allocator.
 
     Attributes:
-        job_id: unique identifier (also the tie-break key).
+        job_id: unique identifier (the last tie-break key).
         remaining_steps: estimated steps to convergence ``Q`` (<= 0: finished, skipped).
-        speed: a :class:`PSSpeedModel` (vectorised fast path) or any callable
-            ``f(p, w) -> steps/s`` (reference path only).
-        ps_demand: resources of one parameter server (same order as the capacity).
-        worker_demand: resources of one worker.
+        speed: a :class:`PSSpeedModel` (vectorised fast path, ``kind="ps"`` only) or any
+            callable ``f(p, w) -> steps/s`` (heap path); an all-reduce job is called with
+            ``p = 0`` and ``w`` = its GPU (worker) count.
+        ps_demand: resources of one parameter server (same order as the capacity); for
+            an all-reduce job empty or all zero.
+        worker_demand: resources of one worker (one GPU replica of an all-reduce job).
         damped: the job's models were fitted on few points (e.g. ``speed.n_points < 10``
             or a convergence fit on fewer than ~20 points): its gains are multiplied by
             ``damping``, so better-known jobs win close calls.
         max_ps: optional cap on the number of parameter servers (>= 1).
         max_workers: optional cap on the number of workers (>= 1).
+        kind: ``"ps"`` (parameter server + workers) or ``"allreduce"`` (workers only).
+        arrival: submission time; ties in gain and starter order go to the earlier
+            arrival, then to the smaller ``job_id``.
     """
 
     job_id: str = attrs.field(converter=str)
@@ -110,14 +135,37 @@ class AllocationJob:
     damped: bool = False
     max_ps: int | None = None
     max_workers: int | None = None
+    kind: str = "ps"
+    arrival: float = attrs.field(default=0.0, converter=float)
 
     def __attrs_post_init__(self) -> None:
-        for name in ("ps_demand", "worker_demand"):
+        if self.kind not in JOB_KINDS:
+            raise OptimusError(
+                f"job {self.job_id!r}: field 'kind' must be one of {list(JOB_KINDS)}, "
+                f"got {self.kind!r}"
+            )
+        if self.kind == "allreduce":
+            if isinstance(self.speed, PSSpeedModel):
+                raise OptimusError(
+                    f"job {self.job_id!r}: an all-reduce job needs a speed callable f(0, w), "
+                    "not a PSSpeedModel"
+                )
+            if not self.ps_demand:
+                object.__setattr__(self, "ps_demand", (0.0,) * len(self.worker_demand))
+            if any(x != 0 for x in self.ps_demand):
+                raise OptimusError(
+                    f"job {self.job_id!r}: an all-reduce job has no PS: ps_demand must be "
+                    "empty or all zero"
+                )
+        names = ("ps_demand", "worker_demand") if self.kind == "ps" else ("worker_demand",)
+        for name in names:
             vec = getattr(self, name)
             if any(not (x >= 0 and math.isfinite(x)) for x in vec):
                 raise OptimusError(f"job {self.job_id!r}: {name} must be finite and >= 0")
             if not any(x > 0 for x in vec):
                 raise OptimusError(f"job {self.job_id!r}: {name} must have a positive entry")
+        if not math.isfinite(self.arrival):
+            raise OptimusError(f"job {self.job_id!r}: arrival must be finite")
         if len(self.ps_demand) != len(self.worker_demand):
             raise OptimusError(
                 f"job {self.job_id!r}: ps_demand and worker_demand must have the same length"
@@ -139,12 +187,19 @@ class Allocation:
         used: resources used by all allocated tasks.
         capacity: the cluster capacity allocated against.
         method: ``"fast"`` or ``"reference"``.
+        placement: with ``node_capacity``: where the allocated tasks run (every job
+            with tasks is placed).
+        trimmed: with ``node_capacity``: ``job_id -> (ps, workers)`` the aggregate
+            allocation had for the jobs that fragmentation cut down (``tasks`` holds
+            the placed counts).
     """
 
     tasks: Mapping[str, tuple[int, int]]
     used: tuple[float, ...]
     capacity: tuple[float, ...]
     method: str = "reference"
+    placement: PlacementResult | None = None
+    trimmed: Mapping[str, tuple[int, int]] = attrs.field(factory=dict)
 
     @property
     def total_tasks(self) -> int:
@@ -183,6 +238,14 @@ def _time_fn(job: AllocationJob) -> Callable[[int, int], float]:
         return t_sync
     fn = job.speed
 
+    if job.kind == "allreduce":
+
+        def t_allreduce(p: int, w: int) -> float:
+            f = float(fn(0, w))
+            return q / f if f > 0 else math.inf
+
+        return t_allreduce
+
     def t_generic(p: int, w: int) -> float:
         f = float(fn(p, w))
         return q / f if f > 0 else math.inf
@@ -211,15 +274,31 @@ def _check(jobs: Sequence[AllocationJob], capacity: Sequence[float]) -> tuple[fl
     return cap
 
 
+def _bundle(j: AllocationJob) -> tuple[float, ...]:
+    """Demand of the starter tasks: 1 PS + 1 worker, or 1 worker for an all-reduce job."""
+    if j.kind == "allreduce":
+        return j.worker_demand
+    return tuple(a + b for a, b in zip(j.ps_demand, j.worker_demand, strict=True))
+
+
+def _ranks(jobs: Sequence[AllocationJob]) -> list[int]:
+    """Tie-break rank of each job: by ``(arrival, job_id)``."""
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival, jobs[i].job_id))
+    rank = [0] * len(jobs)
+    for r, i in enumerate(order):
+        rank[i] = r
+    return rank
+
+
 def _starter_order(jobs: Sequence[AllocationJob], cap: tuple[float, ...]) -> list[int]:
+    rank = _ranks(jobs)
     keyed = []
     for i, j in enumerate(jobs):
         if j.remaining_steps <= 0:
             continue
-        bundle = [a + b for a, b in zip(j.ps_demand, j.worker_demand, strict=True)]
-        keyed.append((dominant_share(bundle, cap), j.job_id, i))
+        keyed.append((dominant_share(_bundle(j), cap), rank[i], i))
     keyed.sort()
-    return [i for _s, _id, i in keyed]
+    return [i for _s, _r, i in keyed]
 
 
 def _gains(
@@ -254,6 +333,7 @@ def _heap_greedy(
     sw = [dominant_share(j.worker_demand, cap) for j in jobs]
     sp = [dominant_share(j.ps_demand, cap) for j in jobs]
     damp = [damping if j.damped else 1.0 for j in jobs]
+    rank = _ranks(jobs)
     version = [0] * n
     heap: list[_Entry] = []
 
@@ -262,17 +342,19 @@ def _heap_greedy(
         can_w = (j.max_workers is None or wk[i] < j.max_workers) and not (
             blocked_w is not None and blocked_w[i]
         )
-        can_p = (j.max_ps is None or ps[i] < j.max_ps) and not (
-            blocked_p is not None and blocked_p[i]
+        can_p = (
+            j.kind == "ps"
+            and (j.max_ps is None or ps[i] < j.max_ps)
+            and not (blocked_p is not None and blocked_p[i])
         )
         gw, gp = _gains(tfns[i], ps[i], wk[i], sw[i], sp[i], damp[i], can_w, can_p)
         if gw > 0:
-            add(heap, (-gw, j.job_id, 0, i, version[i]))
+            add(heap, (-gw, rank[i], 0, i, version[i]))
         if gp > 0:
-            add(heap, (-gp, j.job_id, 1, i, version[i]))
+            add(heap, (-gp, rank[i], 1, i, version[i]))
 
     for i in range(n):
-        if ps[i] > 0 and wk[i] > 0 and jobs[i].remaining_steps > 0:
+        if wk[i] > 0 and jobs[i].remaining_steps > 0:
             push(i, list.append)
     heapq.heapify(heap)
     while heap:
@@ -318,11 +400,11 @@ def allocate_reference(
     wk = [0] * len(jobs)
     for i in _starter_order(jobs, cap):
         j = jobs[i]
-        bundle = tuple(a + b for a, b in zip(j.ps_demand, j.worker_demand, strict=True))
+        bundle = _bundle(j)
         if _fits(used, bundle, cap):
             for r, d in enumerate(bundle):
                 used[r] = used[r] + d
-            ps[i], wk[i] = 1, 1
+            ps[i], wk[i] = (1 if j.kind == "ps" else 0), 1
     _heap_greedy(jobs, cap, used, ps, wk, damping)
     return Allocation(
         tasks={j.job_id: (ps[i], wk[i]) for i, j in enumerate(jobs)},
@@ -509,29 +591,96 @@ class _Generator:
 
 def allocate(
     jobs: Sequence[AllocationJob],
-    capacity: Sequence[float],
+    capacity: Sequence[float] | None = None,
     *,
     damping: float = 0.95,
-    method: Literal["fast", "reference"] = "fast",
+    method: Literal["fast", "reference", "incremental"] = "fast",
     max_rounds: int = 256,
+    node_capacity: npt.ArrayLike | None = None,
+    previous: Mapping[str, JobPlacement] | None = None,
+    current: Mapping[str, tuple[int, int]] | None = None,
+    restart_penalty: float = 0.0,
+    min_gain: float = 0.0,
+    utility_exponent: float = 1.0,
 ) -> Allocation:
     """Allocate PS and workers to jobs (see the module docstring for the algorithm).
 
     Args:
-        jobs: the jobs (unique ``job_id``).
-        capacity: the cluster's total capacity per resource (same order as demands).
+        jobs: the jobs (unique ``job_id``), parameter-server and all-reduce in any mix.
+        capacity: the cluster's total capacity per resource (same order as demands);
+            default: the sum of ``node_capacity``.
         damping: gain factor for ``damped`` jobs, in ``(0, 1]``.
         method: ``"fast"`` (numpy; falls back to the heap for generic speed callables or
             after ``max_rounds`` regenerations) or ``"reference"``.
         max_rounds: bound on the vectorised rounds before finishing on the heap.
+        node_capacity: ``(nodes, resources)`` capacities: placement-aware allocation.
+            The aggregate allocation is placed by :func:`~dynsched_optimus.place`
+            (fewest servers, fill fallback, ``shrink=True``) and cut to what was placed,
+            so every job with tasks has a placement (``Allocation.placement``).
+        previous: last round's placements, kept for jobs whose counts did not change
+            (with ``node_capacity`` only).
+        current, restart_penalty, min_gain, utility_exponent: ``method="incremental"``
+            only, see :func:`allocate_incremental` (``current`` defaults to the counts
+            of ``previous``).
 
     Returns:
-        The allocation; identical for both methods.
+        The allocation; the aggregate counts are identical for both methods.
     """
+    if capacity is None:
+        if node_capacity is None:
+            raise OptimusError("allocate: give capacity or node_capacity")
+        capacity = tuple(float(x) for x in np.asarray(node_capacity, dtype=float).sum(axis=0))
+    if method == "incremental":
+        if current is None:
+            current = {k: (v.ps, v.workers) for k, v in (previous or {}).items()}
+        agg = allocate_incremental(
+            jobs,
+            capacity,
+            current=current,
+            restart_penalty=restart_penalty,
+            min_gain=min_gain,
+            utility_exponent=utility_exponent,
+        )
+    else:
+        agg = _allocate_aggregate(
+            jobs, capacity, damping=damping, method=method, max_rounds=max_rounds
+        )
+    if node_capacity is None:
+        return agg
+    reqs = [
+        PlacementRequest(j.job_id, *agg.tasks[j.job_id], j.ps_demand, j.worker_demand)
+        for j in jobs
+        if sum(agg.tasks[j.job_id]) > 0
+    ]
+    res = place(reqs, node_capacity, previous=previous, shrink=True, fill=True)
+    tasks = dict(agg.tasks)
+    trimmed: dict[str, tuple[int, int]] = {}
+    for jid in res.unplaced:
+        trimmed[jid] = tasks[jid]
+        tasks[jid] = (0, 0)
+    for jid, counts in res.shrunk.items():
+        trimmed[jid] = tasks[jid]
+        tasks[jid] = counts
+    used = [0.0] * len(agg.capacity)
+    for j in jobs:
+        p, w = tasks[j.job_id]
+        for r in range(len(used)):
+            used[r] += p * j.ps_demand[r] + w * j.worker_demand[r]
+    return attrs.evolve(agg, tasks=tasks, used=tuple(used), placement=res, trimmed=trimmed)
+
+
+def _allocate_aggregate(
+    jobs: Sequence[AllocationJob],
+    capacity: Sequence[float],
+    *,
+    damping: float,
+    method: str,
+    max_rounds: int,
+) -> Allocation:
     if method == "reference":
         return allocate_reference(jobs, capacity, damping=damping)
     if method != "fast":
-        raise OptimusError(f"method must be 'fast' or 'reference', got {method!r}")
+        raise OptimusError(f"method must be 'fast', 'reference' or 'incremental', got {method!r}")
     if not 0 < damping <= 1:
         raise OptimusError(f"damping must be in (0, 1], got {damping}")
     cap = _check(jobs, capacity)
@@ -547,9 +696,7 @@ def allocate(
     wd = np.array([j.worker_demand for j in jobs], dtype=np.float64).reshape(n, nr)
 
     # ---- starter tasks: prefix by cumulative sum, then a short loop past the first refusal
-    ids = [j.job_id for j in jobs]
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.argsort(np.array(ids, dtype=object), kind="stable")] = np.arange(n)
+    rank = np.array(_ranks(jobs), dtype=np.int64)
     qv = np.array([j.remaining_steps for j in jobs], dtype=np.float64)
     bshare = _np_share(pd + wd, capa)
     cand = np.flatnonzero(qv > 0)
@@ -670,4 +817,213 @@ def allocate(
         used=tuple(float(x) for x in used),
         capacity=cap,
         method="fast",
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Incremental, restart-aware allocation (optimus+)
+# ---------------------------------------------------------------------------------------
+
+#: tasks a job with a pending restart may add at once when its restart cost is credited
+RESTART_LOOKAHEAD = 4
+
+
+def _utility(t: float, a: float) -> float:
+    """``F(T)``: ``log T`` for ``a = 1``, else ``T**(1 - a) / (1 - a)`` (``a = 0``: ``T``)."""
+    if not math.isfinite(t):
+        return 1e18
+    t = max(t, 1e-9)
+    return math.log(t) if a == 1.0 else t ** (1.0 - a) / (1.0 - a)
+
+
+def allocate_incremental(
+    jobs: Sequence[AllocationJob],
+    capacity: Sequence[float],
+    *,
+    current: Mapping[str, tuple[int, int]],
+    restart_penalty: float = 0.0,
+    min_gain: float = 0.0,
+    utility_exponent: float = 1.0,
+) -> Allocation:
+    """Restart-aware allocation from the current tasks, on ``sum F(T_j)`` (``optimus+``).
+
+    Start from ``current`` (``job_id -> (ps, workers)``); waiting jobs (shortest
+    estimated time at their minimum first: 1 PS + 1 worker, or 1 worker for an all-reduce
+    job) get their minimum from free capacity or from the running jobs that lose least;
+    then one task at a time goes to the largest gain ``F(T(now)) - F(T(new) + pen)`` per
+    dominant share, ``F = log`` (``utility_exponent = 1``: time saved relative to the
+    job's remaining time) or ``T**(1 - a) / (1 - a)``.  ``pen = restart_penalty`` (in
+    seconds) is charged once per running job whose tasks change and credited against the
+    best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is added only when it
+    improves ``F`` by at least ``min_gain``; a task is taken from another job only when
+    the gain exceeds that job's loss (with its own restart penalty).  Ties: earlier
+    ``arrival``, then ``job_id``.
+
+    Returns:
+        The allocation (``method="incremental"``).
+    """
+    cap = _check(jobs, capacity)
+    capa = np.array(cap, dtype=np.float64)
+    tot_safe = np.where(capa > 0, capa, np.inf)
+    free = capa.copy()
+    by_id = {j.job_id: j for j in jobs}
+    rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
+    tfns = {j.job_id: _time_fn(j) for j in jobs}
+    wd = {j.job_id: np.array(j.worker_demand) for j in jobs}
+    pd = {j.job_id: np.array(j.ps_demand) for j in jobs}
+    a = float(utility_exponent)
+
+    def mins(j: AllocationJob) -> tuple[int, int]:
+        return (1, 1) if j.kind == "ps" else (1, 0)
+
+    def maxw(j: AllocationJob) -> int:
+        return j.max_workers if j.max_workers is not None else 1 << 30
+
+    def maxp(j: AllocationJob) -> int:
+        if j.kind != "ps":
+            return 0
+        return j.max_ps if j.max_ps is not None else 1 << 30
+
+    def demand(jid: str, dw: int, dp: int) -> FloatArray:
+        return np.asarray(dw * wd[jid] + dp * pd[jid], dtype=np.float64)
+
+    def t_of(jid: str, w: int, p: int) -> float:
+        if w <= 0 or (by_id[jid].kind == "ps" and p <= 0):
+            return math.inf
+        return tfns[jid](p, w)
+
+    def fu(jid: str, w: int, p: int, extra: float = 0.0) -> float:
+        return _utility(t_of(jid, w, p) + extra, a)
+
+    def share(jid: str, dw: int, dp: int) -> float:
+        return max(float(np.max(demand(jid, dw, dp) / tot_safe)), 1e-12)
+
+    def fits(need: FloatArray, room: FloatArray) -> bool:
+        return bool(np.all(need <= room + 1e-9))
+
+    counts: dict[str, list[int]] = {}
+    running: set[str] = set()
+    for j in jobs:
+        p, w = current.get(j.job_id, (0, 0))
+        if w > 0 and j.remaining_steps > 0:
+            counts[j.job_id] = [w, p]
+            running.add(j.job_id)
+            free -= demand(j.job_id, w, p)
+    changed: set[str] = set()
+
+    def penalty(jid: str) -> float:
+        return restart_penalty if (jid in running and jid not in changed) else 0.0
+
+    def loss_of(jid: str, dw: int, dp: int) -> float:
+        w, p = counts[jid]
+        mw, mp = mins(by_id[jid])
+        if w - dw < mw or p - dp < mp:
+            return math.inf
+        return (fu(jid, w - dw, p - dp, penalty(jid)) - fu(jid, w, p)) / share(jid, dw, dp)
+
+    def take(need: FloatArray, exclude: str, budget: float) -> bool:
+        """Free ``need`` by removing tasks of jobs losing less than ``budget`` in total."""
+        nonlocal free
+        plan: list[str] = []
+        trial = free.copy()
+        spent = 0.0
+        saved = {k: list(v) for k, v in counts.items()}
+        while not fits(need, trial):
+            best: tuple[float, int, str, int, int] | None = None
+            for jid, (w, p) in counts.items():
+                if jid == exclude:
+                    continue
+                mw, mp = mins(by_id[jid])
+                for dw, dp in ((1, 0), (0, 1)):
+                    if (dw and w <= mw) or (dp and p <= mp):
+                        continue
+                    short = np.maximum(need - trial, 0.0)
+                    if not np.any(np.minimum(demand(jid, dw, dp), short) > 0):
+                        continue
+                    loss = loss_of(jid, dw, dp) * share(jid, dw, dp)
+                    if best is None or (loss, rank[jid]) < (best[0], best[1]):
+                        best = (loss, rank[jid], jid, dw, dp)
+            if best is None or spent + best[0] >= budget:
+                for k, v in saved.items():
+                    counts[k] = v
+                return False
+            loss, _r, jid, dw, dp = best
+            spent += loss
+            counts[jid][0] -= dw
+            counts[jid][1] -= dp
+            trial += demand(jid, dw, dp)
+            plan.append(jid)
+        free = trial
+        changed.update(plan)
+        return True
+
+    waiting = [j for j in jobs if j.job_id not in counts and j.remaining_steps > 0]
+    waiting.sort(key=lambda j: (t_of(j.job_id, *mins(j)), rank[j.job_id]))
+    for j in waiting:
+        w0, p0 = mins(j)
+        need = demand(j.job_id, w0, p0)
+        if not fits(need, free) and not take(need, j.job_id, math.inf):
+            continue
+        free -= need
+        counts[j.job_id] = [w0, p0]
+        changed.add(j.job_id)
+
+    def best_gain(jid: str) -> tuple[float, int, int] | None:
+        j = by_id[jid]
+        w, p = counts[jid]
+        base = fu(jid, w, p)
+        out = None
+        for dw, dp in ((1, 0), (0, 1)):
+            if w + dw > maxw(j) or p + dp > maxp(j):
+                continue
+            pj = penalty(jid)
+            g = base - fu(jid, w + dw, p + dp, pj)
+            if pj > 0:
+                # a restart is paid once: credit the best of up to RESTART_LOOKAHEAD tasks
+                for m in range(2, RESTART_LOOKAHEAD + 1):
+                    if w + m * dw > maxw(j) or p + m * dp > maxp(j):
+                        break
+                    g = max(g, (base - fu(jid, w + m * dw, p + m * dp, pj)) / m)
+            if g < min_gain:
+                continue  # not worth a task that another job may need later
+            g /= share(jid, dw, dp)
+            if out is None or g > out[0]:
+                out = (g, dw, dp)
+        return out
+
+    heap: list[tuple[float, int, str, int, int]] = []
+    for jid in counts:
+        bg = best_gain(jid)
+        if bg is not None and bg[0] > 0:
+            heap.append((-bg[0], rank[jid], jid, bg[1], bg[2]))
+    heapq.heapify(heap)
+    moves = 0
+    # safety bound on the loop (each move adds one task; tasks can be taken back)
+    limit = 4 * int(max(tot_safe[np.isfinite(tot_safe)].max(initial=1.0), 1.0)) + 4 * len(jobs)
+    while heap and moves < limit:
+        neg, _r, jid, dw, dp = heapq.heappop(heap)
+        bg = best_gain(jid)
+        if bg is None or bg[0] <= 0:
+            continue
+        if abs(-neg - bg[0]) > 1e-12 * max(1.0, abs(bg[0])):
+            heapq.heappush(heap, (-bg[0], rank[jid], jid, bg[1], bg[2]))
+            continue
+        moves += 1
+        need = demand(jid, dw, dp)
+        if not fits(need, free) and not take(need, jid, bg[0] * share(jid, dw, dp)):
+            continue
+        free -= need
+        counts[jid][0] += dw
+        counts[jid][1] += dp
+        changed.add(jid)
+        bg = best_gain(jid)
+        if bg is not None and bg[0] > 0:
+            heapq.heappush(heap, (-bg[0], rank[jid], jid, bg[1], bg[2]))
+    tasks = {j.job_id: (0, 0) for j in jobs}
+    used = np.zeros(len(cap))
+    for jid, (w, p) in counts.items():
+        tasks[jid] = (p, w)
+        used += demand(jid, w, p)
+    return Allocation(
+        tasks=tasks, used=tuple(float(x) for x in used), capacity=cap, method="incremental"
     )

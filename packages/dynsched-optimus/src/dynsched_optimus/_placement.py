@@ -16,6 +16,13 @@ workers on each.  The runtime algorithm:
    first ``k`` for which every server can hold its share is used (``k`` starts at the
    lower bound ``max_r ceil(demand_r / largest node capacity_r)``).  A job
    that fits on no prefix of the order is left unplaced (reported, never over-committed).
+4. **Fill fallback** (``fill=True``, beyond the paper): when no even spread fits (free
+   capacity fragmented over many servers), the servers are filled in the same order:
+   each takes as many of the job's remaining workers as fit, then as many of its
+   remaining PS.  With ``shrink=True`` a fill that runs out of servers keeps what it
+   placed (at least one worker, and one PS for a job with PS).
+
+Parameter-server and all-reduce jobs (``ps=0``, zero PS demand) are placed alike.
 
 :func:`place` computes the initial server keys and their order with numpy and then keeps
 the servers in a sorted list of integer keys: a job inspects only the first ``k`` servers
@@ -30,7 +37,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -270,6 +277,7 @@ def place_reference(
     *,
     previous: Mapping[str, JobPlacement] | None = None,
     shrink: bool = False,
+    fill: bool = False,
 ) -> PlacementResult:
     """Straightforward pure-Python placement (the specification of :func:`place`).
 
@@ -281,6 +289,7 @@ def place_reference(
         node_capacity: ``(nodes, resources)`` capacities.
         previous: last round's placements; a job with unchanged counts keeps its own.
         shrink: see :func:`place`.
+        fill: see :func:`place`.
 
     Returns:
         The placement result.
@@ -305,6 +314,24 @@ def place_reference(
         by_free = sorted(range(n_nodes), key=lambda n: (-_node_key(free[n], norm, scale), n))
         cur: PlacementRequest | None = j
         chosen = 0
+        if fill and not _spread_fits(j, by_free, free, capl, norm):
+            tolc = [[_TOL * c for c in row] for row in capl]
+            nodes_f, pss_f, wss_f, complete = _fill_nodes(j, by_free, free, tolc)
+            if complete or (shrink and _fill_ok(j, pss_f, wss_f, complete)):
+                for n, pp, ww in zip(nodes_f, pss_f, wss_f, strict=True):
+                    for r in range(nr):
+                        free[n][r] = free[n][r] - (pp * j.ps_demand[r] + ww * j.worker_demand[r])
+                placements[j.job_id] = JobPlacement(
+                    job_id=j.job_id,
+                    nodes=tuple(nodes_f),
+                    ps_per_node=tuple(pss_f),
+                    workers_per_node=tuple(wss_f),
+                )
+                if not complete:
+                    shrunk[j.job_id] = (sum(pss_f), sum(wss_f))
+            else:
+                unplaced.append(j.job_id)
+            continue
         while cur is not None:
             for k in range(_k_lower(cur, norm), min(n_nodes, cur.ps + cur.workers) + 1):
                 ps_s = ps_split(cur.ps, k)
@@ -352,6 +379,63 @@ def place_reference(
     )
 
 
+def _fit_count(
+    free: Sequence[float], tolcap: Sequence[float], d: Sequence[float], left: int
+) -> int:
+    """How many tasks of demand ``d`` (at most ``left``) fit in ``free`` (+ tolerance)."""
+    m = left
+    for r, x in enumerate(d):
+        if x > 0:
+            m = min(m, max(int((free[r] + tolcap[r]) // x), 0))
+    while m > 0 and any(m * x > f + t for x, f, t in zip(d, free, tolcap, strict=True)):
+        m -= 1
+    return m
+
+
+def _fill_nodes(
+    j: PlacementRequest,
+    nodes: Iterable[int],
+    free: Sequence[Sequence[float]],
+    tolcap: Sequence[Sequence[float]],
+) -> tuple[list[int], list[int], list[int], bool]:
+    """Fill ``nodes`` in order; returns (used nodes, PS per node, workers per node, complete)."""
+    lw, lp = j.workers, j.ps
+    used: list[int] = []
+    pss: list[int] = []
+    wss: list[int] = []
+    nr = len(j.worker_demand)
+    for n in nodes:
+        if lw == 0 and lp == 0:
+            break
+        fr = list(free[n])
+        tc = tolcap[n]
+        ww = _fit_count(fr, tc, j.worker_demand, lw) if lw else 0
+        if ww:
+            fr = [fr[r] - ww * j.worker_demand[r] for r in range(nr)]
+        pp = _fit_count(fr, tc, j.ps_demand, lp) if lp else 0
+        if pp:
+            # recheck the combined load with the arithmetic used to commit it
+            while pp > 0 and any(
+                pp * j.ps_demand[r] + ww * j.worker_demand[r] > free[n][r] + tc[r]
+                for r in range(nr)
+            ):
+                pp -= 1
+        if ww or pp:
+            used.append(n)
+            pss.append(pp)
+            wss.append(ww)
+            lw -= ww
+            lp -= pp
+    return used, pss, wss, lw == 0 and lp == 0
+
+
+def _fill_ok(j: PlacementRequest, pss: list[int], wss: list[int], complete: bool) -> bool:
+    """A (partial) fill is kept when it is complete or holds the job's minimum tasks."""
+    if complete:
+        return True
+    return sum(wss) >= 1 and (j.ps == 0 or sum(pss) >= 1)
+
+
 def _shrink(j: PlacementRequest) -> PlacementRequest | None:
     """One task fewer: a worker while workers >= PS (or a single PS is left), else a PS."""
     if j.workers > 1 and (j.workers >= j.ps or j.ps <= 1):
@@ -359,6 +443,28 @@ def _shrink(j: PlacementRequest) -> PlacementRequest | None:
     if j.ps > 1:
         return attrs.evolve(j, ps=j.ps - 1)
     return None
+
+
+def _spread_fits(
+    j: PlacementRequest,
+    by_free: Sequence[int],
+    free: Sequence[Sequence[float]],
+    capl: Sequence[Sequence[float]],
+    norm: Sequence[float],
+) -> bool:
+    """Whether an even spread over some prefix of ``by_free`` holds the whole job."""
+    nr = len(j.worker_demand)
+    for k in range(_k_lower(j, norm), min(len(by_free), j.ps + j.workers) + 1):
+        ps_s = ps_split(j.ps, k)
+        w_s = even_split(j.workers, k)
+        if all(
+            ps_s[pos] * j.ps_demand[r] + w_s[pos] * j.worker_demand[r]
+            <= free[by_free[pos]][r] + _TOL * capl[by_free[pos]][r]
+            for pos in range(k)
+            for r in range(nr)
+        ):
+            return True
+    return False
 
 
 def _k_lower(j: PlacementRequest, norm: Sequence[float]) -> int:
@@ -395,6 +501,7 @@ def place(
     *,
     previous: Mapping[str, JobPlacement] | None = None,
     shrink: bool = False,
+    fill: bool = False,
 ) -> PlacementResult:
     """Place jobs on the fewest servers with an even PS/worker spread (fast path).
 
@@ -414,6 +521,11 @@ def place(
             leave a job without room) is retried with one task fewer at a time (a worker
             while workers >= PS, else a PS) down to its last task; the counts it got are
             in ``PlacementResult.shrunk``.  Default ``False``: such a job is unplaced.
+        fill: beyond the paper: a job whose even spread fits on no prefix of the
+            servers fills the servers in order instead (as many workers, then PS, as
+            fit on each); with ``shrink`` a fill that runs out of servers keeps what
+            it placed (at least one worker, and one PS for a job with PS).  With both,
+            every job is placed unless not even its first tasks fit on any server.
 
     Returns:
         The placement result; equal to :func:`place_reference`.
@@ -431,6 +543,13 @@ def place(
     idx = np.arange(n_nodes, dtype=np.int64)
     comp: list[int] = np.sort(((top - _np_node_key(free, norm, scale)) << _IDX_BITS) | idx).tolist()
     mask = (1 << _IDX_BITS) - 1
+    comp_of: dict[int, int] = {c & mask: c for c in comp} if fill else {}
+    dirty: set[int] = set()
+    ftol_np = (free + _TOL * cap) if fill else np.zeros((0, nr))
+    comp_np = np.zeros(n_nodes, dtype=np.int64)
+    if fill:
+        for c in comp:
+            comp_np[c & mask] = c
     shapes: dict[tuple[object, ...], tuple[int, dict[int, list[list[float]]]]] = {}
     blocks: dict[tuple[object, ...], npt.NDArray[np.float64]] = {}
     splits: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -489,6 +608,51 @@ def place(
             block *= 4
         return 0, []
 
+    def do_fill(j: PlacementRequest) -> bool:
+        """Fill fallback (see :func:`_fill_nodes`) on the servers in key order."""
+        # bring the numpy mirrors up to date, then visit (in key order) only the servers
+        # that can hold at least one of the job's tasks: the others take nothing
+        if dirty:
+            rows = list(dirty)
+            dirty.clear()
+            ftol_np[rows] = [ftol_l[nd] for nd in rows]
+            comp_np[rows] = [comp_of[nd] for nd in rows]
+        ok = np.zeros(n_nodes, dtype=bool)
+        for d, cnt in ((j.worker_demand, j.workers), (j.ps_demand, j.ps)):
+            if cnt > 0:
+                holds = np.all(ftol_np >= np.asarray(d)[None, :], axis=1)
+                if not holds.any():
+                    return False  # not even one task of this kind fits anywhere
+                ok |= holds
+        cand = np.flatnonzero(ok)
+        cand = cand[np.argsort(comp_np[cand])]
+        nodes_f, pss_f, wss_f, complete = _fill_nodes(j, cand.tolist(), free_l, tolcap_l)
+        if not (complete or (shrink and _fill_ok(j, pss_f, wss_f, complete))):
+            return False
+        for nd, pp, ww in zip(nodes_f, pss_f, wss_f, strict=True):
+            fr = free_l[nd]
+            old = comp_of[nd]
+            del comp[bisect.bisect_left(comp, old)]
+            ssum = 0.0
+            for r in range(nr):
+                v = fr[r] - (pp * j.ps_demand[r] + ww * j.worker_demand[r])
+                fr[r] = v
+                ftol_l[nd][r] = v + tolcap_l[nd][r]
+                ssum = ssum + v / norm_l[r]
+            new = ((top - math.floor(ssum * scale)) << _IDX_BITS) | nd
+            comp_of[nd] = new
+            dirty.add(nd)
+            insort(comp, new)
+        placements[j.job_id] = JobPlacement(
+            job_id=j.job_id,
+            nodes=tuple(nodes_f),
+            ps_per_node=tuple(pss_f),
+            workers_per_node=tuple(wss_f),
+        )
+        if not complete:
+            shrunk[j.job_id] = (sum(pss_f), sum(wss_f))
+        return True
+
     for i in order:
         if i in kept:
             continue
@@ -499,7 +663,14 @@ def place(
         cur: PlacementRequest | None = j
         chosen = 0
         rows: list[list[float]] = []
-        while cur is not None:
+        if fill:
+            chosen, rows = search(j)
+            if chosen == 0:
+                if do_fill(j):
+                    continue
+                unplaced.append(j.job_id)
+                continue
+        while cur is not None and not chosen:
             chosen, rows = search(cur)
             if chosen or not shrink:
                 break
@@ -522,7 +693,11 @@ def place(
                 fr[r] = v
                 ft[r] = v + tc[r]
                 ssum = ssum + v / norm_l[r]
-            insort(comp, ((top - math.floor(ssum * scale)) << _IDX_BITS) | nd)
+            new = ((top - math.floor(ssum * scale)) << _IDX_BITS) | nd
+            if fill:
+                comp_of[nd] = new
+                dirty.add(nd)
+            insort(comp, new)
         sk = (cur.ps, cur.workers, chosen)
         spl = splits.get(sk)
         if spl is None:

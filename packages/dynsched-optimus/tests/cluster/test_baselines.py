@@ -9,6 +9,7 @@ from dynsched_optimus.cluster import (
     ClusterState,
     DRFScheduler,
     FIFOScheduler,
+    FixedDRFScheduler,
     NodeSpec,
     OptimusScheduler,
     PSJob,
@@ -145,3 +146,32 @@ def test_optimus_without_oracle_never_reads_truth() -> None:
         j.true_remaining_steps = boom  # type: ignore[method-assign]
     out = sched.schedule(0.0, jobs, _state(spec))
     assert len(out) == 3
+
+
+def test_fixed_drf_keeps_each_allocation_from_start_to_end() -> None:
+    # 2 servers of 32 cores; tasks of 5 cores. A arrives alone and fills up to its
+    # request; when B arrives the elastic DRF shrinks A, the paper's DRF does not.
+    spec = ClusterSpec.homogeneous(2, NodeSpec(cpu=32, mem_gb=128, gpu=0))
+    a = _job("a", w=8, p=4)
+    b = _job("b", submit=60.0, w=8, p=4)
+    fixed, elastic = FixedDRFScheduler(), DRFScheduler()
+    first = fixed.schedule(0.0, [a], _state(spec))
+    assert (first["a"].num_workers, first["a"].num_ps) == (8, 4)  # alone: its request
+    a.placement = first["a"]
+    second = fixed.schedule(60.0, [a, b], _state(spec))
+    assert second["a"] == first["a"]  # unchanged while it runs
+    used = sum(pl.usage(a.worker_demand, a.ps_demand) for pl in second.values())
+    assert np.all(used <= spec.capacity() + 1e-9)
+    if "b" in second:
+        assert second["b"].num_workers <= 8
+        b.placement = second["b"]
+        third = fixed.schedule(120.0, [a, b], _state(spec))
+        assert third["b"] == second["b"]
+    re = elastic.schedule(60.0, [a, b], _state(spec))
+    assert re["a"].num_workers + re["a"].num_ps < 12  # elastic DRF re-shares
+
+
+def test_fixed_drf_is_registered() -> None:
+    from dynsched_optimus.cluster import make_scheduler
+
+    assert make_scheduler("drf-fixed").name == "drf-fixed"

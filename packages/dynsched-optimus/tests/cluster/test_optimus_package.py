@@ -1,4 +1,5 @@
-"""``optimus`` / ``optimus-oracle`` allocate and place PS jobs with the package's own code."""
+"""The simulator's Optimus family allocates and places every job kind with the package's
+``allocate`` and ``place`` (through the composed scheduler)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 from dynsched_optimus import Allocation, PSSpeedModel
+from dynsched_optimus import _scheduler as sched_mod
 from dynsched_optimus._allocation import allocate_reference
 from dynsched_optimus.cluster import (
     ClusterSpec,
@@ -17,7 +19,6 @@ from dynsched_optimus.cluster import (
     OptimusScheduler,
     PSJob,
 )
-from dynsched_optimus.cluster import _schedulers as sched_mod
 from dynsched_optimus.cluster._run import PS_JOB_TYPES
 
 
@@ -115,9 +116,11 @@ def test_unchanged_counts_keep_their_placement() -> None:
     assert second == first
 
 
-def test_gpu_jobs_keep_the_simulator_greedy(
+@pytest.mark.parametrize("variant", ["optimus", "optimus-oracle", "optimus+"])
+def test_gpu_jobs_use_the_package_allocate_and_place(
     monkeypatch: pytest.MonkeyPatch,
     profiles: dict,  # type: ignore[type-arg]
+    variant: str,
 ) -> None:
     spec = ClusterSpec.pollux(num_nodes=2)
     jobs = [
@@ -129,8 +132,15 @@ def test_gpu_jobs_keep_the_simulator_greedy(
         for i in range(3)
     ]
     alloc_spy = _Spy(sched_mod.allocate)
+    place_spy = _Spy(sched_mod.place)
     monkeypatch.setattr(sched_mod, "allocate", alloc_spy)
-    out = OptimusScheduler(oracle=True).schedule(0.0, jobs, _state(spec))
-    assert not alloc_spy.calls  # all-reduce jobs have no PS: not the package allocator
+    monkeypatch.setattr(sched_mod, "place", place_spy)
+    sched = OptimusScheduler(oracle=variant == "optimus-oracle", plus=variant == "optimus+")
+    out = sched.schedule(0.0, jobs, _state(spec))
+    assert len(alloc_spy.calls) == 1  # all-reduce jobs go through the public allocator
+    ajobs = alloc_spy.calls[0][0][0]
+    assert {a.kind for a in ajobs} == {"allreduce"}
+    assert place_spy.calls
     assert set(out) == {j.name for j in jobs}
     assert all(pl.num_ps == 0 and pl.num_workers >= 1 for pl in out.values())
+    assert sum(pl.num_workers for pl in out.values()) <= 8

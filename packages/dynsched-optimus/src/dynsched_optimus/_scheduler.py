@@ -1,0 +1,896 @@
+"""Optimus as composed strategies: estimation, allocation, placement, restart planning.
+
+A host (simulator, autoscaler, cluster manager) calls
+``OptimusPolicy.schedule(now, observations, node_capacity)`` every interval with one
+:class:`~dynsched_optimus.JobObservation` per runnable job and gets task counts and
+placements back; when a job arrives it may ask ``prerun_request(observation)`` which
+configurations the policy would like measured.  The policy never reads anything else
+about a job.  ``optimus``, ``optimus-oracle`` and ``optimus+`` are compositions
+(:func:`make_optimus`):
+
+========================  ==================  ===================  =====================  ==============
+variant                   estimation          allocation           placement              pre-runs
+========================  ==================  ===================  =====================  ==============
+``optimus``               ``FittedEstimator``  ``GreedyAllocation``  ``FewestServers``     ``SampledPreruns``
+``optimus-oracle``        ``OracleEstimator``  ``GreedyAllocation``  ``FewestServers``     none
+``optimus+``              ``FittedEstimator``  ``IncrementalAllocation``  ``SpeedAwarePlacement``  none
+                          (hedged, plus prior)
+========================  ==================  ===================  =====================  ==============
+
+Every allocation goes through :func:`~dynsched_optimus.allocate` and every placement
+through :func:`~dynsched_optimus.place` (fill fallback, shrink), for parameter-server
+and all-reduce jobs alike.
+
+Constants (each named, with where it comes from):
+
+* :data:`DAMPING` 0.95 - the paper's gain factor for jobs whose models rest on few points.
+* :data:`PRIOR_SCALING_EXPONENT` 0.9 - judgement: before three configurations of an
+  all-reduce job are measured, ``optimus+`` assumes speed ``~ n**0.9`` up to the
+  requested GPU count and flat beyond (the user's request is the best prior there is;
+  0.9 is a typical data-parallel scaling efficiency per doubling within a node in the
+  Pollux profiles).  The paper's Optimus assumes linear scaling.
+* :data:`CROSS_NODE_SLOWDOWN` 0.8 - judgement: speed factor per server beyond the fewest
+  a GPU count needs, used only when neither a measurement nor a fit exists for that
+  spread (the Pollux profiles show 10-50 % slow-downs per extra node; yolov3 on two
+  nodes is about 2x slower than on one).
+* :data:`HEDGE_CONFIDENCE` 0.6 - ``optimus+``: coverage of the bootstrap interval of the
+  remaining steps whose low end it allocates on (judgement, chosen on workloads 1-2).
+* :data:`MAX_REMAINING_FACTOR` 50 - a remaining-steps estimate is capped at 50 times the
+  iterations seen so far (at least one epoch): a convergence fit with ``b0 ~ 0`` early
+  on extrapolates to absurd values; 50x is well above any job in the Pollux traces
+  (judgement).
+* :data:`SPEED_REFIT_ROUNDS` 10 - a speed fit is redone when a configuration is added or
+  every 10 rounds (measurements of known configurations keep arriving); the cache key is
+  the tuple ``(configurations, round // 10)``, which cannot collide.
+* GPUs per node are not assumed: the number of workers of a job one server holds is
+  computed from the node capacities and the worker demand.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from dynsched_optimus._allocation import Allocation, AllocationJob, allocate
+from dynsched_optimus._convergence import ConvergenceConfig, fit_convergence
+from dynsched_optimus._convergence import remaining_steps_interval as _interval
+from dynsched_optimus._errors import OptimusError
+from dynsched_optimus._observation import CompletionRule, JobObservation, PrerunRequest
+from dynsched_optimus._online_speed import fit_allreduce_speed, predict_allreduce_time
+from dynsched_optimus._placement import JobPlacement, PlacementRequest, place
+from dynsched_optimus._speed import PSSpeedModel, fit_speed, plan_sampling
+
+__all__ = [
+    "CROSS_NODE_SLOWDOWN",
+    "DAMPING",
+    "HEDGE_CONFIDENCE",
+    "MAX_REMAINING_FACTOR",
+    "OPTIMUS_VARIANTS",
+    "PRIOR_SCALING_EXPONENT",
+    "SPEED_REFIT_ROUNDS",
+    "AllocationStrategy",
+    "Estimator",
+    "FewestServersPlacement",
+    "FittedEstimator",
+    "GreedyAllocation",
+    "IncrementalAllocation",
+    "NoPreruns",
+    "OptimusPolicy",
+    "OracleEstimator",
+    "PlacementStrategy",
+    "PrerunStrategy",
+    "RemainingEstimate",
+    "RestartPlanner",
+    "Round",
+    "SampledPreruns",
+    "ScheduleDecision",
+    "SpeedAwarePlacement",
+    "SpreadPlacement",
+    "Truth",
+    "make_optimus",
+    "workers_per_node",
+]
+
+logger = logging.getLogger(__name__)
+
+DAMPING = 0.95
+PRIOR_SCALING_EXPONENT = 0.9
+CROSS_NODE_SLOWDOWN = 0.8
+HEDGE_CONFIDENCE = 0.6
+MAX_REMAINING_FACTOR = 50.0
+SPEED_REFIT_ROUNDS = 10
+#: the convergence rule of a job without a completion rule (normalised loss per epoch)
+DEFAULT_DELTA = 0.002
+#: loss points needed before the convergence fit is used
+MIN_LOSS_POINTS = 3
+#: PS configurations needed by the synchronous PS speed form (5 coefficients)
+MIN_PS_CONFIGS = 5
+#: all-reduce configurations needed before the online speed form is trusted
+MIN_ALLREDUCE_CONFIGS = 3
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@attrs.frozen
+class RemainingEstimate:
+    """Remaining iterations of a job: point estimate, interval, and whether fitted."""
+
+    estimate: float
+    low: float
+    high: float
+    fitted: bool
+
+
+def _compact_nodes(workers: int, per_node: int) -> int:
+    return max(1, -(-workers // max(per_node, 1)))
+
+
+class Estimator(Protocol):
+    """Remaining work and speed of a job from its observation."""
+
+    def remaining(self, obs: JobObservation, rnd: Round) -> RemainingEstimate:
+        """Remaining iterations."""
+        ...
+
+    def speed(self, obs: JobObservation, ps: int, workers: int, nodes: int, rnd: Round) -> float:
+        """Iterations/s with ``ps`` PS and ``workers`` workers on ``nodes`` servers."""
+        ...
+
+    def ps_model(self, obs: JobObservation, rnd: Round) -> PSSpeedModel | None:
+        """The fitted PS speed model, when there is one (the allocator's fast path)."""
+        ...
+
+
+@attrs.define
+class Round:
+    """What the strategies share during one ``schedule`` call.
+
+    Attributes:
+        now: the host's clock.
+        jobs: observations by ``job_id``.
+        node_capacity: ``(nodes, resources)`` capacities.
+        restart_delay_s: pause a job pays when its tasks change.
+        index: rounds scheduled so far by the policy (refit cadence).
+        per_node: workers of each job one server holds.
+        remaining: remaining-iterations estimates by job.
+    """
+
+    now: float
+    jobs: dict[str, JobObservation]
+    node_capacity: FloatArray
+    restart_delay_s: float
+    index: int
+    per_node: dict[str, int] = attrs.field(factory=dict)
+    remaining: dict[str, RemainingEstimate] = attrs.field(factory=dict)
+    memo: dict[tuple[object, ...], float] = attrs.field(factory=dict)
+
+
+def workers_per_node(obs: JobObservation, node_capacity: FloatArray) -> int:
+    """Most workers of ``obs`` any one server holds (at least 1)."""
+    d = np.asarray(obs.worker_demand, dtype=np.float64)
+    pos = d > 0
+    if not pos.any():
+        return 1
+    per = np.floor(node_capacity[:, pos] / d[pos] + 1e-9).min(axis=1)
+    return max(int(per.max()), 1)
+
+
+# ------------------------------------------------------------------------- estimation
+
+
+@attrs.define
+class FittedEstimator:
+    """Estimates from the job's own measurements (Optimus' online fitting).
+
+    Args:
+        hedged: ``optimus+``: recency weighting, learning-rate decay detection and a
+            bootstrap interval (coverage :data:`HEDGE_CONFIDENCE`) of the remaining steps.
+        prior: before enough all-reduce configurations are measured: ``"linear"`` (the
+            paper) or ``"requested"`` (``optimus+``: ``~ n**PRIOR_SCALING_EXPONENT`` up to
+            the requested GPU count, flat beyond).
+        prior_s: remaining seconds assumed at the smallest allocation before a
+            convergence fit exists.
+        extrapolation: all-reduce speeds beyond this factor of the largest measured GPU
+            count are taken as flat (``None``: trust the fit).
+    """
+
+    hedged: bool = False
+    prior: str = attrs.field(
+        default="linear", validator=attrs.validators.in_(("linear", "requested"))
+    )
+    prior_s: float = 3600.0
+    extrapolation: float | None = None
+    _conv: dict[str, tuple[tuple[int, str, float], RemainingEstimate | None]] = attrs.field(
+        factory=dict, init=False, repr=False
+    )
+    _fits: dict[str, tuple[tuple[int, int], object]] = attrs.field(
+        factory=dict, init=False, repr=False
+    )
+
+    # -- remaining work
+    def remaining(self, obs: JobObservation, rnd: Round) -> RemainingEstimate:
+        rule = obs.completion or CompletionRule("converged", DEFAULT_DELTA)
+        done = obs.iterations_done
+        spe = obs.steps_per_epoch
+        if rule.kind == "steps":
+            r = max(rule.value - done, 0.0)
+            return RemainingEstimate(r, r, r, True)
+        if rule.kind == "epochs" and spe is not None:
+            # the job runs N epochs: what is left is known up to the epoch length
+            r = max(rule.value * spe - done, 0.0)
+            return RemainingEstimate(r, r, r, True)
+        # the fit changes only with a new loss point: it is cached as the absolute step
+        # the job completes at, and the remaining steps are taken from the current step
+        key = (len(obs.loss_points), rule.kind, rule.value)
+        hit = self._conv.get(obs.job_id)
+        if hit is None or hit[0] != key:
+            est = None
+            if rule.kind != "epochs" and len(obs.loss_points) >= MIN_LOSS_POINTS:
+                est = self._fit_remaining(obs, rule)
+            hit = (key, est)
+            self._conv[obs.job_id] = hit
+        if hit[1] is not None:
+            end = hit[1]
+            cap = MAX_REMAINING_FACTOR * max(done, obs.steps_per_epoch or 1.0)
+            e, lo, hi = (min(max(v - done, 0.0), cap) for v in (end.estimate, end.low, end.high))
+            return RemainingEstimate(e, min(lo, e), max(hi, e), True)
+        ps = 1 if obs.kind == "ps" else 0
+        speed1 = self.speed(obs, ps, 1, 1, rnd)
+        prior = max(self.prior_s * speed1, done)
+        if rule.kind == "epochs":
+            prior = max(prior, rule.value * max(done, 1.0))  # one epoch at least this long
+        return RemainingEstimate(prior, prior, prior, False)
+
+    def _fit_remaining(self, obs: JobObservation, rule: CompletionRule) -> RemainingEstimate | None:
+        steps = [p[0] for p in obs.loss_points]
+        losses = [max(p[1], 1e-9) for p in obs.loss_points]
+        epochs = list(range(1, len(steps) + 1))
+        done = obs.iterations_done
+        spe = max(obs.steps_per_epoch or 1.0, 1.0)
+        delta = rule.value if rule.kind == "converged" else DEFAULT_DELTA
+        cfg = ConvergenceConfig(
+            delta=delta,
+            interval=spe,
+            recency_half_life=max(done / 2.0, spe) if self.hedged else None,
+            detect_lr_decay=self.hedged,
+            b2_grid=16,
+        )
+        try:
+            if self.hedged:
+                iv = _interval(
+                    steps,
+                    losses,
+                    done,
+                    epochs=epochs,
+                    config=cfg,
+                    confidence=HEDGE_CONFIDENCE,
+                    n_boot=16,
+                    seed=len(steps),
+                )
+                fit, est, lo, hi = iv.fit, iv.estimate, iv.low, iv.high
+            else:
+                fit = fit_convergence(steps, losses, epochs=epochs, config=cfg)
+                est = lo = hi = fit.remaining_steps(done, delta, spe)
+        except OptimusError:
+            return None
+        if rule.kind == "target_metric":
+            t = rule.value / fit.loss_scale - fit.b2
+            if t > 0 and fit.b0 > 0:
+                k = fit.origin_step + (1.0 / t - fit.b1) / fit.b0
+                tgt = max(k - done, 0.0)
+                if est > 0:
+                    lo, hi = tgt * lo / est, tgt * hi / est
+                else:
+                    lo = hi = tgt
+                est = tgt
+        # absolute completion steps (the caller subtracts the current step and caps)
+        est, lo, hi = (max(v, 0.0) + done for v in (est, lo, hi))
+        return RemainingEstimate(est, min(lo, est), max(hi, est), True)
+
+    # -- speed
+    def _fit(self, obs: JobObservation, rnd: Round) -> object:
+        key = (len(obs.throughput), rnd.index // SPEED_REFIT_ROUNDS)
+        hit = self._fits.get(obs.job_id)
+        if hit is None or hit[0] != key:
+            model: object = None
+            if obs.kind == "allreduce":
+                if len(obs.throughput) >= MIN_ALLREDUCE_CONFIGS:
+                    samples = {k: list(v) for k, v in obs.throughput.items()}
+                    model = fit_allreduce_speed(samples, obs.batch_size)
+            elif len(obs.throughput) >= MIN_PS_CONFIGS:
+                keys = list(obs.throughput)
+                try:
+                    model = fit_speed(
+                        "sync",
+                        [max(k[1], 1) for k in keys],
+                        [k[0] for k in keys],
+                        [obs.measured(*k) or 0.0 for k in keys],
+                        global_batch=max(obs.batch_size, 1.0),
+                    )
+                except OptimusError:
+                    model = None
+            hit = (key, model)
+            self._fits[obs.job_id] = hit
+        return hit[1]
+
+    def ps_model(self, obs: JobObservation, rnd: Round) -> PSSpeedModel | None:
+        if obs.kind != "ps":
+            return None
+        m = self._fit(obs, rnd)
+        return m if isinstance(m, PSSpeedModel) else None
+
+    def _prior_shape(self, obs: JobObservation, n: int) -> float:
+        if self.prior == "linear":
+            return float(n)
+        return float(min(n, max(obs.requested_workers, 1))) ** PRIOR_SCALING_EXPONENT
+
+    def speed(self, obs: JobObservation, ps: int, workers: int, nodes: int, rnd: Round) -> float:
+        key = (obs.job_id, ps, workers, nodes)
+        hit = rnd.memo.get(key)
+        if hit is None:
+            hit = rnd.memo[key] = self._speed(obs, ps, workers, nodes, rnd)
+        return hit
+
+    def _speed(self, obs: JobObservation, ps: int, workers: int, nodes: int, rnd: Round) -> float:
+        if obs.kind == "ps":
+            model = self._fit(obs, rnd)
+            if isinstance(model, PSSpeedModel):
+                return float(model.predict(max(ps, 1), workers))
+            ms = [
+                sum(v) / len(v) for k, v in obs.throughput.items() if k[0] == workers and k[1] == ps
+            ]
+            return ms[0] if ms else 1e-9
+        per = rnd.per_node.get(obs.job_id, 1)
+        w = workers
+        if self.extrapolation and obs.throughput:
+            top = max(k[0] for k in obs.throughput)
+            w = min(w, max(int(self.extrapolation * top), 1))
+            if obs.max_workers is not None:
+                w = min(w, obs.max_workers)
+        k_min = _compact_nodes(w, per)
+        k = max(nodes, k_min) if w == workers else k_min
+        m = obs.measured(w, 0, k)
+        if m is not None:
+            return m
+        coef = self._fit(obs, rnd)
+        if coef is not None:
+            return 1.0 / predict_allreduce_time(coef, w, k, obs.batch_size)  # type: ignore[arg-type]
+        # too few configurations: a prior shape anchored on the best-known measurement
+        anchor = max(obs.throughput.items(), key=lambda kv: (len(kv[1]), kv[0]), default=None)
+        n0 = anchor[0][0] if anchor else 1
+        m0 = sum(anchor[1]) / len(anchor[1]) if anchor else 1.0
+        base = m0 * self._prior_shape(obs, w) / self._prior_shape(obs, n0)
+        return base * CROSS_NODE_SLOWDOWN ** max(k - k_min, 0)
+
+
+class Truth(Protocol):
+    """What an oracle host knows: true remaining iterations and true speed."""
+
+    def remaining_steps(self, job_id: str) -> float:
+        """True iterations left."""
+        ...
+
+    def speed(self, job_id: str, ps: int, workers: int, nodes: int) -> float:
+        """True iterations/s on ``nodes`` servers (fewest servers when that is the minimum)."""
+        ...
+
+
+@attrs.define
+class OracleEstimator:
+    """Optimus+Oracle: the host's truth instead of fitted models."""
+
+    truth: Truth
+
+    def remaining(self, obs: JobObservation, rnd: Round) -> RemainingEstimate:
+        r = float(self.truth.remaining_steps(obs.job_id))
+        return RemainingEstimate(r, r, r, True)
+
+    def speed(self, obs: JobObservation, ps: int, workers: int, nodes: int, rnd: Round) -> float:
+        return float(self.truth.speed(obs.job_id, ps, workers, nodes))
+
+    def ps_model(self, obs: JobObservation, rnd: Round) -> PSSpeedModel | None:
+        return None
+
+
+# ------------------------------------------------------------------------ restarts
+
+
+@attrs.frozen
+class RestartPlanner:
+    """What a restart costs and which placements are kept.
+
+    Args:
+        hysteresis: a running job's tasks change only when the estimated saving exceeds
+            ``hysteresis * restart_delay_s`` (0: the paper, no restart cost).
+        keep_placements: a job whose task counts did not change keeps its servers.
+    """
+
+    hysteresis: float = 0.0
+    keep_placements: bool = True
+
+    def penalty_s(self, rnd: Round) -> float:
+        """Seconds charged once to a running job whose tasks change."""
+        return self.hysteresis * rnd.restart_delay_s
+
+    def previous(self, rnd: Round) -> dict[str, JobPlacement]:
+        """Placements to keep (for jobs whose counts stay the same)."""
+        if not self.keep_placements:
+            return {}
+        return {k: o.placement for k, o in rnd.jobs.items() if o.placement is not None}
+
+    def current(self, rnd: Round) -> dict[str, tuple[int, int]]:
+        """Current ``(ps, workers)`` of the running jobs."""
+        return {
+            k: (o.placement.ps, o.placement.workers)
+            for k, o in rnd.jobs.items()
+            if o.placement is not None
+        }
+
+
+# ----------------------------------------------------------------------- allocation
+
+
+def _allocation_jobs(
+    rnd: Round, est: Estimator, remaining: Mapping[str, float], *, use_models: bool
+) -> list[AllocationJob]:
+    out = []
+    for jid, obs in rnd.jobs.items():
+        model = est.ps_model(obs, rnd) if use_models else None
+        speed: PSSpeedModel | Callable[[int, int], float]
+        if model is not None:
+            speed = model
+        else:
+            per = rnd.per_node.get(jid, 1)
+
+            def speed_fn(p: int, w: int, _o: JobObservation = obs, _per: int = per) -> float:
+                return est.speed(_o, p, w, _compact_nodes(w, _per), rnd)
+
+            speed = speed_fn
+        fitted = rnd.remaining[jid].fitted
+        out.append(
+            AllocationJob(
+                job_id=jid,
+                remaining_steps=max(remaining[jid], 1.0),
+                speed=speed,
+                ps_demand=obs.ps_demand,
+                worker_demand=obs.worker_demand,
+                damped=not fitted,
+                max_ps=obs.max_ps if obs.kind == "ps" else None,
+                max_workers=obs.max_workers,
+                kind=obs.kind,
+                arrival=obs.arrival,
+            )
+        )
+    return out
+
+
+class AllocationStrategy(Protocol):
+    """Maps the round's jobs to ``(ps, workers)`` counts."""
+
+    def allocate(self, rnd: Round, est: Estimator, restarts: RestartPlanner) -> Allocation:
+        """Task counts (through :func:`~dynsched_optimus.allocate`)."""
+        ...
+
+
+@attrs.frozen
+class GreedyAllocation:
+    """The paper's greedy: starters, then the largest marginal gain per dominant share."""
+
+    damping: float = DAMPING
+
+    def allocate(self, rnd: Round, est: Estimator, restarts: RestartPlanner) -> Allocation:
+        rem = {k: v.estimate for k, v in rnd.remaining.items()}
+        ajobs = _allocation_jobs(rnd, est, rem, use_models=True)
+        cap = tuple(float(x) for x in rnd.node_capacity.sum(axis=0))
+        return allocate(ajobs, cap, damping=self.damping)
+
+
+@attrs.frozen
+class IncrementalAllocation:
+    """``optimus+``: restart-aware, incremental, on ``sum log T`` (hedged estimates).
+
+    Args:
+        hedge: which end of the remaining-steps interval to allocate on.
+        min_gain: a task must improve ``log T`` by this much (1 % of the remaining time).
+        utility_exponent: ``1``: ``log T``; other ``a``: ``T**(1 - a) / (1 - a)``.
+    """
+
+    hedge: str = attrs.field(default="low", validator=attrs.validators.in_(("low", "mid", "high")))
+    min_gain: float = 0.01
+    utility_exponent: float = 1.0
+
+    def allocate(self, rnd: Round, est: Estimator, restarts: RestartPlanner) -> Allocation:
+        pick = {"low": "low", "mid": "estimate", "high": "high"}[self.hedge]
+        rem = {k: getattr(v, pick) for k, v in rnd.remaining.items()}
+        ajobs = _allocation_jobs(rnd, est, rem, use_models=False)
+        cap = tuple(float(x) for x in rnd.node_capacity.sum(axis=0))
+        return allocate(
+            ajobs,
+            cap,
+            method="incremental",
+            current=restarts.current(rnd),
+            restart_penalty=restarts.penalty_s(rnd),
+            min_gain=self.min_gain,
+            utility_exponent=self.utility_exponent,
+        )
+
+
+# ------------------------------------------------------------------------ placement
+
+
+def _requests(rnd: Round, tasks: Mapping[str, tuple[int, int]]) -> list[PlacementRequest]:
+    return [
+        PlacementRequest(jid, p, w, rnd.jobs[jid].ps_demand, rnd.jobs[jid].worker_demand)
+        for jid, (p, w) in tasks.items()
+        if p + w > 0
+    ]
+
+
+class PlacementStrategy(Protocol):
+    """Maps task counts to servers."""
+
+    def place(
+        self,
+        rnd: Round,
+        tasks: Mapping[str, tuple[int, int]],
+        est: Estimator,
+        restarts: RestartPlanner,
+    ) -> dict[str, JobPlacement]:
+        """Placements (through :func:`~dynsched_optimus.place`)."""
+        ...
+
+
+@attrs.frozen
+class FewestServersPlacement:
+    """Theorem 1: fewest servers, even spread; fill fallback, shrink when fragmented."""
+
+    def place(
+        self,
+        rnd: Round,
+        tasks: Mapping[str, tuple[int, int]],
+        est: Estimator,
+        restarts: RestartPlanner,
+    ) -> dict[str, JobPlacement]:
+        res = place(
+            _requests(rnd, tasks),
+            rnd.node_capacity,
+            previous=restarts.previous(rnd),
+            shrink=True,
+            fill=True,
+        )
+        return dict(res.placements)
+
+
+@attrs.frozen
+class SpreadPlacement:
+    """Ablation (allocation alone): each task on the server with the most free capacity."""
+
+    def place(
+        self,
+        rnd: Round,
+        tasks: Mapping[str, tuple[int, int]],
+        est: Estimator,
+        restarts: RestartPlanner,
+    ) -> dict[str, JobPlacement]:
+        cap = rnd.node_capacity
+        free = cap.astype(np.float64).copy()
+        norm = np.where(cap > 0, cap, 1.0)
+        out: dict[str, JobPlacement] = {}
+        prev = restarts.previous(rnd)
+        todo = []
+        for jid, (p, w) in sorted(tasks.items()):
+            if p + w == 0:
+                continue
+            pl = prev.get(jid)
+            if pl is not None and (pl.ps, pl.workers) == (p, w):
+                use = _usage(rnd.jobs[jid], pl, cap.shape)
+                if np.all(use <= free + 1e-9):
+                    free -= use
+                    out[jid] = pl
+                    continue
+            todo.append(jid)
+        for jid in todo:
+            p, w = tasks[jid]
+            obs = rnd.jobs[jid]
+            ws = np.zeros(cap.shape[0], dtype=int)
+            pss = np.zeros(cap.shape[0], dtype=int)
+            trial = free.copy()
+            ok = True
+            for d, cnt, tgt in ((obs.worker_demand, w, ws), (obs.ps_demand, p, pss)):
+                dv = np.asarray(d)
+                for _ in range(cnt):
+                    fit = np.all(trial >= dv[None, :] - 1e-9, axis=1)
+                    if not fit.any():
+                        ok = False
+                        break
+                    score = np.where(fit, (trial / norm).min(axis=1), -np.inf)
+                    i = int(np.argmax(score))
+                    tgt[i] += 1
+                    trial[i] -= dv
+                if not ok:
+                    break
+            if not ok:
+                continue
+            free = trial
+            nodes = tuple(int(i) for i in np.flatnonzero(ws + pss))
+            out[jid] = JobPlacement(
+                jid, nodes, tuple(int(pss[i]) for i in nodes), tuple(int(ws[i]) for i in nodes)
+            )
+        return out
+
+
+def _usage(obs: JobObservation, pl: JobPlacement, shape: tuple[int, ...]) -> FloatArray:
+    use = np.zeros(shape)
+    for nd, pp, ww in zip(pl.nodes, pl.ps_per_node, pl.workers_per_node, strict=True):
+        use[nd] += pp * np.asarray(obs.ps_demand) + ww * np.asarray(obs.worker_demand)
+    return use
+
+
+@attrs.frozen
+class SpeedAwarePlacement:
+    """``optimus+``: fewest servers, but an all-reduce job whose GPUs would be scattered
+    takes the count (down to ``min_fraction`` of its allocation) with the best estimated
+    speed on the servers actually free.  Parameter-server jobs as
+    :class:`FewestServersPlacement`."""
+
+    min_fraction: float = 0.5
+
+    def place(
+        self,
+        rnd: Round,
+        tasks: Mapping[str, tuple[int, int]],
+        est: Estimator,
+        restarts: RestartPlanner,
+    ) -> dict[str, JobPlacement]:
+        cap = rnd.node_capacity
+        prev = restarts.previous(rnd)
+        ps_tasks = {k: v for k, v in tasks.items() if rnd.jobs[k].kind == "ps"}
+        res = place(_requests(rnd, ps_tasks), cap, previous=prev, shrink=True, fill=True)
+        out = dict(res.placements)
+        free = res.free.copy()
+        gpu = {k: v[1] for k, v in tasks.items() if rnd.jobs[k].kind == "allreduce" and v[1]}
+        todo = []
+        for jid in sorted(gpu, key=lambda j: (rnd.jobs[j].arrival, j)):
+            pl = prev.get(jid)
+            if pl is not None and pl.workers == gpu[jid]:
+                use = _usage(rnd.jobs[jid], pl, cap.shape)
+                if np.all(use <= free + 1e-9):
+                    free -= use
+                    out[jid] = pl
+                    continue
+            todo.append(jid)
+        todo.sort(key=lambda j: (-gpu[j], rnd.jobs[j].arrival, j))
+        for jid in todo:
+            obs = rnd.jobs[jid]
+            w = gpu[jid]
+            per = rnd.per_node.get(jid, 1)
+            best: tuple[float, JobPlacement, FloatArray] | None = None
+            lowest = max(int(w * self.min_fraction), 1)
+            for cand in range(w, lowest - 1, -1):
+                r = place(
+                    [PlacementRequest(jid, 0, cand, obs.ps_demand, obs.worker_demand)],
+                    free,
+                    fill=True,
+                )
+                jp = r.placements.get(jid)
+                if jp is None:
+                    continue
+                spd = est.speed(obs, 0, cand, jp.num_servers, rnd)
+                # prefer more GPUs unless fewer are strictly (0.01 %) faster
+                if best is None or spd > best[0] * 1.0001:
+                    best = (spd, jp, r.free)
+                if jp.num_servers <= _compact_nodes(cand, per):
+                    break  # compact: fewer GPUs cannot be faster
+            if best is None:
+                continue
+            out[jid] = best[1]
+            free = best[2]
+        return out
+
+
+# ------------------------------------------------------------------------- pre-runs
+
+
+class PrerunStrategy(Protocol):
+    """Which configurations to measure when a job arrives."""
+
+    def request(self, obs: JobObservation) -> PrerunRequest:
+        """The pre-runs asked of the host."""
+        ...
+
+
+@functools.lru_cache(maxsize=64)
+def _planned(n: int, batch: float) -> tuple[tuple[int, int], ...]:
+    return tuple(plan_sampling(n, max_ps=8, max_workers=8, global_batch=batch))
+
+
+@attrs.frozen
+class SampledPreruns:
+    """Optimus' pre-runs: PS jobs: ``plan_sampling`` (D-optimal, 5 to 9 configurations);
+    all-reduce jobs: 1, 2, 4, 8 GPUs up to ``limit`` (none when only one is usable)."""
+
+    limit: int = 10
+    seconds_each: float = 10.0
+
+    def request(self, obs: JobObservation) -> PrerunRequest:
+        if obs.kind == "allreduce":
+            top = obs.max_workers if obs.max_workers is not None else 8
+            sizes = [n for n in (1, 2, 4, 8) if n <= top]
+            if len(sizes) <= 1:
+                return PrerunRequest((), self.seconds_each)
+            return PrerunRequest(tuple((0, n) for n in sizes[: self.limit]), self.seconds_each)
+        n = min(max(self.limit, MIN_PS_CONFIGS), 9)
+        return PrerunRequest(_planned(n, max(obs.batch_size, 1.0)), self.seconds_each)
+
+
+@attrs.frozen
+class NoPreruns:
+    """No pre-runs (the oracle; ``optimus+`` learns online from the requested count)."""
+
+    def request(self, obs: JobObservation) -> PrerunRequest:
+        return PrerunRequest((), 0.0)
+
+
+# ---------------------------------------------------------------------------- policy
+
+
+@attrs.frozen
+class ScheduleDecision:
+    """The policy's answer for one round.
+
+    Attributes:
+        tasks: ``job_id -> (ps, workers)`` placed (jobs absent or ``(0, 0)`` wait).
+        placements: ``job_id -> JobPlacement``.
+        remaining: the remaining-iterations estimates used.
+        allocation: the allocator's result before placement.
+    """
+
+    tasks: Mapping[str, tuple[int, int]]
+    placements: Mapping[str, JobPlacement]
+    remaining: Mapping[str, RemainingEstimate]
+    allocation: Allocation
+
+
+@attrs.define
+class OptimusPolicy:
+    """An Optimus-family scheduler composed of strategies (see the module docstring)."""
+
+    name: str
+    estimator: Estimator
+    allocation: AllocationStrategy
+    placement: PlacementStrategy
+    restarts: RestartPlanner = attrs.field(factory=RestartPlanner)
+    preruns: PrerunStrategy = attrs.field(factory=NoPreruns)
+    _index: int = attrs.field(default=0, init=False)
+
+    def prerun_request(self, obs: JobObservation) -> PrerunRequest:
+        """Configurations to measure before ``obs`` starts (the host may ignore it)."""
+        return self.preruns.request(obs)
+
+    def new_round(
+        self,
+        now: float,
+        observations: Sequence[JobObservation],
+        node_capacity: npt.ArrayLike,
+        restart_delay_s: float = 30.0,
+    ) -> Round:
+        """The shared state of one round (estimates included)."""
+        cap = np.asarray(node_capacity, dtype=np.float64)
+        if cap.ndim != 2 or cap.shape[0] == 0:
+            raise OptimusError("node_capacity must be a non-empty (nodes, resources) array")
+        jobs: dict[str, JobObservation] = {}
+        for o in observations:
+            if o.job_id in jobs:
+                raise OptimusError(f"duplicate job_id {o.job_id!r}")
+            if len(o.worker_demand) != cap.shape[1]:
+                raise OptimusError(
+                    f"job {o.job_id!r}: demands have {len(o.worker_demand)} resources, "
+                    f"nodes have {cap.shape[1]}"
+                )
+            jobs[o.job_id] = o
+        rnd = Round(now, jobs, cap, restart_delay_s, self._index)
+        rnd.per_node = {k: workers_per_node(o, cap) for k, o in jobs.items()}
+        rnd.remaining = {k: self.estimator.remaining(o, rnd) for k, o in jobs.items()}
+        return rnd
+
+    def schedule(
+        self,
+        now: float,
+        observations: Sequence[JobObservation],
+        node_capacity: npt.ArrayLike,
+        *,
+        restart_delay_s: float = 30.0,
+    ) -> ScheduleDecision:
+        """Allocate and place the runnable jobs.
+
+        Args:
+            now: the host's clock.
+            observations: one record per runnable job.
+            node_capacity: ``(nodes, resources)`` capacities, in the resource order of
+                the demands.
+            restart_delay_s: what a change of a running job's tasks costs it.
+
+        Returns:
+            Counts and placements; nothing is ever over-committed.
+        """
+        self._index += 1
+        rnd = self.new_round(now, observations, node_capacity, restart_delay_s)
+        alloc = self.allocation.allocate(rnd, self.estimator, self.restarts)
+        placements = self.placement.place(rnd, alloc.tasks, self.estimator, self.restarts)
+        tasks = {k: (v.ps, v.workers) for k, v in placements.items()}
+        return ScheduleDecision(tasks, placements, rnd.remaining, alloc)
+
+
+#: the compositions :func:`make_optimus` builds
+OPTIMUS_VARIANTS: tuple[str, ...] = ("optimus", "optimus-oracle", "optimus+")
+
+
+def make_optimus(
+    variant: str = "optimus",
+    *,
+    truth: Truth | None = None,
+    prior_s: float = 3600.0,
+    prerun_limit: int | None = None,
+    prerun_s: float = 10.0,
+    damping: float = DAMPING,
+    hysteresis: float = 2.0,
+    min_gain: float = 0.01,
+    hedge: str = "low",
+    utility_exponent: float = 1.0,
+    extrapolation: float | None = 2.0,
+    compact: bool = True,
+    spread: bool = False,
+) -> OptimusPolicy:
+    """Build ``optimus``, ``optimus-oracle`` (needs ``truth``) or ``optimus+``.
+
+    Args:
+        variant: one of :data:`OPTIMUS_VARIANTS`.
+        truth: the host's oracle (``optimus-oracle`` only).
+        prior_s: remaining seconds assumed before a convergence fit exists.
+        prerun_limit: most pre-run configurations for all-reduce jobs (``optimus``: 10).
+        prerun_s: seconds per pre-run.
+        damping: ``optimus``: gain factor of jobs without a fit.
+        hysteresis, min_gain, hedge, utility_exponent, extrapolation, compact:
+            ``optimus+`` (see :class:`IncrementalAllocation`, :class:`RestartPlanner`,
+            :class:`FittedEstimator`, :class:`SpeedAwarePlacement`).
+        spread: ablation: :class:`SpreadPlacement` instead of Theorem 1.
+    """
+    if variant not in OPTIMUS_VARIANTS:
+        raise OptimusError(f"variant={variant!r}: allowed values are {list(OPTIMUS_VARIANTS)}")
+    placement: PlacementStrategy = SpreadPlacement() if spread else FewestServersPlacement()
+    if variant == "optimus":
+        return OptimusPolicy(
+            variant,
+            FittedEstimator(prior_s=prior_s),
+            GreedyAllocation(damping),
+            placement,
+            RestartPlanner(),
+            SampledPreruns(10 if prerun_limit is None else prerun_limit, prerun_s),
+        )
+    if variant == "optimus-oracle":
+        if truth is None:
+            raise OptimusError("optimus-oracle needs truth= (the host's oracle)")
+        return OptimusPolicy(
+            variant, OracleEstimator(truth), GreedyAllocation(damping), placement, RestartPlanner()
+        )
+    if not spread and compact:
+        placement = SpeedAwarePlacement()
+    # no pre-runs for all-reduce jobs (the requested count is the prior); PS jobs still
+    # measure the 5 configurations the synchronous PS form needs
+    preruns = SampledPreruns(0 if prerun_limit is None else prerun_limit, prerun_s)
+    return OptimusPolicy(
+        variant,
+        FittedEstimator(
+            hedged=True, prior="requested", prior_s=prior_s, extrapolation=extrapolation
+        ),
+        IncrementalAllocation(hedge, min_gain, utility_exponent),
+        placement,
+        RestartPlanner(hysteresis=hysteresis),
+        preruns,
+    )
