@@ -69,7 +69,9 @@ def _bench_actor_class() -> Any:
     class BenchReplicaActor(ReplicaActor):
         """`ReplicaActor` plus the baseline: the hosted engine called directly."""
 
-        async def direct(self, prompts: list[list[int]], tokens: int, tag: str) -> tuple[int, float]:
+        async def direct(
+            self, prompts: list[list[int]], tokens: int, tag: str
+        ) -> tuple[int, float]:
             from vllm import SamplingParams
             from vllm.sampling_params import RequestOutputKind
 
@@ -156,6 +158,15 @@ async def overhead(folder: Path, rounds: int) -> dict[str, Any]:
     }
 
 
+async def _until_in_flight(proxy: Any, timeout_s: float = 120.0) -> None:
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if await proxy.in_flight() > 0:
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError("no request reached the hybrid replica")
+
+
 async def switch_cycle(folder: Path, rounds: int) -> dict[str, Any]:
     import ray
     from dynsched_core import (
@@ -200,8 +211,7 @@ async def switch_cycle(folder: Path, rounds: int) -> dict[str, Any]:
             )
             for i, p in enumerate(prompts[:8])
         ]
-        while await proxies["h0"].in_flight() == 0:
-            await asyncio.sleep(0.01)
+        await _until_in_flight(proxies["h0"])
         t2 = time.perf_counter()
         await ctrl.deactivate()
         t3 = time.perf_counter()
@@ -251,9 +261,11 @@ async def weight_update(tmp: Path, rounds: int) -> list[dict[str, Any]]:
                 "mb_per_s": len(blob) / med / 1e6,
             }
         )
-        print(f"  {name:<24} {len(blob) / 1e6:8.1f} MB  {med * 1e3:8.1f} ms  "
-              f"[{min(secs) * 1e3:.1f}-{max(secs) * 1e3:.1f}]  {len(blob) / med / 1e6:7.1f} MB/s",
-              flush=True)
+        print(
+            f"  {name:<24} {len(blob) / 1e6:8.1f} MB  {med * 1e3:8.1f} ms  "
+            f"[{min(secs) * 1e3:.1f}-{max(secs) * 1e3:.1f}]  {len(blob) / med / 1e6:7.1f} MB/s",
+            flush=True,
+        )
     return rows
 
 
@@ -300,7 +312,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--parts", nargs="+", default=["overhead", "switch", "weights"],
+        "--parts",
+        nargs="+",
+        default=["overhead", "switch", "weights"],
         choices=["overhead", "switch", "weights"],
     )
     parser.add_argument("--out", default=None, help="write the results as JSON here")

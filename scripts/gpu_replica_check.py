@@ -117,9 +117,7 @@ async def check_replica(replica: Any, model_a: Path, model_b: Path, device: str)
         if device == "cuda":
             levels[level] = {
                 "freed_bytes": sleep_rep.freed_bytes,
-                "taken_back_bytes": None
-                if wake_rep.freed_bytes is None
-                else -wake_rep.freed_bytes,
+                "taken_back_bytes": None if wake_rep.freed_bytes is None else -wake_rep.freed_bytes,
                 "sleep_s": sleep_rep.seconds,
                 "wake_s": wake_rep.seconds,
                 "state_asleep": asleep,

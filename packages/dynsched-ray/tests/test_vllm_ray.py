@@ -9,6 +9,7 @@ uninterrupted greedy run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from dynsched_ray._vllm_replica import VLLMReplica
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(1500)]
 
 ROLES = {"vs-0": "standalone", "vh-0": "hybrid", "vh-1": "hybrid"}
-TOKENS = 48
+TOKENS = 96
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,8 @@ def vllm_actors(ray_cluster: None, tiny_model_dir: Path) -> Iterator[dict[str, A
     ray.get([h.describe.remote() for h in handles.values()], timeout=1200)  # engines up
     yield handles
     for h in handles.values():
-        try:
+        with contextlib.suppress(Exception):
             ray.get(h.shutdown.remote(), timeout=60)
-        except Exception:
-            pass
         ray.kill(h, no_restart=True)
 
 

@@ -32,6 +32,10 @@ def tiny_model_b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model-b"), TinyModelSpec(seed=1))
 
 
+async def _stop(*replicas: VLLMReplica) -> None:
+    await asyncio.gather(*(r.shutdown() for r in replicas))
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir: Path) -> Iterator[tuple[LoopThread, VLLMReplica, VLLMReplica]]:
     """Two started replicas of model A ("a" and "b") on one loop thread."""
@@ -45,7 +49,7 @@ def engines(tiny_model_dir: Path) -> Iterator[tuple[LoopThread, VLLMReplica, VLL
 
     lt.run(start())
     yield lt, a, b
-    lt.run(asyncio.gather(a.shutdown(), b.shutdown()))
+    lt.run(_stop(a, b))
     lt.close()
 
 
@@ -366,7 +370,7 @@ def test_shutdown_leaves_no_engine_process(engines: Any) -> None:
     lt, a, b = engines
     pids = a.engine_pids + b.engine_pids
     assert pids and all(psutil.pid_exists(p) for p in pids)
-    lt.run(asyncio.gather(a.shutdown(), b.shutdown()))
+    lt.run(_stop(a, b))
     _gone, alive = psutil.wait_procs(
         [psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=30
     )
