@@ -233,12 +233,12 @@ async def switch_cycle(folder: Path, rounds: int) -> dict[str, Any]:
     }
 
 
-async def weight_update(tmp: Path, rounds: int) -> list[dict[str, Any]]:
+async def weight_update(tmp: Path, rounds: int, sizes: int) -> list[dict[str, Any]]:
     from dynsched_ray import TinyModelSpec, build_tiny_model
     from dynsched_ray._vllm_replica import VLLMReplica
 
     rows = []
-    for name, kw in SIZES.items():
+    for name, kw in list(SIZES.items())[:sizes]:
         folder = build_tiny_model(tmp / name.split()[0], TinyModelSpec(**kw))
         blob = (folder / "model.safetensors").read_bytes()
         replica = VLLMReplica(name.split()[0], model=folder)
@@ -273,7 +273,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from dynsched_ray import build_tiny_model
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local",  # a new local cluster, never another process's
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     results: dict[str, Any] = {"rounds": args.rounds}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -302,7 +308,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 )
             if "weights" in args.parts:
                 print("3. weight update against model size", flush=True)
-                results["weight_update"] = await weight_update(Path(tmp), args.rounds)
+                results["weight_update"] = await weight_update(Path(tmp), args.rounds, args.sizes)
     finally:
         ray.shutdown()
     return results
@@ -317,6 +323,7 @@ def main() -> int:
         default=["overhead", "switch", "weights"],
         choices=["overhead", "switch", "weights"],
     )
+    parser.add_argument("--sizes", type=int, default=len(SIZES), help="model sizes (first N)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
