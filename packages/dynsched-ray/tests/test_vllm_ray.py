@@ -139,7 +139,7 @@ async def test_controller_switches_two_vllm_hybrids_beside_a_standalone_exactly_
     for h in hybrids:
         st = await h.handle.call.remote("state")
         assert st.asleep and not st.accepting and st.memory_released is False  # CPU: nothing freed
-        assert await h.handle.call.remote("in_flight") == 0  # nothing left in the engine
+        assert await h.handle.call.remote("in_flight") == 0  # abort waits for the engine
     outcomes = await asyncio.gather(*tasks)
     for h in hybrids:  # the actor's streams have delivered their last (aborted) segment
         assert await h.in_flight() == 0

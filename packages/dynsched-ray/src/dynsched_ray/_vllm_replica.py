@@ -171,6 +171,7 @@ class VLLMReplicaState:
 class _Running:
     engine_id: str
     aborted: bool = False
+    done: asyncio.Event = attrs.Factory(asyncio.Event)
 
 
 class VLLMReplica:
@@ -264,6 +265,8 @@ class VLLMReplica:
         self._dtype = dtype
         self._seed = seed
         self.start_timeout_s = float(start_timeout_s)
+        #: Longest wait in `abort` for the aborted generations to return.
+        self.abort_wait_s = 10.0
         self._engine_kwargs = dict(engine_kwargs or {})
         self._engine: Any = None
         self._engine_pids: list[int] = []
@@ -558,6 +561,7 @@ class VLLMReplica:
                     break
         finally:
             self._running.pop(rid, None)
+            entry.done.set()
         finish: FinishReason
         if len(tokens) >= budget:
             finish = "length"
@@ -631,6 +635,9 @@ class VLLMReplica:
     async def abort(self, request_ids: Sequence[str] | None = None) -> int:
         """Abort running requests (all when ``None``); unknown ids are ignored.
 
+        Waits (up to ``abort_wait_s``) until the aborted generations have returned, so
+        that after `abort` (and `sleep`) nothing is left running in the engine.
+
         Returns:
             How many running requests were aborted (their ``generate`` returns the tokens
             produced so far with ``finish_reason="abort"``).
@@ -641,6 +648,17 @@ class VLLMReplica:
             e.aborted = True
         if entries and self._engine is not None and not self._engine_dead():
             await self._engine.abort([e.engine_id for e in entries])
+            pending = [asyncio.ensure_future(e.done.wait()) for e in entries]
+            _done, late = await asyncio.wait(pending, timeout=self.abort_wait_s)
+            for fut in late:
+                fut.cancel()
+            if late:
+                logger.warning(
+                    "replica %s: %d aborted request(s) still running after %.1f s",
+                    self._id,
+                    len(late),
+                    self.abort_wait_s,
+                )
         return len(entries)
 
     async def pause(self) -> None:
