@@ -129,7 +129,7 @@ async def _vllm_check(folder: Path, device: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     try:
-        from dynsched_ray import VLLMReplica  # type: ignore[attr-defined]
+        from dynsched_ray import VLLMReplica
     except ImportError as exc:
         return {"skipped": f"VLLMReplica is not available on this branch ({exc})"}
 
@@ -152,7 +152,9 @@ async def _vllm_check(folder: Path, device: str) -> dict[str, Any]:
             )
         return [int(x) for x in out[0, len(ids) :]]
 
-    replica = VLLMReplica("gpu-check", model=str(folder), sampling={"temperature": 0.0})
+    replica = VLLMReplica(
+        "gpu-check", model=str(folder), sampling={"temperature": 0.0, "ignore_eos": True}
+    )
     await replica.start()
     try:
 
