@@ -142,6 +142,7 @@ class HFReplica:
         reason = "length"
         version = self._version
         gen = self._generator(request)
+        cuts: list[tuple[int, int]] = []  # (tokens so far, version that made them)
         try:
             context = torch.tensor([[*prompt, *request.partial_output]], device=self.device)
             past = None
@@ -169,6 +170,7 @@ class HFReplica:
                     await asyncio.sleep(0)
                 if self._version != version:
                     # new weights arrived: prefill again under them (the KV cache is stale)
+                    cuts.append((len(tokens), version))
                     version = self._version
                     context = torch.tensor(
                         [[*prompt, *request.partial_output, *tokens]], device=self.device
@@ -180,6 +182,8 @@ class HFReplica:
         kw: dict[str, Any] = {}
         if "output_logprobs" in self._fields:
             kw["output_logprobs"] = tuple(logprobs)
+        if cuts and "segments" in self._fields:
+            kw["segments"] = self._segments(tokens, logprobs, [*cuts, (len(tokens), version)])
         return GenerateResult(
             request_id=rid,
             replica_id=self._id,
@@ -189,6 +193,28 @@ class HFReplica:
             param_version=version,
             **kw,
         )
+
+    def _segments(
+        self, tokens: list[int], logprobs: list[float], cuts: list[tuple[int, int]]
+    ) -> tuple[Any, ...]:
+        """Version-stamped runs of an attempt whose weights changed while it ran."""
+        from dynsched_core import _protocols
+
+        segment = _protocols.TokenSegment  # type: ignore[attr-defined]
+        out, start = [], 0
+        for end, version in cuts:
+            if end > start:
+                out.append(
+                    segment(
+                        num_tokens=end - start,
+                        param_version=version,
+                        output_tokens=tuple(tokens[start:end]),
+                        output_logprobs=tuple(logprobs[start:end]),
+                        replica_id=self._id,
+                    )
+                )
+            start = end
+        return tuple(out)
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> int:
         """Abort running requests (all when None); return how many."""

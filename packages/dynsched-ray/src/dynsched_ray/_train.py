@@ -104,8 +104,8 @@ class TrainSettings:
         keep_checkpoints: Trainer checkpoints kept on disk (older ones are deleted).
     """
 
-    out_dir: str
-    model_cache: str
+    out_dir: str = "dynsched-train"
+    model_cache: str = "dynsched-model-cache"
     engine: str = attrs.field(default="vllm", validator=_one_of(ENGINES))
     trainer: str = attrs.field(default="torch", validator=_one_of(TRAINERS))
     steps: int = attrs.field(default=12, validator=_positive(int))
