@@ -25,6 +25,7 @@ __all__ = [
     "Router",
     "RouterListener",
     "SampleQueue",
+    "TokenSegment",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -66,6 +67,54 @@ class GenerateRequest:
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
 
 
+def _float_tuple(value: Any) -> tuple[float, ...]:
+    return tuple(float(x) for x in value)
+
+
+def _int_tuple(value: Any) -> tuple[int, ...]:
+    return tuple(int(x) for x in value)
+
+
+@attrs.frozen(kw_only=True)
+class TokenSegment:
+    """A run of consecutive response tokens generated under one weight version.
+
+    Real engines stream a response; every segment is stamped with the weight version
+    that produced it, so staleness and importance ratios can be computed per token
+    downstream (a response resumed after a weight update holds segments of two versions).
+
+    Attributes:
+        num_tokens: Tokens in the segment (>= 0).
+        param_version: Weight version that generated them.
+        output_tokens: Their token ids (empty when the engine does not expose them).
+        output_logprobs: The engine's log-probability of each token under
+            ``param_version`` (one per token, or empty when not requested/available).
+        replica_id: Replica that generated them ("" when unknown).
+    """
+
+    num_tokens: int = attrs.field(validator=v.int_ge(0))
+    param_version: int = 0
+    output_tokens: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
+    output_logprobs: tuple[float, ...] = attrs.field(default=(), converter=_float_tuple)
+    replica_id: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if self.output_tokens and len(self.output_tokens) != self.num_tokens:
+            raise ValueError(
+                f"TokenSegment.output_tokens must hold num_tokens={self.num_tokens} ids"
+                f" (or none), got {len(self.output_tokens)}"
+            )
+        if self.output_logprobs and len(self.output_logprobs) != self.num_tokens:
+            raise ValueError(
+                f"TokenSegment.output_logprobs must hold num_tokens={self.num_tokens} values"
+                f" (or none), got {len(self.output_logprobs)}"
+            )
+
+
+def _segments(value: Any) -> tuple[TokenSegment, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class GenerateResult:
     """Outcome of one generation attempt on one replica.
@@ -79,6 +128,12 @@ class GenerateResult:
         finish_reason: ``"stop"`` (finished), ``"length"`` (budget exhausted) or
             ``"abort"`` (interrupted; ``num_tokens`` says how far it got).
         param_version: Weight version the replica had when it finished the attempt.
+        output_logprobs: Log-probability of each generated token under the weights that
+            generated it (one per token of ``output_tokens``; empty when the engine does
+            not return them).
+        segments: The attempt's tokens as version-stamped `TokenSegment` runs, in order
+            (empty when the engine does not stamp them: `token_segments` then describes
+            the attempt as one segment of ``param_version``).
     """
 
     request_id: str
@@ -87,11 +142,30 @@ class GenerateResult:
     num_tokens: int = attrs.field(default=0, validator=v.int_ge(0))
     finish_reason: FinishReason = "stop"
     param_version: int = 0
+    output_logprobs: tuple[float, ...] = attrs.field(default=(), converter=_float_tuple)
+    segments: tuple[TokenSegment, ...] = attrs.field(default=(), converter=_segments)
 
     @property
     def aborted(self) -> bool:
         """True when the attempt was interrupted."""
         return self.finish_reason == "abort"
+
+    def token_segments(self) -> tuple[TokenSegment, ...]:
+        """``segments``, or the attempt as one segment of ``param_version`` (none if empty)."""
+        if self.segments:
+            return self.segments
+        if self.num_tokens == 0:
+            return ()
+        n = self.num_tokens
+        return (
+            TokenSegment(
+                num_tokens=n,
+                param_version=self.param_version,
+                output_tokens=self.output_tokens if len(self.output_tokens) == n else (),
+                output_logprobs=self.output_logprobs if len(self.output_logprobs) == n else (),
+                replica_id=self.replica_id,
+            ),
+        )
 
 
 @attrs.frozen(kw_only=True)
