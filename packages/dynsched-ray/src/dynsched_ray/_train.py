@@ -116,7 +116,7 @@ class TrainSettings:
     task: AdditionTask = attrs.field(factory=AdditionTask)
     warm_up: WarmUpOptions = attrs.field(factory=WarmUpOptions)
     device: str = "cpu"
-    stream_tokens: int | None = 16
+    stream_tokens: int | None = None
     keep_checkpoints: int = 2
 
     @classmethod
@@ -225,11 +225,13 @@ class TrainRunner(RayRunner):
             sets (trainer, replica factory, metrics, checkpoint, resume, steps, max
             tokens, stream) are overwritten.
         resume: Continue from ``settings.checkpoint_dir``.
+        policy: The policy (default: ``config.build_policy()``).
         model: The model folder (default: ``warm_up(settings.model_cache, ...)``).
         replica_kwargs: Extra keyword arguments of every replica (e.g. vLLM settings).
         progress: Called with each progress line (fleet, switches, failures).
         on_step: Called with each per-step metric row.
         on_transition: See `RayRunner`.
+        keep_samples: See `RayRunner`.
     """
 
     def __init__(
@@ -239,11 +241,13 @@ class TrainRunner(RayRunner):
         options: RayRunOptions | None = None,
         *,
         resume: bool = False,
+        policy: Any = None,
         model: str | Path | None = None,
         replica_kwargs: Mapping[str, Any] | None = None,
         progress: Callable[[str], None] | None = None,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         on_transition: Callable[[Any], None] | None = None,
+        keep_samples: bool = False,
     ) -> None:
         from dynsched_ray._rl_task import warm_up
 
@@ -278,7 +282,14 @@ class TrainRunner(RayRunner):
             checkpoint_path=str(ckpt),
             resume=resume,
         )
-        super().__init__(config, opts, progress=progress, on_transition=on_transition)
+        super().__init__(
+            config,
+            opts,
+            policy=policy,
+            progress=progress,
+            on_transition=on_transition,
+            keep_samples=keep_samples,
+        )
         self._replica_kwargs = dict(replica_kwargs or {})
         self._on_step_row = on_step
         self.rows: list[dict[str, Any]] = []
@@ -289,6 +300,15 @@ class TrainRunner(RayRunner):
         self._t0 = 0.0
         self._wall_offset = 0.0
         self._rows_before = 0
+        #: Keep every loop event in `events` (for the resource-time layout plot).
+        self.record_events = False
+        self.events: list[Any] = []
+
+    def _say(self, line: str) -> None:
+        if line.startswith("step "):  # the per-step row (on_step) replaces the step line
+            logger.info(line)
+            return
+        super()._say(line)
 
     # ------------------------------------------------------------------ parts
     def _replica_factory(self) -> Any:
@@ -329,9 +349,8 @@ class TrainRunner(RayRunner):
         if s.engine == "hf":
             common.update(temperature=s.temperature, seed=s.seed, device=s.device)
         else:
-            common.setdefault(
-                "sampling", {"temperature": s.temperature, "seed": s.seed, "logprobs": 0}
-            )
+            common.setdefault("sampling", {"temperature": s.temperature})
+            common.setdefault("seed", s.seed)
         return attrs.evolve(spec, standalone_kwargs=dict(common), hybrid_kwargs=dict(common))
 
     def _prompt_source(self) -> Any:
@@ -463,6 +482,8 @@ class TrainRunner(RayRunner):
         return aggregator, sink
 
     def _on_event(self, event: Any) -> None:
+        if self.record_events:
+            self.events.append(event)
         if isinstance(event, TrainStepEvent):
             self._step_row(event)
         super()._on_event(event)
@@ -475,6 +496,7 @@ class TrainRunner(RayRunner):
             "step": event.step + self._step_offset,
             "version": loop.driver.param_version if loop is not None else 0,
             "wall_s": round(self._wall_offset + time.monotonic() - self._t0, 4),
+            "loop_time_s": round(float(event.time), 4),
             "step_time_s": round(float(event.timings.get("step", 0.0)), 4),
             "gen_wait_s": round(float(event.timings.get("gen", 0.0)), 4),
             "mq_size": event.mq_size,
