@@ -194,6 +194,12 @@ def main(args: argparse.Namespace) -> int:
             lr=args.lr,
             device=args.device,
         )
+        t = config.trigger_parameter_sync_step
+        if settings.steps % t:
+            return _fail(
+                f"--steps ({settings.steps}) must be a multiple of "
+                f"async_training.trigger_parameter_sync_step ({t})"
+            )
         if args.resume and not (settings.checkpoint_dir / "driver.json").is_file():
             return _fail(f"--resume: no checkpoint in {settings.checkpoint_dir}")
         Path(settings.out_dir).mkdir(parents=True, exist_ok=True)
