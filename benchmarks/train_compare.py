@@ -16,7 +16,7 @@ writes:
 
 Usage (the committed results were made with the command in the README)::
 
-    hatch run python benchmarks/train_compare.py --engine hf --steps 24 --seeds 0 1 2 \\
+    hatch run python benchmarks/train_compare.py --engine hf --steps 20 --seeds 0 1 2 \\
         --out benchmarks/results/train_compare
 
 CPU-only machines: every engine and trainer shares the machine's cores, and the GPUs are
@@ -49,9 +49,11 @@ CONFIG: dict[str, Any] = {
         "concurrent_samples_per_replica": 4,
         "partial_rollout": True,
     },
-    "trainer": {"nnodes": 1, "n_gpus_per_node": 2},
-    "rollout": {"nnodes": 1, "n_gpus_per_node": 2},
-    "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8}, "rollout": {"n": 4}},
+    # one trainer GPU (one trainer worker + one hybrid replica) and one standalone replica:
+    # three engine/trainer processes per run, what a shared 2-core machine can host
+    "trainer": {"nnodes": 1, "n_gpus_per_node": 1},
+    "rollout": {"nnodes": 1, "n_gpus_per_node": 1},
+    "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 16}, "rollout": {"n": 4}},
 }
 
 
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", nargs="+", default=["static_fully_async", "default"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--max-tokens", type=int, default=6)
