@@ -65,7 +65,6 @@ def quarter_means(values: list[float]) -> tuple[float, float]:
 
 def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     from dynsched_core import DynamicScheduleConfig
-
     from dynsched_ray import RayRunOptions
     from dynsched_ray._train import TrainRunner, TrainSettings, lag_bound
 
@@ -225,15 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import ray
-
     from dynsched_ray._rl_task import warm_up
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = warm_up(args.model_cache)
-    ray.init(
-        num_cpus=args.num_cpus, num_gpus=4, include_dashboard=False, log_to_driver=False
-    )
+    ray.init(num_cpus=args.num_cpus, num_gpus=4, include_dashboard=False, log_to_driver=False)
     t0 = time.monotonic()
     runs = []
     try:

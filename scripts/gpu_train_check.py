@@ -46,7 +46,6 @@ CONFIG: dict[str, Any] = {
 
 def run(policy: str, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     from dynsched_core import DynamicScheduleConfig
-
     from dynsched_ray import RayRunOptions
     from dynsched_ray._train import TrainRunner, TrainSettings
 
@@ -108,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     import ray
-
     from dynsched_ray._rl_task import warm_up
 
     model = warm_up(args.work)

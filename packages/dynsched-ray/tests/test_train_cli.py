@@ -27,7 +27,13 @@ def test_example_config_reads_with_verl_keys() -> None:
     assert (config.num_standalone_replicas, config.num_hybrid_replicas) == (2, 2)
     assert (config.required_samples, config.n, config.trigger_parameter_sync_step) == (8, 4, 2)
     s = TrainSettings.from_verl(tree, engine="hf")
-    assert (s.steps, s.lr, s.max_tokens, s.out_dir, s.engine) == (4, 1e-3, 6, "dynsched-train", "hf")
+    assert (s.steps, s.lr, s.max_tokens, s.out_dir, s.engine) == (
+        4,
+        1e-3,
+        6,
+        "dynsched-train",
+        "hf",
+    )
     assert TrainSettings.from_verl(tree, steps=8, lr=None).steps == 8
 
 
@@ -71,8 +77,16 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path
 def test_progress_bar_lines() -> None:
     out = io.StringIO()
     bar = train_cli.ProgressBar(4, stream=out)
-    row = {"step": 2, "reward": 0.5, "exact_match": 0.5, "loss": 0.1, "mq_size": 3,
-           "hybrid_state": "HYBRID_ACTIVE", "version": 1, "step_time_s": 0.4}
+    row = {
+        "step": 2,
+        "reward": 0.5,
+        "exact_match": 0.5,
+        "loss": 0.1,
+        "mq_size": 3,
+        "hybrid_state": "HYBRID_ACTIVE",
+        "version": 1,
+        "step_time_s": 0.4,
+    }
     bar.update(row)
     bar.note("activate took 3 ms (ok)")
     bar.close()

@@ -218,7 +218,11 @@ class HFReplica:
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> int:
         """Abort running requests (all when None); return how many."""
-        ids = list(self._abort) if request_ids is None else [r for r in request_ids if r in self._abort]
+        ids = (
+            list(self._abort)
+            if request_ids is None
+            else [r for r in request_ids if r in self._abort]
+        )
         for r in ids:
             self._abort[r] = True
         return len(ids)

@@ -28,9 +28,8 @@ from typing import Any
 
 import attrs
 from dynsched_core import ConfigError, DynamicScheduleConfig
-from dynsched_core.trainer import TrainBatch
 from dynsched_core.events import TrainStepEvent
-from dynsched_core.trainer import HandOverReplica
+from dynsched_core.trainer import HandOverReplica, TrainBatch
 
 from dynsched_ray._rl_task import AdditionTask, TaskTokenizer, WarmUpOptions
 from dynsched_ray._runner import RayRunner, RayRunOptions, RayRunResult
@@ -162,7 +161,7 @@ def lag_bound(config: DynamicScheduleConfig) -> int:
     surplus admitted under ``v`` is consumed within ``ceil(staleness_threshold)`` later
     versions: lag = consuming version - admission version <= ``ceil(threshold)``.
     """
-    return int(math.ceil(config.staleness_threshold))
+    return math.ceil(config.staleness_threshold)
 
 
 @attrs.frozen(kw_only=True)
@@ -252,8 +251,10 @@ class TrainRunner(RayRunner):
         from dynsched_ray._rl_task import warm_up
 
         self.settings = settings
-        self.model = Path(model) if model is not None else warm_up(
-            settings.model_cache, settings.task, settings.warm_up
+        self.model = (
+            Path(model)
+            if model is not None
+            else warm_up(settings.model_cache, settings.task, settings.warm_up)
         )
         self.tokenizer = TaskTokenizer(self.model)
         t = config.trigger_parameter_sync_step
@@ -372,9 +373,7 @@ class TrainRunner(RayRunner):
         batch = TrainBatch.from_samples(ordered, self._reward, version=version)
         rewards = [r.reward for r in batch.responses]
         lags = [version - int(s.param_version) for s in ordered]
-        token_lags = [
-            version - min(r.versions) for r in batch.responses if r.versions
-        ]
+        token_lags = [version - min(r.versions) for r in batch.responses if r.versions]
         self.lags.extend(lags)
         lengths = [len(r.response_ids) for r in batch.responses]
         self._last_batch = {
@@ -532,6 +531,14 @@ class TrainRunner(RayRunner):
                 logger.exception("on_step callback failed")
 
     # ------------------------------------------------------------------ run
+    def _clear_outputs(self) -> None:
+        """A fresh run starts without an earlier run's metrics and trainer checkpoints."""
+        self.settings.metrics_path.unlink(missing_ok=True)
+        for old in self.settings.checkpoint_dir.glob("trainer-v*.pt"):
+            old.unlink()
+        if self.options.metrics_path:
+            Path(self.options.metrics_path).unlink(missing_ok=True)
+
     async def train(self) -> TrainSummary:
         """Run (or resume) the training; return the summary.
 
@@ -539,13 +546,8 @@ class TrainRunner(RayRunner):
             AllReplicasLostError: every replica died.
             SampleWaitTimeoutError: the trainer waited longer than ``wait_timeout_s``.
         """
-        path = self.settings.metrics_path
-        if not self.options.resume and path.exists():
-            path.unlink()
         if not self.options.resume:
-            for old in self.settings.checkpoint_dir.glob("trainer-v*.pt"):
-                old.unlink()
-            Path(self.options.metrics_path or "").unlink(missing_ok=True)
+            self._clear_outputs()
         self._t0 = time.monotonic()
         result = await self.run()
         return TrainSummary(
@@ -566,4 +568,3 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if line:
                 out.append(json.loads(line))
     return out
-
