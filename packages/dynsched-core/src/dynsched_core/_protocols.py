@@ -54,6 +54,10 @@ class GenerateRequest:
             themselves).
         param_version: Weight version the request was admitted under.
         metadata: Free-form data carried along (group id, sample index, ...).
+        temperature: Sampling temperature for real engines (>= 0; 0 is greedy; ``None``:
+            the replica's default).
+        top_p: Nucleus sampling mass in (0, 1] (``None``: the replica's default).
+        seed: Per-request sampling seed (>= 0; ``None``: the replica's default).
     """
 
     request_id: str
@@ -65,6 +69,13 @@ class GenerateRequest:
     target_len: int | None = None
     param_version: int = 0
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    temperature: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(v.float_ge(0.0))
+    )
+    top_p: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(v.float_in(0.0, 1.0, lo_open=True))
+    )
+    seed: int | None = attrs.field(default=None, validator=v.int_ge(0, optional=True))
 
 
 def _float_tuple(value: Any) -> tuple[float, ...]:

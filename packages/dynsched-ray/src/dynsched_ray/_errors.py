@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dynsched_core import DynschedError
+from typing import Any
+
+from dynsched_core import ConfigError, DynschedError
 
 __all__ = [
     "ActorUnavailableError",
     "AllReplicasLostError",
+    "EngineStartError",
+    "ModelFilesError",
     "RemoteCallTimeoutError",
     "ReplicaActorDiedError",
     "TrainerOffloadedError",
@@ -72,3 +76,38 @@ class AllReplicasLostError(DynschedError, RuntimeError):
 
 class TrainerOffloadedError(DynschedError, RuntimeError):
     """A call that needs a trainer's state on its device came while it was offloaded."""
+
+
+class ModelFilesError(ConfigError):
+    """A model folder given to an engine is missing or malformed (checked before start).
+
+    Attributes:
+        key: ``"model"`` (the offending argument).
+        path: The folder (or file) that was given.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message, key="model")
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.path))
+
+
+class EngineStartError(DynschedError, RuntimeError):
+    """An inference engine did not come up (start-up timeout or an error while starting).
+
+    Whatever the engine had started is shut down before this is raised.
+
+    Attributes:
+        replica_id: The replica whose engine failed to start.
+        timed_out: True when the start-up timeout expired.
+    """
+
+    def __init__(self, message: str, replica_id: str = "", timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.replica_id = replica_id
+        self.timed_out = timed_out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.replica_id, self.timed_out))

@@ -237,6 +237,24 @@ class RayFleet:
         )
         return [d["placement"] for d in out]
 
+    async def stop_replicas(self, timeout_s: float = 60.0) -> None:
+        """Ask every live replica actor to shut its replica down (engines and their
+        processes), each bounded by ``timeout_s``; failures are logged, not raised."""
+
+        async def stop(rep: RayReplica) -> None:
+            if rep.is_dead:
+                return
+            try:
+                await await_ref(
+                    rep.handle.shutdown.remote(),
+                    timeout_s=timeout_s,
+                    what=f"replica[{rep.replica_id}].shutdown",
+                )
+            except Exception as exc:
+                logger.warning("replica %s did not shut down cleanly: %r", rep.replica_id, exc)
+
+        await asyncio.gather(*(stop(r) for r in self.replicas.values()))
+
     def kill_replica(self, replica_id: str) -> None:
         """Kill a replica's actor (fault injection for tests and drills)."""
         ray.kill(self.replicas[replica_id].handle, no_restart=True)

@@ -556,6 +556,7 @@ class RayRunner:
         await fleet.router.drain(timeout_s=5.0)
         if sink is not None:
             sink.close()
+        await fleet.stop_replicas(timeout_s=min(fleet.spec.call_timeout_s, 60.0))
         fleet.shutdown(keep_router=self.options.keep_router)
         if self.trainer_group is not None:
             self.trainer_group.shutdown()
