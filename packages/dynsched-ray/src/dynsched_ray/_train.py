@@ -115,7 +115,7 @@ class TrainSettings:
     task: AdditionTask = attrs.field(factory=AdditionTask)
     warm_up: WarmUpOptions = attrs.field(factory=WarmUpOptions)
     device: str = "cpu"
-    stream_tokens: int | None = None
+    stream_tokens: int | None = 16
     keep_checkpoints: int = 2
 
     @classmethod
