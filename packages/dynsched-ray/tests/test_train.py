@@ -93,6 +93,8 @@ async def test_train_two_standalone_two_hybrid(tmp_path: Path, warm_model: Path)
     assert "dynamic_resource/resource_utilization" in rows[1]
     # the warmed-up model already earns a reward at the first step
     assert rows[0]["reward"] > 0
+    # the engine's logprobs reached the trainer: step 1 is on-policy (version 0 weights)
+    assert rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
     # checkpoints: driver state with the consumed ids, trainer model + optimizer
     ckpt = json.loads((runner.settings.checkpoint_dir / "driver.json").read_text())
     assert ckpt["trainer_state"] == "trainer-v2.pt" and ckpt["param_version"] == 2
@@ -185,8 +187,9 @@ async def test_driver_restart_resumes_with_the_same_next_step(
             dst.mkdir(parents=True)
             shutil.copy(src / "driver.json", dst / "driver.json")
             shutil.copy(src / "trainer-v2.pt", dst / "trainer-v2.pt")
+            # the crashed driver had already written step 3's row: the resume redoes it
             with open(uninterrupted.settings.metrics_path) as fh:
-                lines = fh.readlines()[:2]
+                lines = fh.readlines()[:3]
             (saved / "out" / "metrics.jsonl").write_text("".join(lines))
 
     uninterrupted = TrainRunner(

@@ -340,7 +340,8 @@ class TrainRunner(RayRunner):
             args=(str(self.model),),
             kwargs={"options": TrainerOptions(lr=s.lr, device=s.device)},
             make_batch=self._make_batch,
-            allow_unreleased_sleep=True,
+            # on a CPU nothing is freed by sleep and the GPUs are bookkeeping
+            allow_unreleased_sleep=s.device == "cpu",
         )
 
     def fleet_spec(self) -> Any:
@@ -455,6 +456,7 @@ class TrainRunner(RayRunner):
             return
         self._rows_before = int(restored.get("metrics_rows", 0))
         self._wall_offset = float(restored.get("wall_s", 0.0))
+        self._truncate_metrics(self._rows_before)
         name = restored.get("trainer_state")
         version = int(restored["param_version"])
         if not name:
@@ -509,6 +511,9 @@ class TrainRunner(RayRunner):
                 loss=float(tm.loss),
                 grad_norm=float(tm.grad_norm),
                 train_compute_s=float(tm.compute_s),
+                clip_fraction=float(tm.clip_fraction),
+                ratio_mean=float(tm.ratio_mean),
+                approx_kl=float(tm.approx_kl),
             )
         agg = self._aggregator
         if event.is_sync_step and agg is not None and agg.records:
@@ -531,6 +536,18 @@ class TrainRunner(RayRunner):
                 logger.exception("on_step callback failed")
 
     # ------------------------------------------------------------------ run
+    def _truncate_metrics(self, rows: int) -> None:
+        """Drop rows a crashed run wrote after its last checkpoint (they are redone)."""
+        path = self.settings.metrics_path
+        if not path.is_file():
+            return
+        with open(path, encoding="utf-8") as fh:
+            lines = [x for x in fh if x.strip()]
+        if len(lines) > rows:
+            logger.info("resume: dropping %d metric row(s) after the checkpoint", len(lines) - rows)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.writelines(lines[:rows])
+
     def _clear_outputs(self) -> None:
         """A fresh run starts without an earlier run's metrics and trainer checkpoints."""
         self.settings.metrics_path.unlink(missing_ok=True)
