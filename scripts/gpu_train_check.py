@@ -110,12 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     from dynsched_ray._rl_task import warm_up
 
     model = warm_up(args.work)
-    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.monotonic()
     try:
         runs = [run(p, args, model) for p in args.policies]
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     report = {
         "device": args.device,
         "engine": args.engine,
