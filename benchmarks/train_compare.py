@@ -229,7 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = warm_up(args.model_cache)
-    ray.init(num_cpus=args.num_cpus, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=args.num_cpus,
+        num_gpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     t0 = time.monotonic()
     runs = []
     try:

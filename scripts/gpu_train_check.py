@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     model = warm_up(args.work)
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address="local", num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False
+        )
     t0 = time.monotonic()
     try:
         runs = [run(p, args, model) for p in args.policies]

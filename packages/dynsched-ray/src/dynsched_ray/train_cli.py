@@ -243,6 +243,7 @@ def _run(args: argparse.Namespace, config: Any, settings: Any) -> int:
                 ray.init(address=args.address, namespace=args.namespace, log_to_driver=False)
             else:
                 ray.init(
+                    address="local",
                     num_cpus=args.num_cpus or 4,
                     num_gpus=config.hybrid_gpus + config.standalone_gpus,
                     include_dashboard=False,
