@@ -229,13 +229,21 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = warm_up(args.model_cache)
-    ray.init(
-        address="local",
-        num_cpus=args.num_cpus,
-        num_gpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-    )
+    for attempt in range(3):  # a loaded machine can miss Ray's fixed 30 s start-up wait
+        try:
+            ray.init(
+                address="local",
+                num_cpus=args.num_cpus,
+                num_gpus=4,
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            time.sleep(10)
     t0 = time.monotonic()
     runs = []
     try:

@@ -250,7 +250,7 @@ def warm_up(
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     finally:
         torch.random.set_rng_state(state)
     out.mkdir(parents=True, exist_ok=True)
