@@ -32,6 +32,10 @@ def tiny_model_b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model-b"), TinyModelSpec(seed=1))
 
 
+async def _stop(*replicas: VLLMReplica) -> None:
+    await asyncio.gather(*(r.shutdown() for r in replicas))
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir: Path) -> Iterator[tuple[LoopThread, VLLMReplica, VLLMReplica]]:
     """Two started replicas of model A ("a" and "b") on one loop thread."""
@@ -45,7 +49,7 @@ def engines(tiny_model_dir: Path) -> Iterator[tuple[LoopThread, VLLMReplica, VLL
 
     lt.run(start())
     yield lt, a, b
-    lt.run(asyncio.gather(a.shutdown(), b.shutdown()))
+    lt.run(_stop(a, b))
     lt.close()
 
 
@@ -316,13 +320,57 @@ def test_startup_timeout_stops_what_was_started(tiny_model_dir: Path) -> None:
     assert leftovers() == []
 
 
+def test_torch_trainer_weights_drive_the_vllm_replica_like_transformers(
+    engines: Any, tiny_model_dir: Path, rl_batch: Any
+) -> None:
+    """Cross test: TorchTrainer steps -> export_weights -> VLLMReplica.update_weights."""
+    from dynsched_ray import TorchTrainer, TrainerOptions
+    from safetensors.torch import load
+
+    lt, a, _ = engines
+    lt.run(a.update_weights(10, str(tiny_model_dir)))  # model A (a folder path)
+    before = [list(r.output_tokens) for r in lt.run(greedy(a, "tr0", n=12))]
+    trainer = TorchTrainer(tiny_model_dir, TrainerOptions(lr=5e-2, device="cpu"))
+    for _ in range(3):
+        trainer.train_step(rl_batch)
+    version, blob = trainer.export_weights(as_bytes=True)
+    assert version == 3 and isinstance(blob, bytes)
+    lt.run(a.update_weights(version, blob))
+    after = lt.run(greedy(a, "tr1", n=12))
+    assert all(r.param_version == 3 for r in after)
+    got = [list(r.output_tokens) for r in after]
+    assert got == hf_greedy(tiny_model_dir, PROMPTS, 12, state=load(blob))
+    assert got != before  # the trained weights changed the output
+    lt.run(a.update_weights(11, str(tiny_model_dir)))
+    assert [list(r.output_tokens) for r in lt.run(greedy(a, "tr2", n=12))] == before
+
+
+def test_gpu_replica_check_script_cpu_path(
+    engines: Any, tiny_model_dir: Path, tiny_model_b_dir: Path, capsys: Any
+) -> None:
+    """The prepared GPU script's checks run here on CPU (no GPU is lent to CI)."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "gpu_replica_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_replica_check", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lt, _, b = engines
+    report = lt.run(module.check_replica(b, tiny_model_dir, tiny_model_b_dir, "cpu"))
+    assert report["checks"] and all(report["checks"].values()), report["checks"]
+    assert report["sleep"][1]["report"]["memory_released"] is False
+    assert module.main(["--device", "cuda"]) == 2  # no CUDA here: says so, runs nothing
+    assert "no CUDA device" in capsys.readouterr().out
+
+
 def test_shutdown_leaves_no_engine_process(engines: Any) -> None:
     import psutil
 
     lt, a, b = engines
     pids = a.engine_pids + b.engine_pids
     assert pids and all(psutil.pid_exists(p) for p in pids)
-    lt.run(asyncio.gather(a.shutdown(), b.shutdown()))
+    lt.run(_stop(a, b))
     _gone, alive = psutil.wait_procs(
         [psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=30
     )

