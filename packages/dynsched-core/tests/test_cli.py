@@ -89,7 +89,7 @@ def test_a_known_subcommand_that_is_not_installed_names_its_package(
     dists: list[_FakeDist], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without plug-ins, `dynsched simulate ...` says to install dynsched-sim (any arguments)."""
-    assert set(cli.KNOWN_SUBCOMMANDS) == {"simulate", "optimus", "run"}
+    assert set(cli.KNOWN_SUBCOMMANDS) == {"simulate", "optimus", "run", "train"}
     for name, dist in cli.KNOWN_SUBCOMMANDS.items():
         for argv in ([name], [name, "--help"], [name, "--policy", "default", "-x", "y"]):
             assert cli.main(argv) == 2, argv

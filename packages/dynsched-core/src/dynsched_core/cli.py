@@ -41,6 +41,7 @@ KNOWN_SUBCOMMANDS: Mapping[str, str] = {
     "optimus": "dynsched-optimus",
     "run": "dynsched-ray",
     "simulate": "dynsched-sim",
+    "train": "dynsched-ray",
 }
 
 logger = logging.getLogger(__name__)

