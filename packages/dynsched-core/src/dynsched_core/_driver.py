@@ -270,6 +270,11 @@ class ScheduleDriver:
         return self.replicas.num_standalone
 
     @property
+    def current_weights(self) -> tuple[int, Any]:
+        """``(version, weights)`` of the last sync: what a woken or restarted replica loads."""
+        return self.param_version, self._weights
+
+    @property
     def only_hybrid(self) -> bool:
         """Colocated mode: scheduling on and no live standalone replica (`is_colocated`)."""
         return is_colocated(self.enabled, self.replicas.num_standalone)

@@ -31,6 +31,7 @@ from dynsched_ray._runner import (
     run_ray,
     synthetic_prompts,
 )
+from dynsched_ray._supervisor import ReplicaRestart, ReplicaSupervisor, RestartOptions
 from dynsched_ray._tiny_model import TinyModelSpec, build_tiny_model
 from dynsched_ray._trainer import RayTrainerBackend
 from dynsched_ray._trainer_group import (
@@ -89,7 +90,10 @@ __all__ = [
     "ReplicaActor",
     "ReplicaActorDiedError",
     "ReplicaFactory",
+    "ReplicaRestart",
+    "ReplicaSupervisor",
     "ResourcePools",
+    "RestartOptions",
     "RouterActor",
     "TinyModelSpec",
     "TorchTrainer",

@@ -390,6 +390,17 @@ class QueueActor:
         """Counters."""
         return await self._queue().stats()
 
+    async def state_dict(self) -> dict[str, Any]:
+        """Contents and counters (see `AsyncSampleQueue.state_dict`)."""
+        return self._queue().state_dict()
+
+    async def load_state_dict(self, state: Mapping[str, Any]) -> int:
+        """Replace contents and counters (a replacement actor continuing a dead one's
+        queue); return the size after it."""
+        q = self._queue()
+        q.load_state_dict(state)
+        return q.qsize()
+
 
 class TrainerWorkerActor:
     """A stand-in trainer worker (one per trainer GPU bundle) for CPU runs.
