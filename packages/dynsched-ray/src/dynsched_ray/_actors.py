@@ -193,6 +193,8 @@ class ReplicaActor:
         self._replica: Any = None
         # request id -> abort requested, for requests inside generate_stream
         self._streams: dict[str, bool] = {}
+        # fault injection (`set_straggler`): generation slowed by this factor until then
+        self._slow: tuple[float, float] = (1.0, 0.0)
 
     def _r(self) -> Any:
         if self._replica is None:
@@ -214,7 +216,22 @@ class ReplicaActor:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Run one generation attempt on the hosted replica."""
-        return await self._r().generate(request)
+        return await self._slowed(self._r().generate(request))
+
+    async def set_straggler(self, factor: float, duration_s: float) -> None:
+        """Fault injection: generation takes ``factor`` times as long for ``duration_s``."""
+        if not factor >= 1.0 or not duration_s >= 0.0:
+            raise ValueError(f"need factor >= 1 and duration_s >= 0, got {factor}, {duration_s}")
+        self._slow = (float(factor), asyncio.get_running_loop().time() + duration_s)
+
+    async def _slowed(self, work: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        out = await work
+        factor, until = self._slow
+        if factor > 1.0 and start < until:
+            await asyncio.sleep((factor - 1.0) * (loop.time() - start))
+        return out
 
     async def generate_stream(
         self, request: GenerateRequest
@@ -245,7 +262,7 @@ class ReplicaActor:
                         partial_len=request.partial_len + produced,
                     )
                     try:
-                        res = await r.generate(seg)
+                        res = await self._slowed(r.generate(seg))
                     except Exception:
                         if produced == 0:
                             raise

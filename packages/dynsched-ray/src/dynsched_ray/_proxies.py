@@ -90,6 +90,8 @@ class RayRouter:
         self.max_restarts = 10
         #: Router actors replaced so far.
         self.restarts = 0
+        #: Seconds each replacement took (death noticed -> routable set re-applied).
+        self.recovery_s: list[float] = []
         self._generation = 0
         self._recover_lock = asyncio.Lock()
 
@@ -118,6 +120,7 @@ class RayRouter:
         async with self._recover_lock:
             if generation != self._generation:
                 return  # another call already replaced it
+            started = asyncio.get_running_loop().time()
             assert self.respawn is not None
             logger.warning("router actor %s died; starting a fresh one", self.name)
             handle = await self.respawn()
@@ -128,6 +131,7 @@ class RayRouter:
             self.handle = handle
             self._generation += 1
             self.restarts += 1
+            self.recovery_s.append(asyncio.get_running_loop().time() - started)
             self._update(epoch, ids)
 
     def _update(self, epoch: int, ids: Sequence[str]) -> None:
@@ -578,6 +582,10 @@ class RayQueue:
         self.max_restarts = 10
         #: Queue actors replaced so far.
         self.restarts = 0
+        #: Seconds each replacement took (death noticed -> journal reloaded).
+        self.recovery_s: list[float] = []
+        #: Called with each sample after its ``put`` was acknowledged (for checks).
+        self.on_put: Callable[[Any], None] | None = None
         #: Samples restored into replacement actors (summed over restarts).
         self.restored_samples = 0
         self._generation = 0
@@ -634,6 +642,7 @@ class RayQueue:
         async with self._recover_lock:
             if generation != self._generation:
                 return
+            started = asyncio.get_running_loop().time()
             assert self.respawn is not None
             state = self.state_dict()
             logger.warning(
@@ -650,10 +659,13 @@ class RayQueue:
             self.handle = handle
             self._generation += 1
             self.restarts += 1
+            self.recovery_s.append(asyncio.get_running_loop().time() - started)
             self.restored_samples += len(state["items"])
 
     def _journal_put(self, sample: Any) -> None:
         self._produced += 1
+        if self.on_put is not None:
+            self.on_put(sample)
         sid = _sample_key(sample)
         if sid in self._taken_early:  # its get was acknowledged first
             self._taken_early.discard(sid)

@@ -115,6 +115,8 @@ class RayRunOptions:
         restart_router: Replace a dead router actor, re-applying the routable set.
         failover: Wake sleeping hybrid replicas when no replica is routable while the
             trainer waits (`DriverOptions.failover`).
+        placement_strategy: Ray strategy of the trainer and standalone placement groups
+            (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD).
     """
 
     name: str = "dynsched"
@@ -151,6 +153,7 @@ class RayRunOptions:
     restart_queue: bool = True
     restart_router: bool = True
     failover: bool = True
+    placement_strategy: str = "PACK"
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.min_response_len <= self.max_response_len <= self.max_tokens:
@@ -279,6 +282,8 @@ class RayRunner:
         self._on_transition = on_transition
         self.keep_samples = keep_samples
         self.consumed_samples: list[Any] = []
+        #: Weight version trained on for each of `consumed_samples` (``keep_samples``).
+        self.consumed_versions: list[int] = []
         self.options = options if options is not None else RayRunOptions()
         self.policy = policy if policy is not None else config.build_policy()
         self._prompts = prompts
@@ -344,6 +349,7 @@ class RayRunner:
             generate_timeout_s=opt.generate_timeout_s,
             trainer_step_time_s=opt.trainer_step_time_s,
             stream_tokens=opt.stream_tokens,
+            placement_strategy=opt.placement_strategy,
             restart_queue=opt.restart_queue,
             restart_router=opt.restart_router,
         )
@@ -427,6 +433,8 @@ class RayRunner:
         self._consumed.extend(str(getattr(s, "sample_id", "")) for s in samples)
         if self.keep_samples:
             self.consumed_samples.extend(samples)
+            version = self.loop.driver.param_version if self.loop is not None else 0
+            self.consumed_versions.extend([version] * len(samples))
 
     # ------------------------------------------------------------------ run
     async def run(self) -> RayRunResult:
@@ -661,6 +669,11 @@ class RayRunner:
         fatal = asyncio.ensure_future(self._fatal.wait())
         try:
             await asyncio.wait({run, fatal}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # the driver is going away: stop the loop too (bounded), not just this wait
+            run.cancel()
+            await asyncio.wait({run}, timeout=self.options.call_timeout_s)
+            raise
         finally:
             fatal.cancel()
         if run.done():
