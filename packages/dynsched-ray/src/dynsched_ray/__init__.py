@@ -12,6 +12,14 @@ from dynsched_ray._actors import (
     placement_info,
     remote_class,
 )
+from dynsched_ray._chaos import (
+    FAULT_KINDS,
+    ChaosFault,
+    ChaosMonkey,
+    ChaosReport,
+    ChaosSchedule,
+    run_chaos_soak,
+)
 from dynsched_ray._errors import (
     ActorUnavailableError,
     AllReplicasLostError,
@@ -22,7 +30,7 @@ from dynsched_ray._errors import (
 from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory, default_replica_factory
 from dynsched_ray._placement import ResourcePools
 from dynsched_ray._proxies import RayQueue, RayReplica, RayRouter
-from dynsched_ray._remote import await_ref
+from dynsched_ray._remote import await_ref, inject_call_delay
 from dynsched_ray._runner import (
     RayRunner,
     RayRunOptions,
@@ -68,8 +76,13 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "FAULT_KINDS",
     "ActorUnavailableError",
     "AllReplicasLostError",
+    "ChaosFault",
+    "ChaosMonkey",
+    "ChaosReport",
+    "ChaosSchedule",
     "FleetSpec",
     "LlamaShape",
     "MegatronTrainer",
@@ -102,9 +115,11 @@ __all__ = [
     "TrainerOptions",
     "TrainerWorkerActor",
     "await_ref",
+    "inject_call_delay",
     "build_tiny_model",
     "default_replica_factory",
     "hf_llama_to_megatron",
+    "run_chaos_soak",
     "load_checkpoint",
     "megatron_to_hf_llama",
     "placement_info",
