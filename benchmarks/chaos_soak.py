@@ -42,15 +42,24 @@ def main() -> int:
     parser.add_argument("--faults-per-10-steps", type=float, default=1.5)
     parser.add_argument("--out", default=None, help="write the JSON report here")
     args = parser.parse_args()
-    ray.init(
-        num_cpus=4,
-        num_gpus=8,
-        include_dashboard=False,
-        object_store_memory=200 * 1024 * 1024,
-        namespace="dynsched-chaos-soak",
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    for attempt in range(3):  # a loaded machine can time out the node's start-up
+        try:
+            ray.init(
+                num_cpus=4,
+                num_gpus=8,
+                include_dashboard=False,
+                object_store_memory=200 * 1024 * 1024,
+                namespace="dynsched-chaos-soak",
+                log_to_driver=False,
+                configure_logging=False,
+            )
+            break
+        except Exception as exc:
+            print(f"ray.init failed ({exc}); retrying", file=sys.stderr, flush=True)
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            time.sleep(5)
     runs: list[dict[str, Any]] = []
     try:
         for seed in args.seeds:

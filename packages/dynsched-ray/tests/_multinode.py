@@ -56,10 +56,15 @@ class NeverActivate(DynamicSchedulePolicyBase):
 
 
 async def main(out_path: str) -> None:
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "num_gpus": 0, "object_store_memory": 80 * 1024 * 1024},
-    )
+    head = {"num_cpus": 2, "num_gpus": 0, "object_store_memory": 80 * 1024 * 1024}
+    for attempt in range(3):  # a loaded machine can time out a node's start-up
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args=head)
+            break
+        except Exception as exc:
+            print(f"cluster start failed ({exc}); retrying", flush=True)
+            if attempt == 2:
+                raise
     node_a = cluster.add_node(**NODE)
     node_b: Any = None
     ray.init(address=cluster.address, namespace="multinode", log_to_driver=False)
@@ -81,8 +86,10 @@ async def main(out_path: str) -> None:
             report["removed_node"] = host
             await asyncio.to_thread(cluster.remove_node, victim)
             removed.set()
-            # room for the standalone bundles again: Ray re-places them on node C
-            await asyncio.to_thread(cluster.add_node, **NODE)
+            await asyncio.sleep(1.0)  # the run goes on without the node for a while
+            # room for the standalone bundles again: Ray re-places them on node C (a node
+            # is started from the main thread: Ray installs signal handlers)
+            cluster.add_node(**NODE)
 
         tasks: list[asyncio.Task[None]] = []
 
