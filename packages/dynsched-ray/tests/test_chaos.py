@@ -45,7 +45,7 @@ async def test_short_seeded_chaos_run_injects_every_kind_and_loses_nothing(
     assert set(data["faults_by_kind"]) == set(FAULT_KINDS)
     assert data["steps_completed"] == 30
     assert data["samples_lost"] == 0 and data["samples_duplicated"] == 0
-    assert data["samples_consumed"] == 30 * 4
+    assert data["samples_consumed"] == 30 * 2  # required_samples = 2 per step
     assert data["max_wait_s"] <= data["wait_timeout_s"]
     assert data["max_staleness"] <= data["staleness_bound"]
     rec = data["recoveries"]

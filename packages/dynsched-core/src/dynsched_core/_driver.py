@@ -274,6 +274,13 @@ class ScheduleDriver:
         """``(version, weights)`` of the last sync: what a woken or restarted replica loads."""
         return self.param_version, self._weights
 
+    def set_current_weights(self, version: int, weights: Any = None) -> None:
+        """Record the weights the rollout side serves now, outside `after_weight_sync`
+        (e.g. a host that re-synced its standalone replicas after restoring a checkpoint),
+        so a failover or a restarted replica loads them."""
+        self.param_version = version
+        self._weights = weights
+
     @property
     def only_hybrid(self) -> bool:
         """Colocated mode: scheduling on and no live standalone replica (`is_colocated`)."""

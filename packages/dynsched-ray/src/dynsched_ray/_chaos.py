@@ -345,6 +345,7 @@ class ChaosReport:
     staleness_bound: int
     max_staleness: int
     staleness_violations: int
+    stale_samples: tuple[Mapping[str, Any], ...]
     wait_timeout_s: float
     max_wait_s: float
     waits_over_timeout: int
@@ -477,6 +478,7 @@ async def run_chaos_soak(
     router_recovery: list[float] = []
     queue_recovery: list[float] = []
     driver_cancels: list[float] = []
+    stale: list[dict[str, Any]] = []
     steps_redone = 0
     segments = 0
     steps_done = 0
@@ -575,7 +577,19 @@ async def run_chaos_soak(
             queue_recovery += runner.fleet.queue.recovery_s
         # staleness of every sample trained in this segment
         for sample, version in zip(runner.consumed_samples, runner.consumed_versions, strict=True):
-            staleness.append(version - int(sample.min_param_version))
+            lag = version - int(sample.min_param_version)
+            staleness.append(lag)
+            if lag > bound and len(stale) < 20:
+                stale.append(
+                    {
+                        "sample_id": str(sample.sample_id),
+                        "trained_version": version,
+                        "admitted_version": int(sample.param_version),
+                        "oldest_version": int(sample.min_param_version),
+                        "replicas": sorted({x for r in sample.responses for x in r.replica_ids}),
+                        "segment": segments,
+                    }
+                )
     await monkey.cancel()
     wall = loop.time() - start
 
@@ -664,6 +678,7 @@ async def run_chaos_soak(
         staleness_bound=bound,
         max_staleness=max(staleness, default=0),
         staleness_violations=len(over),
+        stale_samples=tuple(stale),
         wait_timeout_s=wait_timeout_s,
         max_wait_s=round(max(waits, default=0.0), 3),
         waits_over_timeout=len(long_waits),

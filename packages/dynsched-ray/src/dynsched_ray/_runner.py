@@ -575,11 +575,18 @@ class RayRunner:
         )
 
     async def _restore(self, loop: FullyAsyncLoop, restored: dict[str, Any] | None) -> None:
-        """Load the driver's checkpoint; the run continues at its parameter version."""
+        """Load the driver's checkpoint; the run continues at its parameter version, with
+        the standalone replicas synced to it before they serve."""
         if restored is None:
             return
         loop.driver.load_state_dict(restored["driver"])
-        await loop.rollouter.reset_staleness(loop.driver.param_version)
+        version = loop.driver.param_version
+        # the fresh standalone replicas start with no weights: load the checkpoint's
+        # version before they serve, or the first samples would be generated with
+        # version-0 weights and trained many versions later
+        weights = await loop.trainer.sync_weights(version)
+        loop.driver.set_current_weights(version, weights)
+        await loop.rollouter.reset_staleness(version)
         self._say(
             f"resumed from {self.options.checkpoint_path}: version {loop.driver.param_version},"
             f" {self._step_offset} step(s) and {len(self._consumed)} sample(s) done"
