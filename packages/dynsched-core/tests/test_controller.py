@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 import doctest
+from typing import Any
 
 import dynsched_core._controller as controller_module
 import pytest

@@ -35,8 +35,14 @@ async def test_load_wakes_waiters_and_validates() -> None:
     waiter = asyncio.ensure_future(q.wait_for(2, timeout=5.0))
     await asyncio.sleep(0)
     q.load_state_dict(
-        {"format": 1, "items": ["a", "b"], "produced": 2, "consumed": 0, "dropped": 0,
-         "closed": False}
+        {
+            "format": 1,
+            "items": ["a", "b"],
+            "produced": 2,
+            "consumed": 0,
+            "dropped": 0,
+            "closed": False,
+        }
     )
     assert await waiter == 2
     with pytest.raises(ValueError, match="format"):
@@ -45,6 +51,12 @@ async def test_load_wakes_waiters_and_validates() -> None:
         q.load_state_dict({"format": 1, "items": []})
     with pytest.raises(ValueError, match="capacity 4"):
         q.load_state_dict(
-            {"format": 1, "items": list(range(5)), "produced": 5, "consumed": 0, "dropped": 0,
-             "closed": False}
+            {
+                "format": 1,
+                "items": list(range(5)),
+                "produced": 5,
+                "consumed": 0,
+                "dropped": 0,
+                "closed": False,
+            }
         )

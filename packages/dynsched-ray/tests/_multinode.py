@@ -15,14 +15,15 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-import ray  # noqa: E402
-from dynsched_core import DynamicScheduleConfig, DynamicSchedulePolicyBase  # noqa: E402
-from dynsched_ray import RayRunner, RayRunOptions, synthetic_prompts  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
+import ray
+from dynsched_core import DynamicScheduleConfig, DynamicSchedulePolicyBase
+from dynsched_ray import RayRunner, RayRunOptions, synthetic_prompts
+from ray.cluster_utils import Cluster
 
 CONFIG = DynamicScheduleConfig.from_dict(
     {
@@ -156,8 +157,7 @@ async def main(out_path: str) -> None:
             failed=res.loop.samples_failed,
             failovers=res.failovers,
             restarts=[
-                {"replica_id": r.replica_id, "ok": r.ok, "version": r.version}
-                for r in res.restarts
+                {"replica_id": r.replica_id, "ok": r.ok, "version": r.version} for r in res.restarts
             ],
             dead=list(res.dead_replicas),
             queue_restarts=res.queue_restarts,
@@ -175,8 +175,7 @@ async def main(out_path: str) -> None:
             ),
         )
     finally:
-        with open(out_path, "w", encoding="utf-8") as fh:
-            json.dump(report, fh)
+        Path(out_path).write_text(json.dumps(report), encoding="utf-8")  # noqa: ASYNC240
         ray.shutdown()
         cluster.shutdown()
 

@@ -50,11 +50,17 @@ async def test_all_standalone_killed_while_hybrids_sleep_fails_over_to_them() ->
             runner.fleet.kill_replica(rid)
 
     opt = _options(
-        "failover", num_steps=STEPS, tokens_per_s=800.0, wait_timeout_s=30.0,
+        "failover",
+        num_steps=STEPS,
+        tokens_per_s=800.0,
+        wait_timeout_s=30.0,
         no_replica_timeout_s=30.0,
     )
     runner = RayRunner(
-        CONFIG, opt, policy=NeverActivatePolicy(), keep_samples=True,
+        CONFIG,
+        opt,
+        policy=NeverActivatePolicy(),
+        keep_samples=True,
         progress=_after_step(2, kill_standalone),
     )
     res = await asyncio.wait_for(runner.run(), 180)
@@ -101,7 +107,11 @@ async def test_dead_standalone_replica_is_restarted_warm_and_routed_again() -> N
 
     opt = _options("restart-replica", num_steps=STEPS, replica_restarts=2)
     runner = RayRunner(
-        CONFIG, opt, policy=ScriptedPolicy(), keep_samples=True, progress=progress,
+        CONFIG,
+        opt,
+        policy=ScriptedPolicy(),
+        keep_samples=True,
+        progress=progress,
         prompts=prompts(),
     )
     res = await asyncio.wait_for(runner.run(), 180)

@@ -478,9 +478,7 @@ class ScheduleDriver:
             task = self._failover_task
             if task is not None and not task.done():
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        asyncio.shield(task), self.controller.call_timeout_s * 4
-                    )
+                    await asyncio.wait_for(asyncio.shield(task), self.controller.call_timeout_s * 4)
             if release_after and self.failovers > before and self.controller.is_hybrid_active:
                 switched, took, _ = await self._switch(self.controller.deactivate)
                 if switched:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import math
 import os
@@ -496,8 +497,12 @@ async def run_chaos_soak(
             if step % 10 == 0:
                 gc.collect()
                 memory.append(
-                    {"step": step, "t": loop.time() - start, "rss_mb": _rss_mb(),
-                     "ray_refs": _ray_refs()}
+                    {
+                        "step": step,
+                        "t": loop.time() - start,
+                        "rss_mb": _rss_mb(),
+                        "ray_refs": _ray_refs(),
+                    }
                 )
 
     base = {
@@ -527,7 +532,9 @@ async def run_chaos_soak(
         )
         holder: list[RayRunner] = []
 
-        def seg_line(line: str, holder: list[RayRunner] = holder, produced: Counter[str] = produced) -> None:
+        def seg_line(
+            line: str, holder: list[RayRunner] = holder, produced: Counter[str] = produced
+        ) -> None:
             fleet = holder[0].fleet if holder else None
             if fleet is not None and fleet.queue.on_put is None:
                 fleet.queue.on_put = lambda s, c=produced: c.update([str(s.sample_id)])
@@ -552,9 +559,9 @@ async def run_chaos_soak(
             trained = len(runner.consumed_samples) // config.required_samples
             task.cancel()
             await asyncio.wait({task}, timeout=60.0)
-            saved = load_checkpoint(ckpt) if os.path.exists(ckpt) else None
+            saved = _read_checkpoint(ckpt)
             kept = int(saved["steps_done"]) if saved is not None else 0
-            first = runner._step_offset  # noqa: SLF001 - steps done before this driver
+            first = runner._step_offset
             steps_redone += max(0, first + trained - kept)
             steps_done = kept
             driver_cancels.append(cancelled_at)
@@ -599,7 +606,7 @@ async def run_chaos_soak(
         later = [t for _, t in step_times if t > t0]
         fixed.append((later[0] - t0) if later else float("nan"))
 
-    saved = load_checkpoint(ckpt) if os.path.exists(ckpt) else {"consumed_sample_ids": []}
+    saved = _read_checkpoint(ckpt) or {"consumed_sample_ids": []}
     consumed_all = [str(x) for x in saved["consumed_sample_ids"]]
     dup = len(consumed_all) - len(set(consumed_all))
     if steps_done < num_steps:
@@ -688,6 +695,14 @@ async def run_chaos_soak(
     return report
 
 
+def _read_checkpoint(path: str) -> dict[str, Any] | None:
+    """The driver checkpoint, or None before the first one was written."""
+    try:
+        return load_checkpoint(path)
+    except FileNotFoundError:
+        return None
+
+
 def _spread(values: Sequence[float | None]) -> dict[str, float]:
     xs = [float(x) for x in values if x is not None and not math.isnan(float(x))]
     if not xs:
@@ -700,10 +715,12 @@ def _spread(values: Sequence[float | None]) -> dict[str, float]:
     }
 
 
-def _time_lost(injected: Sequence[_Injected], step_times: Sequence[tuple[int, float]]) -> dict[str, float]:
+def _time_lost(
+    injected: Sequence[_Injected], step_times: Sequence[tuple[int, float]]
+) -> dict[str, float]:
     """Excess wall time of the 3 steps after each fault over the run's median step time."""
     times = sorted(t for _, t in step_times)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
     if not gaps:
         return {}
     median = statistics.median(gaps)

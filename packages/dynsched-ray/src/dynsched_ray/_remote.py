@@ -29,9 +29,7 @@ def inject_call_delay(delay_s: float, duration_s: float) -> None:
         ValueError: a negative delay or duration.
     """
     if not delay_s >= 0 or not duration_s >= 0:
-        raise ValueError(
-            f"delay_s and duration_s must be >= 0, got {delay_s!r} and {duration_s!r}"
-        )
+        raise ValueError(f"delay_s and duration_s must be >= 0, got {delay_s!r} and {duration_s!r}")
     until = asyncio.get_running_loop().time() + duration_s
     _CALL_DELAY[:] = [(float(delay_s), until)]
 

@@ -190,7 +190,7 @@ class ReplicaSupervisor:
         error = ""
         version: int | None = None
         attempt = 0
-        for attempt in range(1, self.options.attempts + 1):  # noqa: B007
+        for attempt in range(1, self.options.attempts + 1):
             await asyncio.sleep(self.options.restart_delay_s)
             try:
                 version = await asyncio.wait_for(
