@@ -428,7 +428,7 @@ async def run_chaos_soak(
     kinds: Sequence[str] = FAULT_KINDS,
     faults_per_10_steps: float = 1.5,
     checkpoint_dir: str,
-    wait_timeout_s: float = 60.0,
+    wait_timeout_s: float = 120.0,
     staleness_bound: int | None = None,
     options: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
@@ -570,6 +570,8 @@ async def run_chaos_soak(
                 res = task.result()
             except Exception as exc:
                 failures.append(f"segment {segments} failed: {type(exc).__name__}: {exc}")
+                saved = _read_checkpoint(ckpt)
+                steps_done = int(saved["steps_done"]) if saved is not None else 0
                 break
             steps_done = res.first_step - 1 + res.loop.steps
             resumed_requests += len(res.interrupted)

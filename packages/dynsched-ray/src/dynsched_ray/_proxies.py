@@ -94,6 +94,7 @@ class RayRouter:
         self.recovery_s: list[float] = []
         self._generation = 0
         self._recover_lock = asyncio.Lock()
+        self._recovery: asyncio.Future[None] | None = None
 
     async def _call(self, method: str, *args: Any) -> Any:
         while True:
@@ -110,6 +111,20 @@ class RayRouter:
                 await self._recover(generation)
 
     async def _recover(self, generation: int) -> None:
+        """Run the replacement of a dead actor in its own task and wait for it.
+
+        The replacement survives the cancellation of the call that noticed the death
+        (e.g. a caller's own timeout): cancelling it halfway would drop the fresh actor's
+        only handle, and Ray would collect the actor it just started.
+        """
+        task = self._recovery
+        if task is None or task.done():
+            if generation != self._generation:
+                return
+            task = self._recovery = asyncio.ensure_future(self._replace(generation))
+        await asyncio.shield(task)
+
+    async def _replace(self, generation: int) -> None:
         """Replace a dead router actor (once per death) and re-apply the routable set.
 
         The router's state is re-derivable: its routable set is this proxy's (which
@@ -590,6 +605,7 @@ class RayQueue:
         self.restored_samples = 0
         self._generation = 0
         self._recover_lock = asyncio.Lock()
+        self._recovery: asyncio.Future[None] | None = None
         # Journal of acknowledged operations: what the actor holds, in order.
         self._journal: dict[str, Any] = {}
         self._taken_early: set[str] = set()
@@ -630,6 +646,20 @@ class RayQueue:
         }
 
     async def _recover(self, generation: int) -> None:
+        """Run the replacement of a dead actor in its own task and wait for it.
+
+        The replacement survives the cancellation of the call that noticed the death
+        (e.g. a caller's own timeout): cancelling it halfway would drop the fresh actor's
+        only handle, and Ray would collect the actor it just started.
+        """
+        task = self._recovery
+        if task is None or task.done():
+            if generation != self._generation:
+                return
+            task = self._recovery = asyncio.ensure_future(self._replace(generation))
+        await asyncio.shield(task)
+
+    async def _replace(self, generation: int) -> None:
         """Replace a dead queue actor (once per death) and reload the journal into it.
 
         The queue's contents are *checkpointed*, write-through: the rollouter and the
