@@ -574,16 +574,22 @@ async def run_chaos_soak(
                 steps_done = int(saved["steps_done"]) if saved is not None else 0
                 break
             steps_done = res.first_step - 1 + res.loop.steps
-            resumed_requests += len(res.interrupted)
-            restarts.extend(res.restarts)
-            failovers += res.failovers
             if res.loop.samples_failed:
                 failures.append(f"segment {segments}: {res.loop.samples_failed} sample(s) failed")
             if res.loop.samples_produced != res.loop.samples_consumed + res.loop.samples_left:
                 failures.append(f"segment {segments}: queue counters do not add up")
+        # recoveries of every driver lifetime, the cancelled ones included
+        if runner.supervisor is not None:
+            restarts.extend(runner.supervisor.history)
+        if runner.loop is not None:
+            # per driver lifetime (the counter itself is checkpointed)
+            failovers += sum(1 for e in runner.loop.driver.failover_events if e.ok)
         if runner.fleet is not None:
             router_recovery += runner.fleet.router.recovery_s
             queue_recovery += runner.fleet.queue.recovery_s
+            resumed_requests += sum(
+                len(r.interrupted) for r in [*runner.fleet.retired, *runner.fleet.replicas.values()]
+            )
         # staleness of every sample trained in this segment
         for sample, version in zip(runner.consumed_samples, runner.consumed_versions, strict=True):
             lag = version - int(sample.min_param_version)
