@@ -78,7 +78,7 @@ def test_node_of_a_multi_node_cluster_removed_mid_run(tmp_path: Any) -> None:
     assert before["standalone-0"] == before["standalone-1"] == r["removed_node"]
     assert before["hybrid-0"] != r["removed_node"]
     assert r["steps"] == 10 and r["failed"] == 0
-    assert len(r["consumed"]) == len(set(r["consumed"])) == 10 * 4
+    assert len(r["consumed"]) == len(set(r["consumed"])) == 10 * 2  # 2 samples per step
     assert r["produced"] == r["consumed_count"] + r["left"]
     assert r["failovers"] >= 1  # both standalone replicas died while the hybrids slept
     restarted = {x["replica_id"] for x in r["restarts"] if x["ok"]}
