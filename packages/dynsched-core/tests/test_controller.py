@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import doctest
+from typing import Any
 
 import dynsched_core._controller as controller_module
 import pytest
@@ -236,6 +237,18 @@ async def test_failed_rebalance_inside_activation_is_safe() -> None:
     assert all(o.num_tokens == 200 for o in outcomes)
 
 
+async def _eventually(read: Any, expected: Any, timeout_s: float = 5.0) -> Any:
+    """Poll ``await read()`` until it equals ``expected`` (bounded); return the last value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    value = await read()
+    while value != expected and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+        value = await read()
+    assert value == expected
+    return True
+
+
 async def test_rebalance_moves_only_the_excess() -> None:
     ctrl, router, _, rec = await make()
     client = RetryingClient(ctrl.replicas)
@@ -243,8 +256,9 @@ async def test_rebalance_moves_only_the_excess() -> None:
         asyncio.create_task(client.generate(GenerateRequest(request_id=f"r{i}", max_tokens=400)))
         for i in range(8)
     ]
-    await asyncio.sleep(0.005)
-    assert await router.in_flight_counts() == {"s0": 4, "s1": 4}
+    # poll, do not sleep a fixed time: on a loaded machine the requests' (and later the
+    # retries') leases can take longer than any fixed sleep to be taken
+    assert await _eventually(router.in_flight_counts, {"s0": 4, "s1": 4})
     await ctrl.activate(1, rebalance=True)
     report = ctrl.last_rebalance
     assert report is not None
@@ -252,8 +266,7 @@ async def test_rebalance_moves_only_the_excess() -> None:
     assert report.moved == 4 and dict(report.aborted) == {"s0": 2, "s1": 2}
     aborts = rec.filter(method="abort")
     assert all(len(c.args[0]) == 2 for c in aborts if c.who in STANDALONE)
-    await asyncio.sleep(0.005)
-    assert await router.in_flight_counts() == {"h0": 2, "h1": 2, "s0": 2, "s1": 2}
+    assert await _eventually(router.in_flight_counts, {"h0": 2, "h1": 2, "s0": 2, "s1": 2})
     outcomes = await asyncio.gather(*tasks)
     assert sum(o.aborts for o in outcomes) == 4  # the other four were never touched
     assert all(list(o.output_tokens) == list(range(400)) for o in outcomes)

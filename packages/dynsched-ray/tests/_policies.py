@@ -93,3 +93,22 @@ class PartialMidCyclePolicy(DynamicSchedulePolicyBase):
 
     def hybrid_replicas_to_activate(self, global_steps: int, ctx: DynamicScheduleContext) -> int:
         return 1
+
+
+class NeverActivatePolicy(DynamicSchedulePolicyBase):
+    """Hybrid replicas sleep unless a guard rail or a failover wakes them."""
+
+    name = "never-activate-test"
+
+    def should_deactivate(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        return 0
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return False

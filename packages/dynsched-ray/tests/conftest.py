@@ -19,15 +19,22 @@ def ray_cluster() -> Iterator[None]:
 
     started = False
     if not ray.is_initialized():
-        ray.init(
-            num_cpus=4,
-            num_gpus=8,
-            include_dashboard=False,
-            object_store_memory=200 * 1024 * 1024,
-            namespace="dynsched-tests",
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        for attempt in range(3):  # a loaded machine can time out the node's start-up
+            try:
+                ray.init(
+                    num_cpus=4,
+                    num_gpus=8,
+                    include_dashboard=False,
+                    object_store_memory=200 * 1024 * 1024,
+                    namespace="dynsched-tests",
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+                break
+            except Exception:
+                ray.shutdown()
+                if attempt == 2:
+                    raise
         started = True
     yield
     if started:

@@ -24,13 +24,26 @@ of run), and reports each correction: in the step's result (``overrides``), as a
 `GuardRailEvent` on its bus and in the log. Colocated mode (no live standalone replica)
 is derived once, from the `ReplicaSet` of the controller, and handed to the policy as
 ``ctx.only_hybrid``.
+
+Failover: while the trainer waits for samples (the wait before a deactivation, and the
+host's collection wrapped in `ScheduleDriver.trainer_waiting`), the driver watches the
+`ReplicaSet`. When fewer than ``DriverOptions.min_routable_replicas`` replicas are
+routable (e.g. every standalone replica died), the hybrid replicas sleep and the queue
+does not already hold what the wait needs, it wakes them with the current weights
+(the version and weights of the last sync) without waiting for the next weight sync,
+and reports a `FailoverEvent`. Hybrid replicas woken during a collection are put back
+to sleep when it ends (the trainer needs their GPUs); with no live standalone replica
+the guard rails' colocated schedule then runs the cycles until standalone replicas
+come back.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import operator
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -41,17 +54,23 @@ from dynsched_core._config import DynamicScheduleConfig
 from dynsched_core._context import DynamicScheduleContext
 from dynsched_core._controller import DynamicResourceController, RebalanceReport
 from dynsched_core._errors import SampleWaitTimeoutError, SwitchError
-from dynsched_core._events import EventBus, GuardRailEvent
+from dynsched_core._events import EventBus, FailoverEvent, GuardRailEvent
 from dynsched_core._guards import GuardRailOverride, GuardRails, is_colocated
 from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core._protocols import SampleQueue
-from dynsched_core._replicas import ReplicaSet
+from dynsched_core._replicas import MembershipEvent, ReplicaSet
+from dynsched_core._state import HybridState
 
 __all__ = ["AfterSyncResult", "BeforeStepResult", "DriverOptions", "ScheduleDriver"]
 
 logger = logging.getLogger(__name__)
 
 _STATE_FORMAT = 1
+#: State keys added after format 1 (absent from older checkpoints).
+_OPTIONAL_STATE = frozenset({"failovers"})
+
+#: Failover events kept by a driver (the oldest are dropped: a long run stays bounded).
+_MAX_FAILOVER_EVENTS = 256
 
 #: Guard-rail rules whose corrections mean the policy proposed something out of range.
 _POLICY_ERRORS = frozenset({"ratio_range", "queue_capacity"})
@@ -136,12 +155,18 @@ class DriverOptions:
             driver logs a warning and deactivates anyway (training must go on).
         on_switch_error: ``"continue"`` (log, count, go on in standalone mode: the
             controller has restored a safe state) or ``"raise"``.
+        failover: Wake sleeping hybrid replicas while the trainer waits and fewer than
+            ``min_routable_replicas`` replicas are routable (see `ScheduleDriver`).
+        min_routable_replicas: Routable replicas below which a wait fails over (>= 1;
+            1 means: only when the routable set is empty).
     """
 
     wait_timeout_s: float = attrs.field(default=600.0, validator=v.float_gt(0.0))
     on_switch_error: Literal["continue", "raise"] = attrs.field(
         default="continue", validator=v.one_of(("continue", "raise"))
     )
+    failover: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    min_routable_replicas: int = attrs.field(default=1, validator=v.int_ge(1))
 
 
 class ScheduleDriver:
@@ -227,9 +252,15 @@ class ScheduleDriver:
         self._cycle_requested = 0
         # Wider decision space (optional hooks): mid-cycle lends, what they load.
         self.mid_cycle_activations = 0
-        self._last_weights: Any = None
         if events is not None and _overrides(policy, "observe"):
             events.subscribe(policy.observe)
+        # Failover (not checkpointed except the counter).
+        self.failovers = 0
+        self.failover_events: list[FailoverEvent] = []
+        self._weights: Any = None
+        self._waits: list[int] = []  # samples each running trainer wait needs
+        self._failover_task: asyncio.Task[FailoverEvent | None] | None = None
+        self.replicas.subscribe(self._on_membership)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -251,6 +282,18 @@ class ScheduleDriver:
     def num_standalone_replicas(self) -> int:
         """Live standalone replicas (from the `ReplicaSet`)."""
         return self.replicas.num_standalone
+
+    @property
+    def current_weights(self) -> tuple[int, Any]:
+        """``(version, weights)`` of the last sync: what a woken or restarted replica loads."""
+        return self.param_version, self._weights
+
+    def set_current_weights(self, version: int, weights: Any = None) -> None:
+        """Record the weights the rollout side serves now, outside `after_weight_sync`
+        (e.g. a host that re-synced its standalone replicas after restoring a checkpoint),
+        so a failover or a restarted replica loads them."""
+        self.param_version = version
+        self._weights = weights
 
     @property
     def only_hybrid(self) -> bool:
@@ -341,7 +384,7 @@ class ScheduleDriver:
         is forwarded to the hybrid replicas' ``update_weights``.
         """
         self.param_version = version
-        self._last_weights = weights
+        self._weights = weights
         if not self.enabled:
             self._end_cycle(0.0)
             return AfterSyncResult(global_steps=global_steps, version=version)
@@ -378,7 +421,7 @@ class ScheduleDriver:
         on), with the guard rails; the activation time counts for the first cycle.
         """
         self.param_version = version
-        self._last_weights = weights
+        self._weights = weights
         if not self.enabled:
             return AfterSyncResult(global_steps=0, version=version)
         ctx = await self.context(0)
@@ -432,6 +475,125 @@ class ScheduleDriver:
             cycle_step=self._cycle_requested // cfg.required_samples,
         )
 
+    # ------------------------------------------------------------------ failover
+    @contextlib.asynccontextmanager
+    async def trainer_waiting(
+        self, needed: int, *, release_after: bool = True
+    ) -> AsyncIterator[None]:
+        """Mark a span in which the trainer waits for ``needed`` buffered samples.
+
+        On entry, and whenever a replica dies or leaves during the span, the driver fails
+        over (`failover`) when the routable set is short, the hybrid replicas sleep and the
+        queue holds fewer than ``needed`` samples. On exit it waits (bounded) for a
+        failover in progress and, with ``release_after``, puts hybrid replicas woken by a
+        failover during the span back to sleep (the trainer is about to use their GPUs).
+
+        Example:
+            >>> # inside a host's collection of a batch:
+            >>> # async with driver.trainer_waiting(required):
+            >>> #     samples = await queue.get(required, timeout=driver.wait_timeout_s)
+        """
+        self._waits.append(needed)
+        before = self.failovers
+        try:
+            await self._failover_if_short(needed)
+            yield
+        finally:
+            self._waits.pop()
+            task = self._failover_task
+            if task is not None and not task.done():
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(task), self.controller.call_timeout_s * 4)
+            if release_after and self.failovers > before and self.controller.is_hybrid_active:
+                switched, took, _ = await self._switch(self.controller.deactivate)
+                if switched:
+                    self.deactivations += 1
+                    self._cycle_deactivate_s += took
+
+    def failover_reason(self) -> str | None:
+        """Why a failover is due now (None when it is not).
+
+        Due when failover is enabled, hybrid replicas exist and sleep
+        (``STANDALONE_ONLY``), and fewer than ``min_routable_replicas`` live replicas are
+        routable.
+        """
+        if not (self.options.failover and self.enabled and self.controller.has_hybrid_replicas):
+            return None
+        if self.controller.state is not HybridState.STANDALONE_ONLY:
+            return None
+        routable = self.replicas.num_routable
+        floor = self.options.min_routable_replicas
+        if routable >= floor:
+            return None
+        return "routable set empty" if routable == 0 else f"{routable} routable < {floor}"
+
+    async def failover(self) -> FailoverEvent | None:
+        """Wake the sleeping hybrid replicas now, with the weights of the last sync.
+
+        Returns:
+            The `FailoverEvent` (also emitted on the bus and kept in
+            ``failover_events``), or None when no failover was due.
+        """
+        reason = self.failover_reason()
+        if reason is None:
+            return None
+        start = self._clock.now()
+        before = tuple(self.replicas.routable_ids)
+        hybrid = tuple(self.controller.hybrid_ids)
+        logger.warning(
+            "failover (%s): waking hybrid replicas %s with weights v%d",
+            reason,
+            list(hybrid),
+            self.param_version,
+        )
+        version = self.param_version
+        switched, took, error = await self._switch(
+            lambda: self.controller.activate(version, self._weights)
+        )
+        ok = bool(switched) and self.controller.is_hybrid_active
+        if ok:
+            self.failovers += 1
+            self._cycle_activate_s += took
+        event = FailoverEvent(
+            time=start,
+            end=self._clock.now(),
+            global_steps=self.param_version,
+            reason=reason,
+            routable_before=before,
+            woken=hybrid if ok else (),
+            ok=ok,
+            detail="" if error is None else str(error),
+        )
+        self.failover_events.append(event)
+        if len(self.failover_events) > _MAX_FAILOVER_EVENTS:
+            del self.failover_events[0]
+        if self.events is not None:
+            self.events.emit(event)
+        return event
+
+    async def _failover_if_short(self, needed: int) -> FailoverEvent | None:
+        if self.failover_reason() is None:
+            return None
+        stats = await self.queue.stats()
+        if stats.closed or stats.size >= needed:
+            return None
+        return await self.failover()
+
+    def _on_membership(self, event: MembershipEvent) -> None:
+        if not self._waits or event.kind not in ("died", "removed"):
+            return
+        if self._failover_task is not None and not self._failover_task.done():
+            return
+        if self.failover_reason() is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a change made from synchronous code: the next wait checks
+            return
+        self._failover_task = loop.create_task(
+            self._failover_if_short(self._waits[-1]), name="dynsched-failover"
+        )
+
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
         """Policy state plus the driver's counters, as plain data."""
@@ -450,6 +612,7 @@ class ScheduleDriver:
             "cycle_activate_s": self._cycle_activate_s,
             "cycle_deactivate_s": self._cycle_deactivate_s,
             "cycle_requested": self._cycle_requested,
+            "failovers": self.failovers,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -460,7 +623,7 @@ class ScheduleDriver:
         """
         if state.get("format") != _STATE_FORMAT:
             raise ValueError(f"unsupported ScheduleDriver state format {state.get('format')!r}")
-        missing = set(self.state_dict()) - set(state)
+        missing = set(self.state_dict()) - set(state) - _OPTIONAL_STATE
         if missing:
             raise ValueError(f"ScheduleDriver state lacks keys {sorted(missing)}")
         self.policy.load_state_dict(state["policy"])
@@ -479,6 +642,7 @@ class ScheduleDriver:
         self._cycle_activate_s = float(state["cycle_activate_s"])
         self._cycle_deactivate_s = float(state["cycle_deactivate_s"])
         self._cycle_requested = int(state["cycle_requested"])
+        self.failovers = int(state.get("failovers", 0))
 
     # ------------------------------------------------------------------ internals
     def _checked_wait(self, raw: Any) -> int:
@@ -529,7 +693,8 @@ class ScheduleDriver:
         start = self._clock.now()
         timed_out = False
         try:
-            buffered = await self.queue.wait_for(target, timeout=self.wait_timeout_s)
+            async with self.trainer_waiting(target, release_after=False):
+                buffered = await self.queue.wait_for(target, timeout=self.wait_timeout_s)
         except SampleWaitTimeoutError as exc:
             buffered, timed_out = exc.available, True
             logger.warning(
@@ -588,7 +753,7 @@ class ScheduleDriver:
             should_activate=True,
             context=ctx,
         )
-        result = await self._activate(pending, self._last_weights)
+        result = await self._activate(pending, self._weights)
         if result.activated:
             self.mid_cycle_activations += 1
             self._cycle_activate_s += result.activate_s

@@ -16,6 +16,7 @@ import attrs
 __all__ = [
     "Event",
     "EventBus",
+    "FailoverEvent",
     "GroupMode",
     "GuardRailEvent",
     "ReplicaModeEvent",
@@ -143,6 +144,41 @@ class GuardRailEvent:
     override: Any
 
 
+@attrs.frozen
+class FailoverEvent:
+    """The driver woke sleeping hybrid replicas because the routable set ran short.
+
+    Emitted by `ScheduleDriver` when, while the trainer waits for samples, fewer than
+    ``DriverOptions.min_routable_replicas`` replicas are routable (typically every
+    standalone replica died) and the hybrid replicas sleep: they are woken with the
+    current weights without waiting for the next weight sync.
+
+    Attributes:
+        time: Loop time when the failover started.
+        end: Loop time when it finished.
+        global_steps: The driver's parameter version at the time (its step counter).
+        reason: Why (``"routable set empty"``, ``"1 routable < 2"``).
+        routable_before: Live routable replicas before the failover.
+        woken: The hybrid replicas woken (empty when the activation failed).
+        ok: The activation succeeded.
+        detail: The switch error, when it failed.
+    """
+
+    time: float
+    end: float
+    global_steps: int
+    reason: str
+    routable_before: tuple[str, ...]
+    woken: tuple[str, ...]
+    ok: bool = True
+    detail: str = ""
+
+    @property
+    def duration_s(self) -> float:
+        """``end - time``."""
+        return self.end - self.time
+
+
 Event = (
     RolloutEvent
     | StalenessResetEvent
@@ -151,6 +187,7 @@ Event = (
     | TransitionEvent
     | ReplicaModeEvent
     | GuardRailEvent
+    | FailoverEvent
 )
 Subscriber = Callable[[Any], None]
 

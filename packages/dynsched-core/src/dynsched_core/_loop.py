@@ -115,6 +115,8 @@ class LoopResult:
         deactivations: Hybrid deactivations.
         skipped_hybrid_syncs: Weight syncs that skipped the hybrid replicas.
         switch_errors: Failed switches (each left a safe state).
+        failovers: Times the driver woke sleeping hybrid replicas because the routable
+            set ran short while the trainer waited (`ScheduleDriver.failover`).
         moved_requests: Requests moved by rebalances.
         records: Per-step records.
         start: Loop time at the start.
@@ -141,6 +143,7 @@ class LoopResult:
     end: float
     rollouter: RollouterStats
     queue: QueueStats
+    failovers: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -444,13 +447,16 @@ class FullyAsyncLoop:
         self._set_mode("rollout" if self.controller.is_hybrid_active else "idle")
         buffered_at_start = await self.queue.size()
         start = self.clock.now()
-        buffered = await self.queue.wait_for(need, timeout=self.wait_timeout_s)
-        if buffered < need:
-            logger.info(
-                "end-of-stream: %d sample(s) left, %d needed; training ends", buffered, need
-            )
-            return None
-        samples = await self.queue.get(need, timeout=self.wait_timeout_s)
+        # a failover may wake sleeping hybrid replicas during the wait (routable set
+        # empty); they go back to sleep before the trainer trains
+        async with self.driver.trainer_waiting(need):
+            buffered = await self.queue.wait_for(need, timeout=self.wait_timeout_s)
+            if buffered < need:
+                logger.info(
+                    "end-of-stream: %d sample(s) left, %d needed; training ends", buffered, need
+                )
+                return None
+            samples = await self.queue.get(need, timeout=self.wait_timeout_s)
         return samples, self.clock.now() - start, max(0, need - buffered_at_start)
 
     async def _weight_sync(self, is_last: bool) -> tuple[AfterSyncResult, float]:
@@ -498,6 +504,7 @@ class FullyAsyncLoop:
             end=self.clock.now(),
             rollouter=rstats,
             queue=qstats,
+            failovers=self.driver.failovers,
         )
 
 

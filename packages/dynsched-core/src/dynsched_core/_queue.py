@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dynsched_core._errors import SampleWaitTimeoutError
@@ -19,6 +19,8 @@ from dynsched_core._protocols import QueueStats
 __all__ = ["AsyncSampleQueue"]
 
 logger = logging.getLogger(__name__)
+
+_STATE_FORMAT = 1
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -177,6 +179,49 @@ class AsyncSampleQueue:
             closed=self._closed,
             capacity=self._capacity,
         )
+
+    # -------------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """The buffered samples (in order), the counters and the end-of-stream flag.
+
+        The samples are kept as they are (no copy, no serialisation): the caller decides
+        how to store them. With `load_state_dict` a new queue continues where this one
+        was, so a queue host that dies can be rebuilt without losing or repeating a
+        sample (see dynsched-ray's ``RayQueue``).
+        """
+        return {
+            "format": _STATE_FORMAT,
+            "items": list(self._items),
+            "produced": self._produced,
+            "consumed": self._consumed,
+            "dropped": self._dropped,
+            "closed": self._closed,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replace the contents and counters with what `state_dict` returned.
+
+        Waiting consumers are woken (the restored samples may satisfy them).
+
+        Raises:
+            ValueError: unknown format, missing keys, or more samples than the capacity.
+        """
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"unsupported AsyncSampleQueue state format {state.get('format')!r}")
+        missing = {"items", "produced", "consumed", "dropped", "closed"} - set(state)
+        if missing:
+            raise ValueError(f"AsyncSampleQueue state lacks keys {sorted(missing)}")
+        items = list(state["items"])
+        if self._capacity is not None and len(items) > self._capacity:
+            raise ValueError(
+                f"state holds {len(items)} samples, more than the capacity {self._capacity}"
+            )
+        self._items = deque(items)
+        self._produced = int(state["produced"])
+        self._consumed = int(state["consumed"])
+        self._dropped = int(state["dropped"])
+        self._closed = bool(state["closed"])
+        self._wake()
 
     # -------------------------------------------------------------------- properties
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dynsched_core._events import (
     EventBus,
+    FailoverEvent,
     GuardRailEvent,
     ReplicaModeEvent,
     RolloutEvent,
@@ -22,6 +23,7 @@ from dynsched_core._replicas import MembershipEvent
 
 __all__ = [
     "EventBus",
+    "FailoverEvent",
     "GuardRailEvent",
     "MembershipEvent",
     "ReplicaModeEvent",

@@ -12,6 +12,14 @@ from dynsched_ray._actors import (
     placement_info,
     remote_class,
 )
+from dynsched_ray._chaos import (
+    FAULT_KINDS,
+    ChaosFault,
+    ChaosMonkey,
+    ChaosReport,
+    ChaosSchedule,
+    run_chaos_soak,
+)
 from dynsched_ray._errors import (
     ActorUnavailableError,
     AllReplicasLostError,
@@ -24,7 +32,7 @@ from dynsched_ray._errors import (
 from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory, default_replica_factory
 from dynsched_ray._placement import ResourcePools
 from dynsched_ray._proxies import RayQueue, RayReplica, RayRouter
-from dynsched_ray._remote import await_ref
+from dynsched_ray._remote import await_ref, inject_call_delay
 from dynsched_ray._runner import (
     RayRunner,
     RayRunOptions,
@@ -33,6 +41,7 @@ from dynsched_ray._runner import (
     run_ray,
     synthetic_prompts,
 )
+from dynsched_ray._supervisor import ReplicaRestart, ReplicaSupervisor, RestartOptions
 from dynsched_ray._tiny_model import TinyModelSpec, build_tiny_model
 from dynsched_ray._trainer import RayTrainerBackend
 from dynsched_ray._trainer_group import (
@@ -82,9 +91,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "FAULT_KINDS",
     "ActorUnavailableError",
     "AdditionTask",
     "AllReplicasLostError",
+    "ChaosFault",
+    "ChaosMonkey",
+    "ChaosReport",
+    "ChaosSchedule",
     "EngineStartError",
     "FleetSpec",
     "HFReplica",
@@ -108,7 +122,10 @@ __all__ = [
     "ReplicaActor",
     "ReplicaActorDiedError",
     "ReplicaFactory",
+    "ReplicaRestart",
+    "ReplicaSupervisor",
     "ResourcePools",
+    "RestartOptions",
     "RouterActor",
     "SleepReport",
     "TinyModelSpec",
@@ -128,10 +145,12 @@ __all__ = [
     "check_model_folder",
     "default_replica_factory",
     "hf_llama_to_megatron",
+    "inject_call_delay",
     "load_checkpoint",
     "megatron_to_hf_llama",
     "placement_info",
     "remote_class",
+    "run_chaos_soak",
     "run_ray",
     "synthetic_prompts",
     "warm_up",

@@ -200,6 +200,8 @@ class ReplicaActor:
         self._start_lock: asyncio.Lock | None = None
         # request id -> abort requested, for requests inside generate_stream
         self._streams: dict[str, bool] = {}
+        # fault injection (`set_straggler`): generation slowed by this factor until then
+        self._slow: tuple[float, float] = (1.0, 0.0)
 
     def _built(self) -> Any:
         if self._replica is None:
@@ -241,7 +243,22 @@ class ReplicaActor:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Run one generation attempt on the hosted replica."""
-        return await (await self._ready()).generate(request)
+        return await self._slowed((await self._ready()).generate(request))
+
+    async def set_straggler(self, factor: float, duration_s: float) -> None:
+        """Fault injection: generation takes ``factor`` times as long for ``duration_s``."""
+        if not factor >= 1.0 or not duration_s >= 0.0:
+            raise ValueError(f"need factor >= 1 and duration_s >= 0, got {factor}, {duration_s}")
+        self._slow = (float(factor), asyncio.get_running_loop().time() + duration_s)
+
+    async def _slowed(self, work: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        out = await work
+        factor, until = self._slow
+        if factor > 1.0 and start < until:
+            await asyncio.sleep((factor - 1.0) * (loop.time() - start))
+        return out
 
     async def generate_stream(
         self, request: GenerateRequest
@@ -287,7 +304,7 @@ class ReplicaActor:
                         partial_len=request.partial_len + produced,
                     )
                     try:
-                        res = await r.generate(seg)
+                        res = await self._slowed(r.generate(seg))
                     except Exception:
                         if produced == 0:
                             raise
@@ -432,6 +449,17 @@ class QueueActor:
     async def stats(self) -> QueueStats:
         """Counters."""
         return await self._queue().stats()
+
+    async def state_dict(self) -> dict[str, Any]:
+        """Contents and counters (see `AsyncSampleQueue.state_dict`)."""
+        return self._queue().state_dict()
+
+    async def load_state_dict(self, state: Mapping[str, Any]) -> int:
+        """Replace contents and counters (a replacement actor continuing a dead one's
+        queue); return the size after it."""
+        q = self._queue()
+        q.load_state_dict(state)
+        return q.qsize()
 
 
 class TrainerWorkerActor:

@@ -71,6 +71,11 @@ class FleetSpec:
         trainer_step_time_s: Time of one stand-in training step.
         stream_tokens: Stream generation in segments of this many tokens, so a dying
             replica's tokens are kept (see `RayReplica`); None: one call per attempt.
+        restart_queue: Replace a dead queue actor and reload its contents from the
+            driver-side journal (`RayQueue`), instead of failing the run.
+        restart_router: Replace a dead router actor and re-apply the routable set
+            (`RayRouter`), instead of failing the run.
+        max_actor_restarts: Replacements allowed for each of the queue and router actors.
     """
 
     name: str = "dynsched"
@@ -96,6 +101,9 @@ class FleetSpec:
     start_timeout_s: float = attrs.field(default=300.0, validator=v.float_gt(0.0))
     trainer_step_time_s: float = 0.05
     stream_tokens: int | None = None
+    restart_queue: bool = True
+    restart_router: bool = True
+    max_actor_restarts: int = attrs.field(default=10, validator=v.int_ge(0))
 
     def __attrs_post_init__(self) -> None:
         most = self.trainer_gpus // self.gpus_per_replica
@@ -152,6 +160,8 @@ class RayFleet:
     hybrid: dict[str, RayReplica]
     trainer_workers: list[Any]
     _handles: list[Any] = attrs.field(factory=list)
+    #: Proxies of replica actors replaced by `respawn_replica` (their records stay readable).
+    retired: list[RayReplica] = attrs.field(factory=list)
 
     @property
     def replicas(self) -> dict[str, RayReplica]:
@@ -215,6 +225,12 @@ class RayFleet:
             trainer_workers=workers,
             handles=[*handles, router.handle],
         )
+        if spec.restart_queue:
+            fleet.queue.respawn = fleet.respawn_queue
+            fleet.queue.max_restarts = spec.max_actor_restarts
+        if spec.restart_router:
+            fleet.router.respawn = fleet.respawn_router
+            fleet.router.max_restarts = spec.max_actor_restarts
         logger.info(
             "fleet %s up: %d standalone, %d hybrid replica(s), %d trainer worker(s), router %s",
             spec.name,
@@ -259,13 +275,96 @@ class RayFleet:
         """Kill a replica's actor (fault injection for tests and drills)."""
         ray.kill(self.replicas[replica_id].handle, no_restart=True)
 
+    async def respawn_replica(
+        self,
+        replica_id: str,
+        *,
+        on_death: DeathCallback | None = None,
+        timeout_s: float | None = None,
+    ) -> RayReplica:
+        """Start a fresh actor for ``replica_id`` on the same bundle and connect to it.
+
+        The fresh replica has the same id, role and bundle (Ray reschedules a bundle whose
+        node was lost, when the cluster has room for it); it is not a member of any
+        `ReplicaSet` yet: the caller re-registers and warms it (see `ReplicaSupervisor`).
+
+        Raises:
+            KeyError: ``replica_id`` is not one of this fleet's replicas.
+            RemoteCallTimeoutError: the actor did not come up within ``timeout_s``.
+        """
+        role: Literal["standalone", "hybrid"]
+        if replica_id in self.standalone:
+            role, extra = "standalone", self.spec.standalone_kwargs
+        elif replica_id in self.hybrid:
+            role, extra = "hybrid", self.spec.hybrid_kwargs
+        else:
+            raise KeyError(f"{replica_id!r} is not a replica of fleet {self.spec.name!r}")
+        index = int(replica_id.rsplit("-", 1)[1])
+        old = self.replicas[replica_id]
+        _kill(old.handle)  # a hung (not dead) actor must not hold the name and bundle
+        factory = self.spec.replica_factory or default_replica_factory()
+        limit = self.spec.start_timeout_s if timeout_s is None else timeout_s
+        handle = await _spawn_replica(
+            attrs.evolve(self.spec, start_timeout_s=limit), self.pools, role, index, factory, extra
+        )
+        self._handles.append(handle)
+        try:
+            proxy = await RayReplica.connect(
+                handle,
+                timeout_s=limit,
+                call_timeout_s=self.spec.call_timeout_s,
+                generate_timeout_s=self.spec.generate_timeout_s,
+                on_death=on_death,
+                stream=self.spec.stream_tokens is not None,
+            )
+        except BaseException:
+            _kill(handle)
+            raise
+        (self.standalone if role == "standalone" else self.hybrid)[replica_id] = proxy
+        if old.handle in self._handles:
+            self._handles.remove(old.handle)
+        self.retired.append(old)
+        return proxy
+
+    async def respawn_queue(self) -> Any:
+        """Start a fresh, empty queue actor under the queue's name; return its handle.
+
+        Used by `RayQueue` when its actor died (it then reloads its journal into it).
+        """
+        _kill(self.queue.handle)
+        handle = await _spawn_queue(self.spec, self._handles)
+        await await_ref(
+            handle.ping.remote(), timeout_s=self.spec.start_timeout_s, what="queue.ping"
+        )
+        return handle
+
+    async def respawn_router(self) -> Any:
+        """Start a fresh router actor under the router's name; return its handle.
+
+        Used by `RayRouter` when its actor died (it then re-applies its routable set).
+        """
+        _kill(self.router.handle)
+        handle = await _new_router_actor(self.spec)
+        self._handles.append(handle)
+        _KEPT_ROUTERS.pop((self.spec.namespace, self.spec.router_name), None)
+        return handle
+
     def shutdown(self, *, keep_router: bool = False) -> None:
         """Kill the actors (the router too unless ``keep_router``) and free the pools."""
         router_handle = self.router.handle
+        key = (self.spec.namespace, self.spec.router_name)
         for h in self._handles:
             if keep_router and h is router_handle:
                 continue
             _kill(h)
+        if keep_router and not self.spec.detached_router:
+            # A non-detached actor lives while a handle to it does: keep one in this
+            # process until a later fleet reuses (or rebuilds) the router, or else the
+            # router may be collected between two runs (seen as ActorDiedError when the
+            # next run reuses it).
+            _KEPT_ROUTERS[key] = router_handle
+        else:
+            _KEPT_ROUTERS.pop(key, None)
         self.pools.remove()
 
 
@@ -293,29 +392,42 @@ async def _spawn_replicas(
     extra = spec.hybrid_kwargs if hybrid else spec.standalone_kwargs
     out = []
     for i in range(count):
-        rid = f"{role}-{i}"
-        kwargs = {"role": role, "num_gpus": spec.gpus_per_replica, **extra}
-        options = {
-            "num_cpus": 0,
-            "num_gpus": spec.hybrid_gpu_fraction if hybrid else spec.gpus_per_replica,
-            "scheduling_strategy": pools.hybrid_strategy(i)
-            if hybrid
-            else pools.standalone_strategy(i),
-            "name": f"{spec.name}-{rid}",
-            "namespace": spec.namespace,
-        }
-        handle = await _spawn(
-            ReplicaActor,
-            options,
-            factory,
-            (rid,),
-            kwargs,
-            spec.stream_tokens or 16,
-            timeout_s=spec.start_timeout_s,
-        )
+        handle = await _spawn_replica(spec, pools, role, i, factory, extra)
         handles.append(handle)
         out.append(handle)
     return out
+
+
+async def _spawn_replica(
+    spec: FleetSpec,
+    pools: ResourcePools,
+    role: Literal["standalone", "hybrid"],
+    index: int,
+    factory: ReplicaFactory,
+    extra: Mapping[str, Any],
+) -> Any:
+    """Start replica actor ``<role>-<index>`` on its bundle."""
+    hybrid = role == "hybrid"
+    rid = f"{role}-{index}"
+    kwargs = {"role": role, "num_gpus": spec.gpus_per_replica, **extra}
+    options = {
+        "num_cpus": 0,
+        "num_gpus": spec.hybrid_gpu_fraction if hybrid else spec.gpus_per_replica,
+        "scheduling_strategy": pools.hybrid_strategy(index)
+        if hybrid
+        else pools.standalone_strategy(index),
+        "name": f"{spec.name}-{rid}",
+        "namespace": spec.namespace,
+    }
+    return await _spawn(
+        ReplicaActor,
+        options,
+        factory,
+        (rid,),
+        kwargs,
+        spec.stream_tokens or 16,
+        timeout_s=spec.start_timeout_s,
+    )
 
 
 async def _spawn_trainer_workers(
@@ -389,6 +501,10 @@ async def _spawn(cls: type, options: dict[str, Any], *args: Any, timeout_s: floa
             await asyncio.sleep(0.1)
 
 
+#: Routers kept alive by `RayFleet.shutdown(keep_router=True)`: (namespace, name) -> handle.
+_KEPT_ROUTERS: dict[tuple[str | None, str], Any] = {}
+
+
 def _kill(handle: Any) -> None:
     try:
         ray.kill(handle, no_restart=True)
@@ -433,10 +549,14 @@ def _router_proxy(spec: FleetSpec, handle: Any) -> RayRouter:
 
 async def _router_actor(spec: FleetSpec) -> tuple[Any, bool]:
     """Find the named router (reuse it when it answers) or create it."""
+    kept = _KEPT_ROUTERS.pop((spec.namespace, spec.router_name), None)
     try:
         handle = await asyncio.to_thread(ray.get_actor, spec.router_name, namespace=spec.namespace)
     except ValueError:
         handle = None
+    if handle is None and kept is not None:
+        handle = kept
+    del kept  # the fleet's own handle keeps it alive from here on
     if handle is not None:
         try:
             await await_ref(handle.ping.remote(), timeout_s=spec.call_timeout_s, what="router.ping")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -84,11 +84,70 @@ class RayRouter:
         self._acq_task: asyncio.Task[None] | None = None
         self._rel_task: asyncio.Task[None] | None = None
         self.calls = 0  # actor calls made (for benchmarks)
+        #: Starts a fresh router actor when this one died (None: a death is an error).
+        self.respawn: Callable[[], Awaitable[Any]] | None = None
+        #: Router actor replacements allowed.
+        self.max_restarts = 10
+        #: Router actors replaced so far.
+        self.restarts = 0
+        #: Seconds each replacement took (death noticed -> routable set re-applied).
+        self.recovery_s: list[float] = []
+        self._generation = 0
+        self._recover_lock = asyncio.Lock()
+        self._recovery: asyncio.Future[None] | None = None
 
     async def _call(self, method: str, *args: Any) -> Any:
-        self.calls += 1
-        ref = getattr(self.handle, method).remote(*args)
-        return await await_ref(ref, timeout_s=self.call_timeout_s, what=f"{self.name}.{method}")
+        while True:
+            self.calls += 1
+            generation = self._generation
+            ref = getattr(self.handle, method).remote(*args)
+            try:
+                return await await_ref(
+                    ref, timeout_s=self.call_timeout_s, what=f"{self.name}.{method}"
+                )
+            except ActorUnavailableError:
+                if self.respawn is None or self.restarts >= self.max_restarts:
+                    raise
+                await self._recover(generation)
+
+    async def _recover(self, generation: int) -> None:
+        """Run the replacement of a dead actor in its own task and wait for it.
+
+        The replacement survives the cancellation of the call that noticed the death
+        (e.g. a caller's own timeout): cancelling it halfway would drop the fresh actor's
+        only handle, and Ray would collect the actor it just started.
+        """
+        task = self._recovery
+        if task is None or task.done():
+            if generation != self._generation:
+                return
+            task = self._recovery = asyncio.ensure_future(self._replace(generation))
+        await asyncio.shield(task)
+
+    async def _replace(self, generation: int) -> None:
+        """Replace a dead router actor (once per death) and re-apply the routable set.
+
+        The router's state is re-derivable: its routable set is this proxy's (which
+        follows the run's `ReplicaSet`); sticky sessions and the in-flight leases of
+        running requests are not restored (load balancing is approximate until those
+        requests finish; releasing an unknown lease is a no-op).
+        """
+        async with self._recover_lock:
+            if generation != self._generation:
+                return  # another call already replaced it
+            started = asyncio.get_running_loop().time()
+            assert self.respawn is not None
+            logger.warning("router actor %s died; starting a fresh one", self.name)
+            handle = await self.respawn()
+            ref = handle.set_routable.remote(list(self._routable))
+            epoch, ids = await await_ref(
+                ref, timeout_s=self.call_timeout_s, what=f"{self.name}.set_routable"
+            )
+            self.handle = handle
+            self._generation += 1
+            self.restarts += 1
+            self.recovery_s.append(asyncio.get_running_loop().time() - started)
+            self._update(epoch, ids)
 
     def _update(self, epoch: int, ids: Sequence[str]) -> None:
         ids = sorted(ids)
@@ -494,6 +553,15 @@ class RayReplica:
 
 
 # ----------------------------------------------------------------------------- queue
+_MISSING = object()
+
+
+def _sample_key(sample: Any) -> str:
+    """The journal key of a sample: its ``sample_id`` (unique per run)."""
+    sid = getattr(sample, "sample_id", None)
+    return repr(sample) if sid is None else str(sid)
+
+
 class RayQueue:
     """`SampleQueue` backed by a `QueueActor` (which wraps the core `AsyncSampleQueue`).
 
@@ -523,12 +591,123 @@ class RayQueue:
         self.name = name
         self._size = 0
         self._closed = False
+        #: Starts a fresh queue actor when this one died (None: a death is an error).
+        self.respawn: Callable[[], Awaitable[Any]] | None = None
+        #: Queue actor replacements allowed.
+        self.max_restarts = 10
+        #: Queue actors replaced so far.
+        self.restarts = 0
+        #: Seconds each replacement took (death noticed -> journal reloaded).
+        self.recovery_s: list[float] = []
+        #: Called with each sample after its ``put`` was acknowledged (for checks).
+        self.on_put: Callable[[Any], None] | None = None
+        #: Samples restored into replacement actors (summed over restarts).
+        self.restored_samples = 0
+        self._generation = 0
+        self._recover_lock = asyncio.Lock()
+        self._recovery: asyncio.Future[None] | None = None
+        # Journal of acknowledged operations: what the actor holds, in order.
+        self._journal: dict[str, Any] = {}
+        self._taken_early: set[str] = set()
+        self._produced = 0
+        self._consumed = 0
+        self._dropped = 0
 
     async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        ref = getattr(self.handle, method).remote(*args)
-        return await await_ref(
-            ref, timeout_s=timeout_s or self.call_timeout_s, what=f"{self.name}.{method}"
-        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_s or self.call_timeout_s)
+        while True:
+            generation = self._generation
+            ref = getattr(self.handle, method).remote(*args)
+            try:
+                return await await_ref(
+                    ref,
+                    timeout_s=max(deadline - loop.time(), 0.001),
+                    what=f"{self.name}.{method}",
+                )
+            except ActorUnavailableError:
+                if self.respawn is None or self.restarts >= self.max_restarts:
+                    raise
+                await self._recover(generation)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The journal as an `AsyncSampleQueue` state: acknowledged contents and counters.
+
+        Every ``put`` the actor acknowledged and no ``get`` returned is in it, in order;
+        this is what a replacement actor is loaded with after the queue actor died.
+        """
+        return {
+            "format": 1,
+            "items": list(self._journal.values()),
+            "produced": self._produced,
+            "consumed": self._consumed,
+            "dropped": self._dropped,
+            "closed": self._closed,
+        }
+
+    async def _recover(self, generation: int) -> None:
+        """Run the replacement of a dead actor in its own task and wait for it.
+
+        The replacement survives the cancellation of the call that noticed the death
+        (e.g. a caller's own timeout): cancelling it halfway would drop the fresh actor's
+        only handle, and Ray would collect the actor it just started.
+        """
+        task = self._recovery
+        if task is None or task.done():
+            if generation != self._generation:
+                return
+            task = self._recovery = asyncio.ensure_future(self._replace(generation))
+        await asyncio.shield(task)
+
+    async def _replace(self, generation: int) -> None:
+        """Replace a dead queue actor (once per death) and reload the journal into it.
+
+        The queue's contents are *checkpointed*, write-through: the rollouter and the
+        trainer both reach the actor through this proxy, which records each acknowledged
+        ``put`` (by sample id) and each acknowledged ``get``. A call cut short by the
+        death was not acknowledged: a ``put`` is retried on the replacement (it was not
+        recorded, so it lands once), a ``get`` is retried too (its samples are still in
+        the journal, so none is lost).
+        """
+        async with self._recover_lock:
+            if generation != self._generation:
+                return
+            started = asyncio.get_running_loop().time()
+            assert self.respawn is not None
+            state = self.state_dict()
+            logger.warning(
+                "queue actor %s died; restoring %d sample(s) into a fresh one",
+                self.name,
+                len(state["items"]),
+            )
+            handle = await self.respawn()
+            await await_ref(
+                handle.load_state_dict.remote(state),
+                timeout_s=self.call_timeout_s,
+                what=f"{self.name}.load_state_dict",
+            )
+            self.handle = handle
+            self._generation += 1
+            self.restarts += 1
+            self.recovery_s.append(asyncio.get_running_loop().time() - started)
+            self.restored_samples += len(state["items"])
+
+    def _journal_put(self, sample: Any) -> None:
+        self._produced += 1
+        if self.on_put is not None:
+            self.on_put(sample)
+        sid = _sample_key(sample)
+        if sid in self._taken_early:  # its get was acknowledged first
+            self._taken_early.discard(sid)
+            return
+        self._journal[sid] = sample
+
+    def _journal_get(self, samples: Sequence[Any]) -> None:
+        self._consumed += len(samples)
+        for sample in samples:
+            sid = _sample_key(sample)
+            if self._journal.pop(sid, _MISSING) is _MISSING:
+                self._taken_early.add(sid)
 
     def _wait(self, timeout: float | None) -> tuple[float, float]:
         inner = self.max_wait_s if timeout is None else float(timeout)
@@ -538,21 +717,29 @@ class RayQueue:
         """Append a sample, waiting (bounded) for room."""
         inner, outer = self._wait(timeout)
         self._size = int(await self._call("put", sample, inner, timeout_s=outer))
+        self._journal_put(sample)
 
     async def offer(self, sample: Any) -> bool:
         """Append without waiting; False when full."""
-        return bool(await self._call("offer", sample))
+        accepted = bool(await self._call("offer", sample))
+        if accepted:
+            self._journal_put(sample)
+        else:
+            self._dropped += 1
+        return accepted
 
     async def get(self, n: int, timeout: float | None = None) -> list[Any]:
         """Remove and return ``n`` samples (fewer only after end-of-stream)."""
         inner, outer = self._wait(timeout)
         out: list[Any] = await self._call("get", n, inner, timeout_s=outer)
+        self._journal_get(out)
         self._size = max(self._size - len(out), 0)
         return out
 
     async def get_nowait(self, n: int | None = None) -> list[Any]:
         """Remove and return up to ``n`` buffered samples without waiting."""
         out: list[Any] = await self._call("get_nowait", n)
+        self._journal_get(out)
         self._size = max(self._size - len(out), 0)
         return out
 

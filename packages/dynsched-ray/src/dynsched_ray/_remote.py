@@ -11,9 +11,37 @@ from ray import exceptions as rex
 
 from dynsched_ray._errors import ActorUnavailableError, RemoteCallTimeoutError
 
-__all__ = ["await_ref", "is_actor_gone"]
+__all__ = ["await_ref", "inject_call_delay", "is_actor_gone"]
 
 logger = logging.getLogger(__name__)
+
+
+#: Fault injection: ``(delay_s, until)`` on the loop clock; see `inject_call_delay`.
+_CALL_DELAY: list[tuple[float, float]] = []
+
+
+def inject_call_delay(delay_s: float, duration_s: float) -> None:
+    """Fault injection: delay every actor call awaited through `await_ref` by ``delay_s``
+    for the next ``duration_s`` seconds (a transient network delay). Call it from the
+    driver's event loop.
+
+    Raises:
+        ValueError: a negative delay or duration.
+    """
+    if not delay_s >= 0 or not duration_s >= 0:
+        raise ValueError(f"delay_s and duration_s must be >= 0, got {delay_s!r} and {duration_s!r}")
+    until = asyncio.get_running_loop().time() + duration_s
+    _CALL_DELAY[:] = [(float(delay_s), until)]
+
+
+def _injected_delay() -> float:
+    if not _CALL_DELAY:
+        return 0.0
+    delay, until = _CALL_DELAY[0]
+    if asyncio.get_running_loop().time() >= until:
+        _CALL_DELAY.clear()
+        return 0.0
+    return delay
 
 
 def is_actor_gone(exc: BaseException) -> bool:
@@ -41,6 +69,9 @@ async def await_ref(
         Exception: the exception the remote method raised (unwrapped from Ray's
             ``RayTaskError``).
     """
+    delay = _injected_delay()
+    if delay:
+        await asyncio.sleep(min(delay, timeout_s))
     try:
         return await asyncio.wait_for(ref, timeout_s)
     except rex.RayActorError as exc:

@@ -48,6 +48,7 @@ from dynsched_core.events import SwitchEvent, TrainStepEvent
 from dynsched_ray._errors import AllReplicasLostError
 from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory
 from dynsched_ray._proxies import RayReplica
+from dynsched_ray._supervisor import ReplicaRestart, ReplicaSupervisor, RestartOptions
 from dynsched_ray._trainer import RayTrainerBackend
 from dynsched_ray._trainer_group import RayTrainerGroup, RayTrainerGroupBackend, RayTrainerSpec
 
@@ -105,6 +106,17 @@ class RayRunOptions:
         wait_timeout_s: Bound of every wait for samples.
         no_replica_timeout_s: How long a request waits for a routable replica.
         max_failures: Failed attempts tolerated per request (retrying client).
+        replica_restarts: Restarts per replica id (`ReplicaSupervisor`: a fresh actor on
+            the same bundle, re-registered through the `ReplicaSet` and warmed with the
+            current weights before it is routable); 0: a dead replica stays dead.
+        restart_timeout_s: Bound of one restart attempt.
+        restart_queue: Replace a dead queue actor, reloading its contents from the
+            driver-side journal (no sample lost or repeated).
+        restart_router: Replace a dead router actor, re-applying the routable set.
+        failover: Wake sleeping hybrid replicas when no replica is routable while the
+            trainer waits (`DriverOptions.failover`).
+        placement_strategy: Ray strategy of the trainer and standalone placement groups
+            (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD).
     """
 
     name: str = "dynsched"
@@ -136,6 +148,12 @@ class RayRunOptions:
     wait_timeout_s: float = attrs.field(default=600.0, validator=v.float_gt(0.0))
     no_replica_timeout_s: float = attrs.field(default=30.0, validator=v.float_gt(0.0))
     max_failures: int = 3
+    replica_restarts: int = attrs.field(default=0, validator=v.int_ge(0))
+    restart_timeout_s: float = attrs.field(default=60.0, validator=v.float_gt(0.0))
+    restart_queue: bool = True
+    restart_router: bool = True
+    failover: bool = True
+    placement_strategy: str = "PACK"
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.min_response_len <= self.max_response_len <= self.max_tokens:
@@ -172,6 +190,11 @@ class RayRunResult:
         interrupted: ``(replica_id, request_id, tokens kept)`` of each generation attempt
             cut short by its replica's death (the request was resumed elsewhere).
         trainer_metrics: `TrainMetrics` of every step (runs with ``options.trainer``).
+        restarts: Replica restarts by the `ReplicaSupervisor`, in order.
+        queue_restarts: Queue actors replaced (contents reloaded from the journal).
+        router_restarts: Router actors replaced.
+        failovers: Times sleeping hybrid replicas were woken because no replica was
+            routable while the trainer waited.
     """
 
     loop: LoopResult
@@ -187,6 +210,10 @@ class RayRunResult:
     consumed_sample_ids: tuple[str, ...]
     interrupted: tuple[tuple[str, str, int], ...] = ()
     trainer_metrics: tuple[Any, ...] = ()
+    restarts: tuple[ReplicaRestart, ...] = ()
+    queue_restarts: int = 0
+    router_restarts: int = 0
+    failovers: int = 0
 
 
 def synthetic_prompts(
@@ -255,6 +282,8 @@ class RayRunner:
         self._on_transition = on_transition
         self.keep_samples = keep_samples
         self.consumed_samples: list[Any] = []
+        #: Weight version trained on for each of `consumed_samples` (``keep_samples``).
+        self.consumed_versions: list[int] = []
         self.options = options if options is not None else RayRunOptions()
         self.policy = policy if policy is not None else config.build_policy()
         self._prompts = prompts
@@ -272,6 +301,9 @@ class RayRunner:
         self._transitions: list[tuple[str, str]] = []
         #: The real trainers of a run with ``options.trainer`` (None otherwise).
         self.trainer_group: RayTrainerGroup | None = None
+        #: Replaces dead replica actors (runs with ``options.replica_restarts > 0``).
+        self.supervisor: ReplicaSupervisor | None = None
+        self._all_ids: list[str] = []
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -317,6 +349,9 @@ class RayRunner:
             generate_timeout_s=opt.generate_timeout_s,
             trainer_step_time_s=opt.trainer_step_time_s,
             stream_tokens=opt.stream_tokens,
+            placement_strategy=opt.placement_strategy,
+            restart_queue=opt.restart_queue,
+            restart_router=opt.restart_router,
         )
 
     # ------------------------------------------------------------------ failures
@@ -329,6 +364,10 @@ class RayRunner:
         if self.trainer_group is not None:  # its memory went with its process
             self.trainer_group.handover.forget_hybrid(replica_id)
         if not replicas and self._fatal is not None:
+            supervisor = self.supervisor
+            if supervisor is not None and any(supervisor.can_restart(r) for r in self._all_ids):
+                self._say("every replica is dead; waiting for their restarts")
+                return
             self._fatal.set()
 
     async def _health_checks(self) -> None:
@@ -394,6 +433,8 @@ class RayRunner:
         self._consumed.extend(str(getattr(s, "sample_id", "")) for s in samples)
         if self.keep_samples:
             self.consumed_samples.extend(samples)
+            version = self.loop.driver.param_version if self.loop is not None else 0
+            self.consumed_versions.extend([version] * len(samples))
 
     # ------------------------------------------------------------------ run
     async def run(self) -> RayRunResult:
@@ -420,6 +461,7 @@ class RayRunner:
             self.loop = loop = self._build_loop(fleet, self.replicas, bus)
             await self._restore(loop, restored)
             bus.subscribe(self._on_event)
+            self._start_supervisor(fleet, loop)
             health = asyncio.ensure_future(self._health_checks())
             result = await self._run_loop(loop)
             if aggregator is not None:
@@ -507,6 +549,8 @@ class RayRunner:
             ),
             controller_options=ControllerOptions(call_timeout_s=opt.call_timeout_s),
         )
+        if not opt.failover:
+            loop.driver.options = attrs.evolve(loop.driver.options, failover=False)
         loop.controller.state_machine.add_listener(
             lambda tr: self._transitions.append((tr.source.name, tr.target.name))
         )
@@ -536,18 +580,56 @@ class RayRunner:
         )
 
     async def _restore(self, loop: FullyAsyncLoop, restored: dict[str, Any] | None) -> None:
-        """Load the driver's checkpoint; the run continues at its parameter version."""
+        """Load the driver's checkpoint; the run continues at its parameter version, with
+        the standalone replicas synced to it before they serve."""
         if restored is None:
             return
         loop.driver.load_state_dict(restored["driver"])
-        await loop.rollouter.reset_staleness(loop.driver.param_version)
+        version = loop.driver.param_version
+        # the fresh standalone replicas start with no weights: load the checkpoint's
+        # version before they serve, or the first samples would be generated with
+        # version-0 weights and trained many versions later
+        weights = await loop.trainer.sync_weights(version)
+        loop.driver.set_current_weights(version, weights)
+        await loop.rollouter.reset_staleness(version)
         self._say(
             f"resumed from {self.options.checkpoint_path}: version {loop.driver.param_version},"
             f" {self._step_offset} step(s) and {len(self._consumed)} sample(s) done"
         )
 
+    def _start_supervisor(self, fleet: RayFleet, loop: FullyAsyncLoop) -> None:
+        """Replace dead replica actors (``options.replica_restarts``)."""
+        assert self.replicas is not None
+        self._all_ids = list(fleet.replicas)
+        if not self.options.replica_restarts:
+            return
+        group = self.trainer_group
+        tp = fleet.spec.gpus_per_replica
+
+        def wrap_hybrid(proxy: RayReplica) -> Any:
+            if group is None:
+                return proxy
+            index = int(proxy.replica_id.rsplit("-", 1)[1])
+            return group.hybrid(proxy, range(index * tp, (index + 1) * tp))
+
+        self.supervisor = ReplicaSupervisor(
+            fleet,
+            self.replicas,
+            weights=lambda: loop.driver.current_weights,
+            options=RestartOptions(
+                max_restarts=self.options.replica_restarts,
+                restart_timeout_s=self.options.restart_timeout_s,
+            ),
+            on_death=self._on_death,
+            wrap_hybrid=wrap_hybrid,
+            progress=self._say,
+        )
+        self.supervisor.start()
+
     async def _release(self, fleet: RayFleet, health: asyncio.Task[None] | None, sink: Any) -> None:
         """Stop the health checks, flush pending router calls, free the actors."""
+        if self.supervisor is not None:
+            await self.supervisor.stop()
         if health is not None:
             health.cancel()
             await asyncio.gather(health, return_exceptions=True)
@@ -581,12 +663,17 @@ class RayRunner:
             consumed_sample_ids=tuple(self._consumed),
             interrupted=tuple(
                 (rid, req, kept)
-                for rid, replica in fleet.replicas.items()
+                for replica in [*fleet.retired, *fleet.replicas.values()]
+                for rid in [replica.replica_id]
                 for req, kept in replica.interrupted
             ),
             trainer_metrics=tuple(getattr(self.loop.trainer, "metrics", ()))
             if self.loop is not None
             else (),
+            restarts=tuple(self.supervisor.history) if self.supervisor is not None else (),
+            queue_restarts=fleet.queue.restarts,
+            router_restarts=fleet.router.restarts,
+            failovers=result.failovers,
         )
 
     async def _run_loop(self, loop: FullyAsyncLoop) -> LoopResult:
@@ -595,6 +682,11 @@ class RayRunner:
         fatal = asyncio.ensure_future(self._fatal.wait())
         try:
             await asyncio.wait({run, fatal}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # the driver is going away: stop the loop too (bounded), not just this wait
+            run.cancel()
+            await asyncio.wait({run}, timeout=self.options.call_timeout_s)
+            raise
         finally:
             fatal.cancel()
         if run.done():
