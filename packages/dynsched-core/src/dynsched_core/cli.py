@@ -15,6 +15,18 @@ installed (`KNOWN_SUBCOMMANDS`): ``dynsched simulate`` without dynsched-sim says
 ``pip install dynsched-sim`` (exit status 2), and ``dynsched --help`` lists them as not
 installed.
 
+One way to end, for every sub-command (so none ends in a traceback for a user error):
+
+- a user error (`dynsched_core.errors.UsageError`, `ConfigError`, `PluginError`, or an
+  `OSError` naming a file) raised by a handler is printed as one line,
+  ``dynsched <sub-command>: error: <message>``, and the exit status is 2 (`EXIT_USAGE`);
+  argument errors found by argparse are printed the same way (one line, status 2);
+- Ctrl-C (``KeyboardInterrupt``) prints one line, ``dynsched <sub-command>: interrupted``
+  followed by the interrupt's message if it has one, and the exit status is 130
+  (`EXIT_INTERRUPTED`). A long sub-command catches the interrupt, writes what it
+  finished (marked as partial) and re-raises ``KeyboardInterrupt("partial results in
+  ...")`` so that the one line says where they are.
+
 Example plug-in declaration (pyproject.toml)::
 
     [project.entry-points."dynsched.cli"]
@@ -27,10 +39,27 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import NoReturn
 
+from dynsched_core._errors import ConfigError, UsageError
 from dynsched_core.plugins import PluginError, PluginGroup
 
-__all__ = ["CLI_ENTRY_POINT_GROUP", "KNOWN_SUBCOMMANDS", "build_parser", "main"]
+__all__ = [
+    "CLI_ENTRY_POINT_GROUP",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "KNOWN_SUBCOMMANDS",
+    "CommandParser",
+    "UsageError",
+    "build_parser",
+    "main",
+    "one_line",
+]
+
+#: Exit status of a user error (bad argument, bad input file, unwritable output).
+EXIT_USAGE = 2
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
 
 CLI_ENTRY_POINT_GROUP = "dynsched.cli"
 
@@ -46,6 +75,25 @@ KNOWN_SUBCOMMANDS: Mapping[str, str] = {
 logger = logging.getLogger(__name__)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (no usage block) and exit status 2.
+
+    The ``dynsched`` parser and every sub-command parser added through it are of this
+    class, so ``dynsched run --steps x`` answers
+    ``dynsched run: error: argument --steps: invalid int value: 'x' (see dynsched run --help)``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Print one line naming the argument and exit with `EXIT_USAGE`."""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (continuation lines joined with ``; ``)."""
+    text = str(exc).strip() or type(exc).__name__
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     """Build the top-level parser with every loadable plug-in.
 
@@ -54,7 +102,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     """
     from dynsched_core import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="dynsched",
         description=(
             "dynsched: keep deep-learning GPUs busy by moving them between jobs and roles. "
@@ -103,7 +151,31 @@ def _not_installed(name: str, dist: str) -> Callable[[argparse.Namespace], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dynsched`` command."""
+    """Entry point of the ``dynsched`` command.
+
+    Returns:
+        The exit status: the handler's, `EXIT_USAGE` for a user error, `EXIT_INTERRUPTED`
+        after Ctrl-C.
+    """
+    prog = "dynsched"
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:
+        detail = one_line(exc) if str(exc) else ""
+        print(f"{prog}: interrupted{': ' + detail if detail else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _prog_of(args: argparse.Namespace) -> str:
+    words = ["dynsched"]
+    for attr in ("command", "optimus_command"):
+        value = getattr(args, attr, None)
+        if isinstance(value, str) and value:
+            words.append(value)
+    return " ".join(words)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser, problems = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "_not_installed", False):
@@ -122,7 +194,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         parser.print_help()
         return 0
-    result = func(args)
+    prog = _prog_of(args)
+    try:
+        result = func(args)
+    except KeyboardInterrupt as exc:
+        detail = one_line(exc) if str(exc) else ""
+        print(f"{prog}: interrupted{': ' + detail if detail else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (UsageError, ConfigError, PluginError) as exc:
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        reason = exc.strerror or one_line(exc)
+        print(f"{prog}: error: {exc.filename}: {reason}", file=sys.stderr)
+        return EXIT_USAGE
     return int(result) if result is not None else 0
 
 
