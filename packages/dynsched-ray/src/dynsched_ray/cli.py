@@ -352,17 +352,16 @@ def main(args: argparse.Namespace) -> int:
     interrupted = False
     try:
         if not ray.is_initialized():
-            if args.address:
-                ray.init(address=args.address, namespace=args.namespace, log_to_driver=False)
-            else:
-                ray.init(
-                    num_cpus=args.num_cpus or 4,
-                    num_gpus=config.hybrid_gpus + config.standalone_gpus,
-                    include_dashboard=False,
-                    object_store_memory=200 * 1024 * 1024,
-                    namespace=args.namespace,
-                    log_to_driver=False,
+            try:
+                _init_ray(ray, args, config)
+            except (KeyboardInterrupt, DynschedError):
+                raise
+            except Exception as exc:  # Ray could not start or join: say so in one line
+                where = f"join the Ray cluster at {args.address!r}" if args.address else (
+                    "start a local Ray cluster"
                 )
+                print(f"dynsched run: error: could not {where}: {exc}", file=sys.stderr)
+                return 1
             started = True
         runner = RayRunner(config, options, policy=policy, progress=printer)
         result = _run_quietly_on_interrupt(runner.run())
@@ -392,6 +391,20 @@ def main(args: argparse.Namespace) -> int:
     if options.metrics_path:
         print(f"metrics: {options.metrics_path}")
     return 0
+
+
+def _init_ray(ray: Any, args: argparse.Namespace, config: Any) -> None:
+    if args.address:
+        ray.init(address=args.address, namespace=args.namespace, log_to_driver=False)
+    else:
+        ray.init(
+            num_cpus=args.num_cpus or 4,
+            num_gpus=config.hybrid_gpus + config.standalone_gpus,
+            include_dashboard=False,
+            object_store_memory=200 * 1024 * 1024,
+            namespace=args.namespace,
+            log_to_driver=False,
+        )
 
 
 def _run_quietly_on_interrupt(coro: Any) -> Any:

@@ -152,6 +152,16 @@ def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     logger.debug("while stopping: %s", context.get("message"))
 
 
+def stop_quietly(loop: VirtualTimeEventLoop) -> None:
+    """Cancel every pending task of an interrupted ``loop``; their errors are logged at
+    debug level, not printed (they are consequences of the interrupt)."""
+    loop.set_exception_handler(_quiet)
+    try:
+        _cancel_all(loop)
+    except BaseException as exc:  # a second interrupt, or a task refusing to stop
+        logger.debug("while cancelling the tasks of an interrupted run: %r", exc)
+
+
 def _cancel_all(loop: VirtualTimeEventLoop) -> None:
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
     if not tasks:
