@@ -36,6 +36,7 @@ Example plug-in declaration (pyproject.toml)::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -94,8 +95,13 @@ def one_line(exc: BaseException) -> str:
     return "; ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, list[str]]:
     """Build the top-level parser with every loadable plug-in.
+
+    Args:
+        only: Load just this sub-command's plug-in (the others are listed without being
+            imported), so ``dynsched run ...`` does not import the optimus package and
+            ``dynsched optimus ...`` does not import Ray. None: load every plug-in.
 
     Returns:
         The parser and a list of human-readable problems with broken plug-ins.
@@ -118,6 +124,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     problems: list[str] = []
     group = PluginGroup(CLI_ENTRY_POINT_GROUP, kind="sub-command")
     for name in group.names():
+        if only is not None and name != only:
+            problem = _cheap_check(group, name)
+            if problem:
+                problems.append(problem)
+            sub.add_parser(name, help="(see dynsched --help)", add_help=False)
+            continue
         try:
             register = group.load(name)
             register(sub)
@@ -136,6 +148,27 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     if problems:
         parser.epilog = "problems with installed plug-ins:\n  " + "\n  ".join(problems)
     return parser, problems
+
+
+def _cheap_check(group: PluginGroup, name: str) -> str | None:
+    """A problem with a plug-in that is not loaded, found without importing it: a name
+    two distributions provide, or a top-level module that is not installed."""
+    providers = group.discover().get(name, [])
+    if len(providers) > 1:
+        dists = ", ".join(p.distribution for p in providers)
+        return f"sub-command {name!r} is provided by several distributions ({dists})"
+    for p in providers:
+        top = p.value.split(":", 1)[0].split(".", 1)[0].strip()
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return (
+                f"sub-command {name!r} of {p.distribution} failed to load: "
+                f"module {top!r} is not installed"
+            )
+    return None
 
 
 def _not_installed(name: str, dist: str) -> Callable[[argparse.Namespace], int]:
@@ -175,9 +208,20 @@ def _prog_of(args: argparse.Namespace) -> str:
     return " ".join(words)
 
 
+def _requested(argv: Sequence[str]) -> str | None:
+    """The sub-command named on the command line (None: none, or ``--help`` first)."""
+    for arg in argv:
+        if arg in ("-h", "--help", "--version"):
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    parser, problems = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser, problems = build_parser(only=_requested(args_list))
+    args, unknown = parser.parse_known_args(args_list)
     if unknown and not getattr(args, "_not_installed", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     level = logging.WARNING - 10 * min(int(args.verbose), 2)

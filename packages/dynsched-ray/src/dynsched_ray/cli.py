@@ -361,6 +361,7 @@ def main(args: argparse.Namespace) -> int:
                     "start a local Ray cluster"
                 )
                 print(f"dynsched run: error: could not {where}: {exc}", file=sys.stderr)
+                _shutdown_ray(ray)  # whatever part of it did start
                 return 1
             started = True
         runner = RayRunner(config, options, policy=policy, progress=printer)
