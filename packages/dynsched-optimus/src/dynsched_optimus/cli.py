@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from dynsched_core.errors import UsageError
 
 from dynsched_optimus._allocation import allocate
 from dynsched_optimus._convergence import (
@@ -342,11 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``dynsched optimus ...`` without the core dispatcher (tests, ``python -m``)."""
     args = build_parser().parse_args(["optimus", *(argv or [])])
-    try:
-        return int(args.func(args) or 0)
-    except UsageError as exc:
-        print(f"dynsched optimus {args.optimus_command}: error: {exc}", file=sys.stderr)
-        return 2
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,11 +9,12 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from dynsched_core.errors import UsageError
 
+from .._errors import OptimusError as UsageError
 from ._data import WORKLOAD_LOADS, PolluxDataError, available_workloads, load_workload
 from ._report import format_table, plot_results, write_result
 from ._run import run_pollux, run_ps
@@ -283,6 +284,21 @@ def _write_compare(
             plot_results(list(results.values()), args.out / label, job=args.job, title=label)
 
 
+def _one_line_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Bad input found by a handler: one line naming the flag or file, exit status 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except UsageError as exc:
+            name = getattr(args, "optimus_command", None) or getattr(args, "cmd", "")
+            print(f"dynsched optimus {name}: error: {exc}", file=sys.stderr)
+            return 2
+
+    run.__doc__ = fn.__doc__
+    return run
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``simulate`` and ``compare`` to the ``dynsched optimus`` sub-parsers."""
     sim = subparsers.add_parser("simulate", help="simulate one workload under one scheduler")
@@ -298,7 +314,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ig
         help=f"one of {', '.join(sorted(SCHEDULERS))} (default: optimus)",
     )
     _common(sim)
-    sim.set_defaults(func=simulate_main)
+    sim.set_defaults(func=_one_line_errors(simulate_main))
     cmp_ = subparsers.add_parser("compare", help="compare schedulers on several workloads")
     cmp_.add_argument(
         "--workloads",
@@ -313,7 +329,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ig
         "(default: fifo,drf,tiresias,optimus,optimus-oracle,optimus+)",
     )
     _common(cmp_)
-    cmp_.set_defaults(func=compare_main)
+    cmp_.set_defaults(func=_one_line_errors(compare_main))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,11 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_subcommands(sub)
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except UsageError as exc:
-        print(f"dynsched optimus {args.cmd}: error: {exc}", file=sys.stderr)
-        return 2
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":
