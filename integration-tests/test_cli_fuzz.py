@@ -25,10 +25,9 @@ from typing import Any
 
 import pytest
 import yaml
+from dynsched_core import cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from dynsched_core import cli
 
 EXAMPLES = int(os.environ.get("DYNSCHED_FUZZ_EXAMPLES", "15"))
 FUZZ = settings(
@@ -83,8 +82,7 @@ LOSSES = "step,loss\n" + "".join(f"{k},{1 / (0.01 * k + 1) + 0.1:.5f}\n" for k i
 SPEEDS = "ps,workers,speed\n1,1,1.0\n1,2,1.8\n2,2,2.1\n2,4,3.5\n4,4,4.2\n"
 BLOCKS = "name,size\nw1,1000\nw2,300\nb,10\n"
 WORKLOAD = (
-    "name,time,application,num_replicas,batch_size\n"
-    "cifar10-0,0,cifar10,1,128\nncf-1,10,ncf,1,256\n"
+    "name,time,application,num_replicas,batch_size\ncifar10-0,0,cifar10,1,128\nncf-1,10,ncf,1,256\n"
 )
 
 # --------------------------------------------------------------------------- strategies
@@ -97,7 +95,9 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -242,8 +242,19 @@ FLAG_VALUES = st.one_of(
     argv=st.lists(
         st.tuples(
             st.sampled_from(
-                ["--steps", "--prompts", "--set", "--policy", "--trainer-workers", "--num-cpus",
-                 "--tokens-per-s", "--trainer-step-time", "--name", "--metrics", "--resume"]
+                [
+                    "--steps",
+                    "--prompts",
+                    "--set",
+                    "--policy",
+                    "--trainer-workers",
+                    "--num-cpus",
+                    "--tokens-per-s",
+                    "--trainer-step-time",
+                    "--name",
+                    "--metrics",
+                    "--resume",
+                ]
             ),
             FLAG_VALUES,
         ),
@@ -309,7 +320,13 @@ def test_optimus_input_files(
         "async": ["optimus", "fit", "async", str(path)],
         "blocks": ["optimus", "paa", "--blocks", str(path), "--ps", "2"],
         "workload": [
-            "optimus", "simulate", "--workload", str(path), "--interval", "3600", "--quiet",
+            "optimus",
+            "simulate",
+            "--workload",
+            str(path),
+            "--interval",
+            "3600",
+            "--quiet",
         ],
     }[kind]
     rc, err = _main(args, capsys)
@@ -321,8 +338,17 @@ def test_optimus_input_files(
 @given(
     argv=st.lists(
         st.tuples(
-            st.sampled_from(["--num-jobs", "--interval", "--restart-delay", "--lr-decay-share",
-                             "--workloads", "--schedulers", "--seed"]),
+            st.sampled_from(
+                [
+                    "--num-jobs",
+                    "--interval",
+                    "--restart-delay",
+                    "--lr-decay-share",
+                    "--workloads",
+                    "--schedulers",
+                    "--seed",
+                ]
+            ),
             st.one_of(FLAG_VALUES, st.sampled_from(["workload-1,nosuch", "fifo,nosuch", ","])),
         ),
         min_size=1,

@@ -118,9 +118,7 @@ def test_resume_labels_cycles_and_steps_globally(tmp_path: Any, capsys: Any) -> 
 
 def test_cli_default_outputs_go_into_one_folder(tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
-    rc = cli.main(
-        ["run", "--name", "cli-out", "--steps", "2", "--trainer-workers", "1", "--quiet"]
-    )
+    rc = cli.main(["run", "--name", "cli-out", "--steps", "2", "--trainer-workers", "1", "--quiet"])
     assert rc == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dynsched-out"]
     assert (tmp_path / "dynsched-out" / "metrics.jsonl").is_file()

@@ -324,7 +324,9 @@ def read_allocation_file(
             )
         if q < 0:
             raise InputFileError(
-                path, f"must be >= 0 (steps still to train), got {q!r}", field=f"{loc}.remaining_steps"
+                path,
+                f"must be >= 0 (steps still to train), got {q!r}",
+                field=f"{loc}.remaining_steps",
             )
         try:
             out.append(

@@ -62,11 +62,7 @@ def build_config(path: str | None, overrides: list[str]) -> Any:
     from dynsched_core import DynamicScheduleConfig
     from dynsched_core._config import _expand_dotted
 
-    data: dict[str, Any]
-    if path:
-        data = _read_config_file(path)
-    else:
-        data = json.loads(json.dumps(DEMO_CONFIG))
+    data: dict[str, Any] = _read_config_file(path) if path else json.loads(json.dumps(DEMO_CONFIG))
     merged = _expand_dotted(data)
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -182,7 +178,10 @@ def register(subparsers: Any) -> None:
         "--steps 4 ends at step 12)",
     )
     p.add_argument(
-        "--prompts", type=int, default=None, help="prompts of the synthetic source (default: enough)"
+        "--prompts",
+        type=int,
+        default=None,
+        help="prompts of the synthetic source (default: enough)",
     )
     p.add_argument(
         "--address",
@@ -357,8 +356,10 @@ def main(args: argparse.Namespace) -> int:
             except (KeyboardInterrupt, DynschedError):
                 raise
             except Exception as exc:  # Ray could not start or join: say so in one line
-                where = f"join the Ray cluster at {args.address!r}" if args.address else (
-                    "start a local Ray cluster"
+                where = (
+                    f"join the Ray cluster at {args.address!r}"
+                    if args.address
+                    else ("start a local Ray cluster")
                 )
                 print(f"dynsched run: error: could not {where}: {exc}", file=sys.stderr)
                 _shutdown_ray(ray)  # whatever part of it did start
@@ -386,7 +387,9 @@ def main(args: argparse.Namespace) -> int:
     )
     for rec in result.metrics:
         keys = {
-            k.split("/")[-1]: round(v, 3) for k, v in rec.items() if k.startswith("dynamic_resource/")
+            k.split("/")[-1]: round(v, 3)
+            for k, v in rec.items()
+            if k.startswith("dynamic_resource/")
         }
         print(f"cycle {rec['cycle']} (step {rec['step']}): {keys}")
     if options.metrics_path:

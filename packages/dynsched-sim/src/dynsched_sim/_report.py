@@ -294,9 +294,7 @@ def _columns(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def format_compact_table(
-    scenario: Scenario, runs: Comparison, *, published: bool = True
-) -> str:
+def format_compact_table(scenario: Scenario, runs: Comparison, *, published: bool = True) -> str:
     """The compact view of the comparison (fits `COMPACT_WIDTH` columns for the built-in
     scenarios), with a legend; `format_table` is the full view.
 

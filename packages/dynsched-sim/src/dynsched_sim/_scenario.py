@@ -385,9 +385,7 @@ def _read(path: Path) -> Any:
         raise ScenarioError(f"not a text file ({e.reason})") from None
     except OSError as e:
         raise ScenarioError(f"cannot read it ({e.strerror or e})") from None
-    raise ScenarioError(
-        f"unsupported scenario file type {suffix!r}; use .yaml, .yml or .toml"
-    )
+    raise ScenarioError(f"unsupported scenario file type {suffix!r}; use .yaml, .yml or .toml")
 
 
 def builtin_scenarios() -> list[str]:

@@ -95,7 +95,9 @@ def _check_common(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.interval) and args.interval > 0):
         raise UsageError(f"--interval must be a number of seconds > 0, got {args.interval}")
     if not (math.isfinite(args.restart_delay) and args.restart_delay >= 0):
-        raise UsageError(f"--restart-delay must be a number of seconds >= 0, got {args.restart_delay}")
+        raise UsageError(
+            f"--restart-delay must be a number of seconds >= 0, got {args.restart_delay}"
+        )
     if args.num_jobs < 1:
         raise UsageError(f"--num-jobs must be >= 1, got {args.num_jobs}")
     if not 0.0 <= args.lr_decay_share <= 1.0:
@@ -107,7 +109,9 @@ def _check_common(args: argparse.Namespace) -> None:
         try:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UsageError(f"--out {str(args.out)!r}: cannot create it ({exc.strerror or exc})") from None
+            raise UsageError(
+                f"--out {str(args.out)!r}: cannot create it ({exc.strerror or exc})"
+            ) from None
 
 
 def _check_workloads(args: argparse.Namespace, workloads: list[str]) -> None:
@@ -206,7 +210,9 @@ def compare_main(args: argparse.Namespace) -> int:
     schedulers = [s.strip() for s in args.schedulers.split(",") if s.strip()]
     bad = [s for s in schedulers if s not in SCHEDULERS]
     if bad or not schedulers:
-        raise UsageError(f"--schedulers: unknown {bad or 'empty list'}; allowed {sorted(SCHEDULERS)}")
+        raise UsageError(
+            f"--schedulers: unknown {bad or 'empty list'}; allowed {sorted(SCHEDULERS)}"
+        )
     _check_common(args)
     workloads = ["ps"] if args.ps else [w.strip() for w in args.workloads.split(",") if w.strip()]
     _check_workloads(args, workloads)
@@ -229,7 +235,9 @@ def compare_main(args: argparse.Namespace) -> int:
                     )
     except KeyboardInterrupt:
         done = [w for w in workloads if w in per and len(per[w]) == len(schedulers)]
-        print(f"PARTIAL: interrupted after {len(rows)} of {len(workloads) * len(schedulers)} run(s)")
+        print(
+            f"PARTIAL: interrupted after {len(rows)} of {len(workloads) * len(schedulers)} run(s)"
+        )
         if rows:
             print(format_table(rows, ("workload", *_COLUMNS)))
         where = ""
@@ -284,7 +292,9 @@ def _write_compare(
             plot_results(list(results.values()), args.out / label, job=args.job, title=label)
 
 
-def _one_line_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+def _one_line_errors(
+    fn: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
     """Bad input found by a handler: one line naming the flag or file, exit status 2."""
 
     def run(args: argparse.Namespace) -> int:
