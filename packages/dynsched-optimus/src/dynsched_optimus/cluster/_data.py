@@ -210,8 +210,6 @@ def load_workload(
                 f"unknown workload {str(workload)!r} (load {load}); available: "
                 f"{', '.join(names) or 'none'}, or a path to a .csv file"
             )
-    elif not path.is_file():
-        raise PolluxDataError(f"workload file {str(workload)!r} does not exist")
     rows = _read_csv(path, _WORKLOAD_COLUMNS)
     jobs = []
     seen: set[str] = set()

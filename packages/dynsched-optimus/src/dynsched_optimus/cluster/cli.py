@@ -211,7 +211,8 @@ def compare_main(args: argparse.Namespace) -> int:
     bad = [s for s in schedulers if s not in SCHEDULERS]
     if bad or not schedulers:
         raise UsageError(
-            f"--schedulers: unknown {bad or 'empty list'}; allowed {sorted(SCHEDULERS)}"
+            f"--schedulers: unknown scheduler(s) {bad or 'none given'}; "
+            f"allowed {sorted(SCHEDULERS)}"
         )
     _check_common(args)
     workloads = ["ps"] if args.ps else [w.strip() for w in args.workloads.split(",") if w.strip()]
