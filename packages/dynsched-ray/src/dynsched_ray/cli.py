@@ -402,6 +402,7 @@ def _init_ray(ray: Any, args: argparse.Namespace, config: Any) -> None:
         ray.init(address=args.address, namespace=args.namespace, log_to_driver=False)
     else:
         ray.init(
+            address="local",  # a new local cluster, never another one found on the machine
             num_cpus=args.num_cpus or 4,
             num_gpus=config.hybrid_gpus + config.standalone_gpus,
             include_dashboard=False,
