@@ -106,7 +106,7 @@ def test_ctrl_c_in_simulate_writes_finished_runs_marked_partial(tmp_path: Path) 
     out = tmp_path / "sim"
     res = _interrupt(
         ["simulate", "--scenario", "balanced", "--seeds", "200", "--no-plots", "--out", str(out)],
-        "steps, simulated",
+        "/seed 1 ",  # the second run's bar: the first run is recorded by then
         stream="stderr",
         start_timeout=300,
     )
