@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from dynsched_core import cli
+from dynsched_core.errors import UsageError
 from dynsched_ray.cli import build_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
@@ -74,5 +75,50 @@ def test_build_config_accepts_verl_yaml_and_overrides(tmp_path: Any) -> None:
     )
     cfg = build_config(str(path), ["actor_rollout_ref.rollout.n=4", "staleness_threshold=0.25"])
     assert (cfg.hybrid_gpus, cfg.standalone_gpus, cfg.n, cfg.staleness_threshold) == (8, 4, 4, 0.25)
-    with pytest.raises(SystemExit, match="KEY=VALUE"):
+    with pytest.raises(UsageError, match="KEY=VALUE"):
         build_config(None, ["no-equals-sign"])
+    with pytest.raises(UsageError, match="closest known key is 'staleness_threshold'"):
+        build_config(None, ["staleness_treshold=0.3"])
+
+
+def test_resume_labels_cycles_and_steps_globally(tmp_path: Any, capsys: Any) -> None:
+    """After ``--resume``, cycles and steps continue the first run's numbering, on screen
+    and in the JSON lines, and the first resumed cycle has a real rollout window."""
+    metrics = tmp_path / "m.jsonl"
+    ckpt = tmp_path / "ckpt.json"
+    common = [
+        "run",
+        "--name",
+        "cli-resume",
+        "--trainer-workers",
+        "1",
+        "--trainer-step-time",
+        "0.01",
+        "--metrics",
+        str(metrics),
+        "--checkpoint",
+        str(ckpt),
+        "--steps",
+        "4",
+    ]
+    assert cli.main(common) == 0
+    first = capsys.readouterr().out
+    assert "cycle 1 (step 4)" in first
+    assert cli.main([*common, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "steps 5..8" in out and "step 5/8" in out and "step 8/8" in out
+    assert "finished: 4 step(s) from step 5" in out
+    assert "cycle 2 (step 6)" in out and "cycle 3 (step 8)" in out
+    assert "cycle 0 " not in out and out.count("finished:") == 1 and "done:" not in out
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [(r["cycle"], r["step"]) for r in rows] == [(0, 2), (1, 4), (2, 6), (3, 8)]
+    assert rows[2]["dynamic_resource/rollout_resource_utilization"] > 0.0
+    assert json.loads(ckpt.read_text())["steps_done"] == 8
+
+
+def test_cli_default_outputs_go_into_one_folder(tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    rc = cli.main(["run", "--name", "cli-out", "--steps", "2", "--trainer-workers", "1", "--quiet"])
+    assert rc == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dynsched-out"]
+    assert (tmp_path / "dynsched-out" / "metrics.jsonl").is_file()

@@ -31,16 +31,15 @@ def test_simulate_through_the_dispatcher(
     )
     assert rc in (0, None)
     text = capsys.readouterr().out
-    for word in (
-        "static-16-16",
-        "static-8-24",
-        "dynamic-16-16",
-        "effic.",
-        "switches",
-        "aborted",
-        "re-routed",
-    ):
+    # the compact default view: fits 100 columns, explains its columns
+    for word in ("static-16-16", "static-8-24", "dynamic-16-16", "eff", "util", "switches"):
         assert word in text
+    assert "wall h: simulated wall-clock (hours)" in text and "--full" in text
+    assert max(len(line) for line in text.splitlines() if not line.startswith("wrote ")) <= 100
+    # the full view: in table.txt (and with --full)
+    full = (out / "table.txt").read_text()
+    for word in ("effic.", "switches", "aborted", "re-routed", "proxy/true"):
+        assert word in full
     res = json.loads((out / "result.json").read_text())
     assert [(r["configuration"], r["policy"]) for r in res["runs"]] == [
         ("static-16-16", "static_fully_async"),
@@ -146,3 +145,17 @@ def test_within_spread_marker() -> None:
     assert noisy.within_spread_of_one() and not clear.within_spread_of_one()
     assert _ratio(noisy).startswith("~") and not _ratio(clear).startswith("~")
     assert not Spread.of([1.0]).within_spread_of_one()  # one seed: no spread to judge by
+
+
+def test_full_view_and_no_published_times_next_to_a_shorter_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--steps N`` (not the published step count): the published 120-step times are not
+    printed as if comparable; ``--full`` prints the wide table."""
+    args = ["--steps", "3", "--seeds", "1", "--no-plots", "--quiet", "--out", str(tmp_path)]
+    assert main([*args, "--full"]) == 0
+    text = capsys.readouterr().out
+    assert "proxy/true" in text and "re-routed" in text
+    assert "published dynamic-16-16" not in text
+    assert "published wall-clock times are for 120 steps" in text
+    assert "published" not in (tmp_path / "table.txt").read_text()

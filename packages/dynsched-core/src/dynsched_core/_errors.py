@@ -16,6 +16,7 @@ __all__ = [
     "RequestFailedError",
     "SampleWaitTimeoutError",
     "SwitchError",
+    "UsageError",
 ]
 
 
@@ -36,6 +37,14 @@ class ConfigError(DynschedError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.key))
+
+
+class UsageError(DynschedError, ValueError):
+    """A command-line argument or input file is wrong (the ``dynsched`` command's user error).
+
+    ``dynsched`` prints it as one line, ``dynsched <sub-command>: error: <message>``, and
+    exits with status 2. The message names the flag or file and what is allowed.
+    """
 
 
 class ConfigTypeError(ConfigError, TypeError):

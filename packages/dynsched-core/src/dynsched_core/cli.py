@@ -15,6 +15,18 @@ installed (`KNOWN_SUBCOMMANDS`): ``dynsched simulate`` without dynsched-sim says
 ``pip install dynsched-sim`` (exit status 2), and ``dynsched --help`` lists them as not
 installed.
 
+One way to end, for every sub-command (so none ends in a traceback for a user error):
+
+- a user error (`dynsched_core.errors.UsageError`, `ConfigError`, `PluginError`, or an
+  `OSError` naming a file) raised by a handler is printed as one line,
+  ``dynsched <sub-command>: error: <message>``, and the exit status is 2 (`EXIT_USAGE`);
+  argument errors found by argparse are printed the same way (one line, status 2);
+- Ctrl-C (``KeyboardInterrupt``) prints one line, ``dynsched <sub-command>: interrupted``
+  followed by the interrupt's message if it has one, and the exit status is 130
+  (`EXIT_INTERRUPTED`). A long sub-command catches the interrupt, writes what it
+  finished (marked as partial) and re-raises ``KeyboardInterrupt("partial results in
+  ...")`` so that the one line says where they are.
+
 Example plug-in declaration (pyproject.toml)::
 
     [project.entry-points."dynsched.cli"]
@@ -24,13 +36,31 @@ Example plug-in declaration (pyproject.toml)::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import NoReturn
 
+from dynsched_core._errors import ConfigError, UsageError
 from dynsched_core.plugins import PluginError, PluginGroup
 
-__all__ = ["CLI_ENTRY_POINT_GROUP", "KNOWN_SUBCOMMANDS", "build_parser", "main"]
+__all__ = [
+    "CLI_ENTRY_POINT_GROUP",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "KNOWN_SUBCOMMANDS",
+    "CommandParser",
+    "UsageError",
+    "build_parser",
+    "main",
+    "one_line",
+]
+
+#: Exit status of a user error (bad argument, bad input file, unwritable output).
+EXIT_USAGE = 2
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
 
 CLI_ENTRY_POINT_GROUP = "dynsched.cli"
 
@@ -47,15 +77,39 @@ KNOWN_SUBCOMMANDS: Mapping[str, str] = {
 logger = logging.getLogger(__name__)
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (no usage block) and exit status 2.
+
+    The ``dynsched`` parser and every sub-command parser added through it are of this
+    class, so ``dynsched run --steps x`` answers
+    ``dynsched run: error: argument --steps: invalid int value: 'x' (see dynsched run --help)``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Print one line naming the argument and exit with `EXIT_USAGE`."""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (continuation lines joined with ``; ``)."""
+    text = str(exc).strip() or type(exc).__name__
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, list[str]]:
     """Build the top-level parser with every loadable plug-in.
+
+    Args:
+        only: Load just this sub-command's plug-in (the others are listed without being
+            imported), so ``dynsched run ...`` does not import the optimus package and
+            ``dynsched optimus ...`` does not import Ray. None: load every plug-in.
 
     Returns:
         The parser and a list of human-readable problems with broken plug-ins.
     """
     from dynsched_core import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="dynsched",
         description=(
             "dynsched: keep deep-learning GPUs busy by moving them between jobs and roles. "
@@ -71,6 +125,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     problems: list[str] = []
     group = PluginGroup(CLI_ENTRY_POINT_GROUP, kind="sub-command")
     for name in group.names():
+        if only is not None and name != only:
+            problem = _cheap_check(group, name)
+            if problem:
+                problems.append(problem)
+            sub.add_parser(name, help="(see dynsched --help)", add_help=False)
+            continue
         try:
             register = group.load(name)
             register(sub)
@@ -91,6 +151,27 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     return parser, problems
 
 
+def _cheap_check(group: PluginGroup, name: str) -> str | None:
+    """A problem with a plug-in that is not loaded, found without importing it: a name
+    two distributions provide, or a top-level module that is not installed."""
+    providers = group.discover().get(name, [])
+    if len(providers) > 1:
+        dists = ", ".join(p.distribution for p in providers)
+        return f"sub-command {name!r} is provided by several distributions ({dists})"
+    for p in providers:
+        top = p.value.split(":", 1)[0].split(".", 1)[0].strip()
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return (
+                f"sub-command {name!r} of {p.distribution} failed to load: "
+                f"module {top!r} is not installed"
+            )
+    return None
+
+
 def _not_installed(name: str, dist: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         print(
@@ -104,9 +185,44 @@ def _not_installed(name: str, dist: str) -> Callable[[argparse.Namespace], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dynsched`` command."""
-    parser, problems = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    """Entry point of the ``dynsched`` command.
+
+    Returns:
+        The exit status: the handler's, `EXIT_USAGE` for a user error, `EXIT_INTERRUPTED`
+        after Ctrl-C.
+    """
+    prog = "dynsched"
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:
+        detail = one_line(exc) if str(exc) else ""
+        print(f"{prog}: interrupted{': ' + detail if detail else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _prog_of(args: argparse.Namespace) -> str:
+    words = ["dynsched"]
+    for attr in ("command", "optimus_command"):
+        value = getattr(args, attr, None)
+        if isinstance(value, str) and value:
+            words.append(value)
+    return " ".join(words)
+
+
+def _requested(argv: Sequence[str]) -> str | None:
+    """The sub-command named on the command line (None: none, or ``--help`` first)."""
+    for arg in argv:
+        if arg in ("-h", "--help", "--version"):
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser, problems = build_parser(only=_requested(args_list))
+    args, unknown = parser.parse_known_args(args_list)
     if unknown and not getattr(args, "_not_installed", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     level = logging.WARNING - 10 * min(int(args.verbose), 2)
@@ -123,7 +239,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         parser.print_help()
         return 0
-    result = func(args)
+    prog = _prog_of(args)
+    try:
+        result = func(args)
+    except KeyboardInterrupt as exc:
+        detail = one_line(exc) if str(exc) else ""
+        print(f"{prog}: interrupted{': ' + detail if detail else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (UsageError, ConfigError, PluginError) as exc:
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        reason = exc.strerror or one_line(exc)
+        print(f"{prog}: error: {exc.filename}: {reason}", file=sys.stderr)
+        return EXIT_USAGE
     return int(result) if result is not None else 0
 
 

@@ -18,6 +18,7 @@ from dynsched_core._errors import (
     RequestFailedError,
     SampleWaitTimeoutError,
     SwitchError,
+    UsageError,
 )
 from dynsched_core._handover import HandOverError
 from dynsched_core._inmemory import ReplicaDeadError, ReplicaNotReadyError
@@ -37,4 +38,5 @@ __all__ = [
     "RequestFailedError",
     "SampleWaitTimeoutError",
     "SwitchError",
+    "UsageError",
 ]

@@ -322,6 +322,12 @@ def read_allocation_file(
             raise InputFileError(
                 path, f"must be a number, got {q!r}", field=f"{loc}.remaining_steps"
             )
+        if q < 0:
+            raise InputFileError(
+                path,
+                f"must be >= 0 (steps still to train), got {q!r}",
+                field=f"{loc}.remaining_steps",
+            )
         try:
             out.append(
                 AllocationJob(

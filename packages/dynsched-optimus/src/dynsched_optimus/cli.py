@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -171,6 +172,8 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _allocate(args: argparse.Namespace) -> int:
+    if not (math.isfinite(args.damping) and 0.0 < args.damping <= 1.0):
+        raise OptimusError(f"--damping must be in (0, 1], got {args.damping}")
     jobs, cap, res = read_allocation_file(args.file)
     result = allocate(jobs, cap, damping=args.damping, method=args.method)
     payload = {
@@ -262,20 +265,40 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     fit.set_defaults(func=_guard(_fit))
 
     alloc = sub.add_parser("allocate", help="greedy allocation of PS and workers (JSON file)")
-    alloc.add_argument("file")
-    alloc.add_argument("--damping", type=float, default=0.95)
-    alloc.add_argument("--method", choices=("fast", "reference"), default="fast")
+    alloc.add_argument(
+        "file", help="JSON file: jobs (id, remaining_steps, speed, demands) and capacity"
+    )
+    alloc.add_argument(
+        "--damping",
+        type=float,
+        default=0.95,
+        help="factor on the gains of jobs marked damped (models fitted on few points), "
+        "0 < d <= 1 (default: 0.95)",
+    )
+    alloc.add_argument(
+        "--method",
+        choices=("fast", "reference"),
+        default="fast",
+        help="fast (vectorised, default) or reference (the plain loop; same result)",
+    )
     alloc.add_argument("--json", action="store_true", help="JSON output")
     alloc.set_defaults(func=_guard(_allocate))
 
     pl = sub.add_parser("place", help="fewest-servers even placement (JSON file)")
-    pl.add_argument("file")
+    pl.add_argument(
+        "file", help="JSON file: jobs (id, ps, workers, demands), node capacities, previous"
+    )
     pl.add_argument("--shrink", action="store_true", help="retry unplaceable jobs with fewer tasks")
     pl.add_argument("--json", action="store_true", help="JSON output")
     pl.set_defaults(func=_guard(_place))
 
     paa = sub.add_parser("paa", help="assign parameter blocks to parameter servers")
-    paa.add_argument("--model", choices=sorted(MODEL_ZOO), default=None)
+    paa.add_argument(
+        "--model",
+        choices=sorted(MODEL_ZOO),
+        default=None,
+        help=f"a built-in model: {', '.join(sorted(MODEL_ZOO))}",
+    )
     paa.add_argument("--blocks", default=None, help="CSV name,size or JSON file of blocks")
     paa.add_argument("--ps", type=int, required=True, help="number of parameter servers")
     paa.add_argument("--method", choices=("all", *sorted(PARAMETER_ASSIGNMENTS)), default="all")

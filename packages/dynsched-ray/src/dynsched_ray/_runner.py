@@ -56,6 +56,7 @@ __all__ = [
     "RayRunOptions",
     "RayRunResult",
     "RayRunner",
+    "checkpoint_policy",
     "load_checkpoint",
     "run_ray",
     "synthetic_prompts",
@@ -240,15 +241,78 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint written by `RayRunner`.
 
     Raises:
-        ValueError: not a dynsched-ray checkpoint, or an unknown format.
+        ConfigError: (a `ValueError`) the file is missing, unreadable, empty, not JSON,
+            not a dynsched-ray checkpoint, or of an unknown format; the message names
+            the file.
     """
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
+    name = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(f"checkpoint {name!r} does not exist", key="checkpoint") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"checkpoint {name!r}: cannot read it ({exc.strerror or exc})", key="checkpoint"
+        ) from None
+    if not text.strip():
+        raise ConfigError(f"checkpoint {name!r} is empty", key="checkpoint")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:  # UnicodeDecodeError is one too
+        raise ConfigError(
+            f"checkpoint {name!r} is corrupt (not JSON: {exc})", key="checkpoint"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(
-            f"{os.fspath(path)!r} is not a dynsched-ray checkpoint (format {CHECKPOINT_FORMAT})"
+        raise ConfigError(
+            f"{name!r} is not a dynsched-ray checkpoint (format {CHECKPOINT_FORMAT})",
+            key="checkpoint",
+        )
+    missing = [k for k in ("driver", "steps_done", "consumed_sample_ids") if k not in data]
+    if missing:
+        raise ConfigError(
+            f"checkpoint {name!r} is incomplete: missing {', '.join(missing)}", key="checkpoint"
         )
     return data
+
+
+def checkpoint_policy(data: Mapping[str, Any]) -> str | None:
+    """Name of the policy that wrote a checkpoint (None when it does not say)."""
+    config = data.get("config")
+    if isinstance(config, Mapping):
+        name = config.get("dynamic_schedule_policy")
+        if isinstance(name, str):
+            return name
+    return None
+
+
+class _RelabelledSink:
+    """Writes the records of a resumed run with global step and cycle numbers."""
+
+    def __init__(self, inner: Any, step_offset: int, cycle_offset: int) -> None:
+        self.inner = inner
+        self.step_offset = step_offset
+        self.cycle_offset = cycle_offset
+
+    def write(self, record: Any) -> None:
+        self.inner.write(_relabel(record, self.step_offset, self.cycle_offset))
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _relabel(record: Any, step_offset: int, cycle_offset: int) -> Any:
+    if not step_offset and not cycle_offset:
+        return record
+    return attrs.evolve(
+        record,
+        cycle=record.cycle + cycle_offset,
+        step=record.step + step_offset,
+        first_step=record.first_step + step_offset,
+    )
 
 
 class RayRunner:
@@ -296,6 +360,7 @@ class RayRunner:
         self._consumed: list[str] = []
         self._consumed_steps: list[int] = []
         self._step_offset = 0
+        self._cycle_offset = 0
         self._switches: list[str] = []
         self._failed_switches: list[str] = []
         self._transitions: list[tuple[str, str]] = []
@@ -453,13 +518,17 @@ class RayRunner:
             f" worker(s), router {'reused' if fleet.router_reused else 'created'}"
         )
         bus = EventBus()
-        aggregator, sink = self._metrics(bus)
+        # A resumed run subscribes its metrics after the restore: the restore's staleness
+        # reset closes no cycle's rollout window (it would pair with the first cycle).
+        aggregator, sink = self._metrics(bus) if restored is None else (None, None)
         health: asyncio.Task[None] | None = None
         try:
             hybrid = await self._trainer_group(fleet)
             self.replicas = self._membership(fleet, hybrid, bus)
             self.loop = loop = self._build_loop(fleet, self.replicas, bus)
             await self._restore(loop, restored)
+            if restored is not None:
+                aggregator, sink = self._metrics(bus)
             bus.subscribe(self._on_event)
             self._start_supervisor(fleet, loop)
             health = asyncio.ensure_future(self._health_checks())
@@ -486,6 +555,9 @@ class RayRunner:
         restored = load_checkpoint(opt.checkpoint_path)
         self._consumed = list(restored["consumed_sample_ids"])
         self._step_offset = int(restored["steps_done"])
+        # Cycles the earlier runs reported (a trailing partial cycle counts as one).
+        period = max(1, int(self.config.trigger_parameter_sync_step))
+        self._cycle_offset = -(-self._step_offset // period)
         return restored
 
     async def _trainer_group(self, fleet: RayFleet) -> dict[str, Any]:
@@ -657,7 +729,10 @@ class RayRunner:
             dead_replicas=tuple(self.replicas.dead_ids),
             router_reused=fleet.router_reused,
             resumed=resumed,
-            metrics=tuple(r.as_dict() for r in aggregator.records)
+            metrics=tuple(
+                _relabel(r, self._step_offset, self._cycle_offset).as_dict()
+                for r in aggregator.records
+            )
             if aggregator is not None
             else (),
             consumed_sample_ids=tuple(self._consumed),
@@ -702,11 +777,13 @@ class RayRunner:
         except ImportError:  # pragma: no cover - dynsched-metrics is a dependency
             logger.warning("dynsched-metrics is not installed: no dynamic_resource/* metrics")
             return None, None
-        sink = (
+        sink: Any = (
             JsonLinesSink(self.options.metrics_path, append=self.options.resume)
             if self.options.metrics_path
             else None
         )
+        if sink is not None and (self._step_offset or self._cycle_offset):
+            sink = _RelabelledSink(sink, self._step_offset, self._cycle_offset)
         aggregator = MetricsAggregator(
             hybrid_gpus=self.config.hybrid_gpus
             if self.config.use_dynamic_resource_scheduling

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import logging
 import os
 import sys
+import warnings
+from pathlib import Path
 from typing import Any
 
-__all__ = ["DEMO_CONFIG", "build_config", "main", "register"]
+from dynsched_core.errors import UsageError
+
+__all__ = ["DEMO_CONFIG", "build_config", "known_override_keys", "main", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,27 +54,87 @@ def build_config(path: str | None, overrides: list[str]) -> Any:
     """The core config from a YAML file (verl layout) or the demo, plus ``key=value`` overrides.
 
     Raises:
-        ConfigError: invalid file or values; SystemExit on a malformed override.
+        UsageError: the file is missing, unreadable, not YAML, empty or not a mapping; an
+            override is not ``KEY=VALUE`` or names an unknown key (the closest known key
+            is suggested).
+        ConfigError: a value is invalid (names the key).
     """
     from dynsched_core import DynamicScheduleConfig
     from dynsched_core._config import _expand_dotted
 
-    data: dict[str, Any]
-    if path:
-        import yaml
-
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-    else:
-        data = json.loads(json.dumps(DEMO_CONFIG))
+    data: dict[str, Any] = _read_config_file(path) if path else json.loads(json.dumps(DEMO_CONFIG))
     merged = _expand_dotted(data)
     for item in overrides:
         key, sep, value = item.partition("=")
+        key = key.strip()
         if not sep or not key:
-            raise SystemExit(f"dynsched run: --set expects KEY=VALUE, got {item!r}")
-        extra = _expand_dotted({key.strip(): _parse_value(value)})
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        _check_override_key(key)
+        extra = _expand_dotted({key: _parse_value(value)})
         _merge(merged, extra)
-    return DynamicScheduleConfig.from_dict(merged)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = DynamicScheduleConfig.from_dict(merged)
+    for w in caught:
+        print(f"dynsched run: warning: {w.message}", file=sys.stderr)
+    return config
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    import yaml
+
+    if os.path.isdir(path):
+        raise UsageError(f"--config {path!r} is a directory, not a YAML file")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"--config {path!r} does not exist") from None
+    except OSError as exc:
+        raise UsageError(f"--config {path!r}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--config {path!r} is not a text file ({exc.reason})") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise UsageError(f"--config {path!r}: YAML syntax error{at}: {problem}") from None
+    if data is None:
+        raise UsageError(
+            f"--config {path!r} is empty: give at least the trainer and rollout GPUs "
+            "(trainer.n_gpus_per_node, rollout.n_gpus_per_node), or leave out --config "
+            "for the demo"
+        )
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"--config {path!r} must hold a mapping of config keys, got {type(data).__name__}"
+        )
+    return data
+
+
+def known_override_keys() -> list[str]:
+    """Keys ``--set`` accepts: the flat field names and the verl keys dynsched reads."""
+    from dynsched_core._config import _IGNORED_ASYNC_KEYS, _VERL_PATHS
+
+    keys = set(_VERL_PATHS)
+    keys.update(path for paths in _VERL_PATHS.values() for path in paths)
+    keys.update(f"async_training.{k}" for k in _IGNORED_ASYNC_KEYS)
+    return sorted(keys)
+
+
+def _check_override_key(key: str) -> None:
+    known = known_override_keys()
+    if key in known:
+        return
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not close:  # compare the last part: --set foo.staleness=... -> staleness_threshold
+        leaf = key.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.0)
+    hint = f"; the closest known key is {close[0]!r}" if close else ""
+    raise UsageError(
+        f"--set: unknown config key {key!r}{hint} (known keys: the config field names, "
+        "e.g. staleness_threshold, or verl keys, e.g. async_training.staleness_threshold)"
+    )
 
 
 def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
@@ -105,9 +170,19 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--policy", default=None, help="policy name (overrides dynamic_schedule_policy)")
     p.add_argument(
-        "--steps", type=int, default=None, help="trainer micro-steps (default: config or 8)"
+        "--steps",
+        type=int,
+        default=None,
+        help="trainer micro-steps this invocation runs (default: config or 8); with --resume "
+        "they are ADDITIONAL steps after the checkpoint's (a checkpoint of 8 steps and "
+        "--steps 4 ends at step 12)",
     )
-    p.add_argument("--prompts", type=int, default=None, help="prompts of the synthetic source")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="prompts of the synthetic source (default: enough)",
+    )
     p.add_argument(
         "--address",
         default=None,
@@ -116,12 +191,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--namespace", default=None, help="Ray namespace of the named actors")
     p.add_argument("--name", default="dynsched", help="run name (prefix of actor names)")
     p.add_argument(
-        "--metrics", default="dynsched-metrics.jsonl", help="JSON-lines metrics file ('' for none)"
+        "--out",
+        default="dynsched-out",
+        help="output folder of the default metrics file (default: ./dynsched-out)",
+    )
+    p.add_argument(
+        "--metrics",
+        default=None,
+        help="JSON-lines metrics file (default: OUT/metrics.jsonl; '' for none)",
     )
     p.add_argument(
         "--checkpoint", default=None, help="driver checkpoint file (written after each sync)"
     )
-    p.add_argument("--resume", action="store_true", help="restore from --checkpoint before running")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="restore from --checkpoint (required) before running; --steps more steps follow",
+    )
     p.add_argument(
         "--keep-router", action="store_true", help="leave the named router actor alive at the end"
     )
@@ -145,21 +231,89 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=main)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Handler of ``dynsched run``."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from dynsched_core import ConfigError, DynschedError
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every flag checked before anything starts (one error naming the flag)."""
+    for flag, value, low in (
+        ("--steps", args.steps, 1),
+        ("--prompts", args.prompts, 1),
+        ("--trainer-workers", args.trainer_workers, 0),
+        ("--num-cpus", args.num_cpus, 1),
+    ):
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+    if not args.tokens_per_s > 0 or args.tokens_per_s == float("inf"):
+        raise UsageError(f"--tokens-per-s must be a finite number > 0, got {args.tokens_per_s}")
+    if not args.trainer_step_time >= 0 or args.trainer_step_time == float("inf"):
+        raise UsageError(
+            f"--trainer-step-time must be a finite number >= 0, got {args.trainer_step_time}"
+        )
+    if not args.name or not args.name.strip():
+        raise UsageError("--name must not be empty")
+    if args.resume and not args.checkpoint:
+        raise UsageError("--resume needs --checkpoint FILE (the checkpoint to continue from)")
 
+
+def _check_output_file(flag: str, path: str, folder_flag: str | None = None) -> None:
+    """Create the folder of ``path`` and make sure the file can be written there."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path!r} is a directory; give a file name")
+    folder = target.parent
+    if folder_flag is not None:
+        flag, path = folder_flag, str(folder)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UsageError(f"{flag} {path!r}: {str(existing)!r} is a file, not a folder")
     try:
-        config = build_config(args.config, list(args.overrides))
-        if args.policy:
-            config = config.evolve(dynamic_schedule_policy=args.policy)
-        policy = config.build_policy()
-    except (ConfigError, OSError, DynschedError) as exc:
-        print(f"dynsched run: {exc}", file=sys.stderr)
-        return 2
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"{flag} {path!r}: cannot create the folder {str(folder)!r} ({exc.strerror or exc})"
+        ) from None
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {path!r}: the folder {str(folder)!r} is not writable")
 
-    import ray
+
+def _check_resume(path: str, config: Any) -> dict[str, Any]:
+    """Read the checkpoint before Ray starts; refuse one another policy wrote."""
+    from dynsched_ray._runner import checkpoint_policy, load_checkpoint
+
+    data = load_checkpoint(path)  # ConfigError naming the file
+    writer = checkpoint_policy(data)
+    if writer is not None and writer != config.dynamic_schedule_policy:
+        raise UsageError(
+            f"--checkpoint {path!r} was written by policy {writer!r}; this run uses "
+            f"{config.dynamic_schedule_policy!r} (give --policy {writer} to resume it, or "
+            "start a fresh run without --resume)"
+        )
+    return data
+
+
+def main(args: argparse.Namespace) -> int:
+    """Handler of ``dynsched run``.
+
+    Raises:
+        UsageError, ConfigError: bad flags, config or checkpoint, found before Ray starts
+            (the ``dynsched`` dispatcher prints one line, exit status 2).
+        KeyboardInterrupt: Ctrl-C; the actors are released, Ray is shut down and the
+            metrics file ends with a ``{"partial": true, ...}`` line.
+    """
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from dynsched_core import DynschedError
+
+    _check_flags(args)
+    config = build_config(args.config, list(args.overrides))
+    if args.policy:
+        config = config.evolve(dynamic_schedule_policy=args.policy)
+    policy = config.build_policy()
+    metrics_path = (
+        str(Path(args.out) / "metrics.jsonl") if args.metrics is None else args.metrics or None
+    )
+    if metrics_path:
+        _check_output_file("--metrics", metrics_path, "--out" if args.metrics is None else None)
+    restored = _check_resume(args.checkpoint, config) if args.resume else None
+    if args.checkpoint:
+        _check_output_file("--checkpoint", args.checkpoint)
 
     from dynsched_ray._runner import RayRunner, RayRunOptions
 
@@ -171,45 +325,65 @@ def main(args: argparse.Namespace) -> int:
         tokens_per_s=args.tokens_per_s,
         trainer_step_time_s=args.trainer_step_time,
         trainer_workers=args.trainer_workers,
-        metrics_path=args.metrics or None,
+        metrics_path=metrics_path,
         checkpoint_path=args.checkpoint,
         resume=bool(args.resume),
         keep_router=bool(args.keep_router),
     )
-    started = False
-    if not ray.is_initialized():
-        if args.address:
-            ray.init(address=args.address, namespace=args.namespace, log_to_driver=False)
-        else:
-            ray.init(
-                num_cpus=args.num_cpus or 4,
-                num_gpus=config.hybrid_gpus + config.standalone_gpus,
-                include_dashboard=False,
-                object_store_memory=200 * 1024 * 1024,
-                namespace=args.namespace,
-                log_to_driver=False,
-            )
-        started = True
-    printer = None if args.quiet else (lambda line: print(line, flush=True))
+
+    import ray
+
+    def printer(line: str) -> None:
+        # The runner's closing "done:" line repeats the "finished:" summary printed below.
+        if not args.quiet and not line.startswith("done:"):
+            print(line, flush=True)
+
+    steps = options.num_steps or config.total_training_steps or 8
+    first = int(restored["steps_done"]) + 1 if restored is not None else 1
     print(
         f"dynsched run --backend ray: policy {config.dynamic_schedule_policy}, "
-        f"{config.num_standalone_replicas} standalone + {config.num_hybrid_replicas} hybrid replica(s), "
-        f"{config.required_samples} sample(s)/step, T={config.trigger_parameter_sync_step}",
+        f"{config.num_standalone_replicas} standalone + {config.num_hybrid_replicas} hybrid "
+        f"replica(s), {config.required_samples} sample(s)/step, "
+        f"T={config.trigger_parameter_sync_step}, steps {first}..{first + steps - 1}",
         flush=True,
     )
+    started = False
+    interrupted = False
     try:
-        result = asyncio.run(RayRunner(config, options, policy=policy, progress=printer).run())
+        if not ray.is_initialized():
+            try:
+                _init_ray(ray, args, config)
+            except (KeyboardInterrupt, DynschedError):
+                raise
+            except Exception as exc:  # Ray could not start or join: say so in one line
+                where = (
+                    f"join the Ray cluster at {args.address!r}"
+                    if args.address
+                    else ("start a local Ray cluster")
+                )
+                print(f"dynsched run: error: could not {where}: {exc}", file=sys.stderr)
+                _shutdown_ray(ray)  # whatever part of it did start
+                return 1
+            started = True
+        runner = RayRunner(config, options, policy=policy, progress=printer)
+        result = _run_quietly_on_interrupt(runner.run())
+    except KeyboardInterrupt:
+        interrupted = True
+        raise KeyboardInterrupt(_partial_note(metrics_path, args.checkpoint)) from None
     except DynschedError as exc:
         print(f"dynsched run: error: {exc}", file=sys.stderr)
         return 1
     finally:
         if started:
-            ray.shutdown()
+            _shutdown_ray(ray)
+        if interrupted and metrics_path:
+            _mark_partial(metrics_path)
     loop = result.loop
     print(
-        f"finished: {loop.steps} step(s) from step {result.first_step}, version {result.final_version}, "
-        f"{loop.samples_consumed} consumed / {loop.samples_produced} produced / {loop.samples_left} left, "
-        f"{loop.activations} activation(s), {loop.deactivations} deactivation(s)"
+        f"finished: {loop.steps} step(s) from step {result.first_step}, version "
+        f"{result.final_version}, {loop.samples_consumed} consumed / {loop.samples_produced} "
+        f"produced / {loop.samples_left} left, {loop.activations} activation(s), "
+        f"{loop.deactivations} deactivation(s)"
     )
     for rec in result.metrics:
         keys = {
@@ -221,3 +395,64 @@ def main(args: argparse.Namespace) -> int:
     if options.metrics_path:
         print(f"metrics: {options.metrics_path}")
     return 0
+
+
+def _init_ray(ray: Any, args: argparse.Namespace, config: Any) -> None:
+    if args.address:
+        ray.init(address=args.address, namespace=args.namespace, log_to_driver=False)
+    else:
+        ray.init(
+            address="local",  # a new local cluster, never another one found on the machine
+            num_cpus=args.num_cpus or 4,
+            num_gpus=config.hybrid_gpus + config.standalone_gpus,
+            include_dashboard=False,
+            object_store_memory=200 * 1024 * 1024,
+            namespace=args.namespace,
+            log_to_driver=False,
+        )
+
+
+def _run_quietly_on_interrupt(coro: Any) -> Any:
+    """``asyncio.run(coro)``, but Ctrl-C cancels without printing pending-task errors."""
+    stopping = False
+
+    def on_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if stopping:  # tasks torn down by the interrupt: not news to the user
+            logger.debug("during shutdown: %s", context.get("message"))
+            return
+        loop.default_exception_handler(context)
+
+    with asyncio.Runner() as runner:
+        runner.get_loop().set_exception_handler(on_error)
+        try:
+            return runner.run(coro)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            stopping = True
+            raise KeyboardInterrupt from None
+        finally:
+            stopping = True
+
+
+def _shutdown_ray(ray: Any) -> None:
+    try:
+        ray.shutdown()
+    except KeyboardInterrupt:  # a second Ctrl-C while shutting down: try once more
+        ray.shutdown()
+
+
+def _partial_note(metrics_path: str | None, checkpoint: str | None) -> str:
+    parts = []
+    if metrics_path:
+        parts.append(f"partial metrics in {metrics_path} (last line marked partial)")
+    if checkpoint:
+        parts.append(f"checkpoint of the last finished sync in {checkpoint}")
+    return "; ".join(parts) or "nothing written"
+
+
+def _mark_partial(path: str) -> None:
+    """Append the interrupt marker line to the metrics file."""
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"partial": True, "interrupted": True}) + "\n")
+    except OSError as exc:  # pragma: no cover - the folder was writable at the start
+        logger.warning("could not mark %s as partial: %s", path, exc)

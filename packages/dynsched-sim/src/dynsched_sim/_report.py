@@ -30,6 +30,7 @@ __all__ = [
     "Spread",
     "aggregate",
     "compare",
+    "format_compact_table",
     "format_table",
     "result_json",
     "seeds_of",
@@ -68,6 +69,7 @@ def compare(
     seed: int | None = None,
     seeds: int | None = None,
     progress: Callable[[str], Callable[[int, int, float], None] | None] | None = None,
+    into: list[RunResult] | None = None,
 ) -> Comparison:
     """Run every configuration of ``scenario`` on every seed: static ones once, dynamic ones
     per policy. Runs are ordered by configuration, policy, then seed.
@@ -78,8 +80,10 @@ def compare(
         seed: First workload seed (default: the scenario's).
         seeds: Number of seeds (default: the scenario's ``seeds``).
         progress: Called with a run label; returns a per-step progress callback.
+        into: Append each run here as soon as it finishes (what an interrupted
+            comparison has done); the returned list is this one when given.
     """
-    runs: Comparison = []
+    runs: Comparison = into if into is not None else []
     for conf in scenario.configurations:
         names = [policy_for(conf, p) for p in policies] if conf.hybrid else [policy_for(conf, "")]
         for pol in dict.fromkeys(names):
@@ -264,9 +268,83 @@ def _ratio(s: Spread | None) -> str:
     return ("~" if s.within_spread_of_one() else "") + _pm(s)
 
 
-def format_table(scenario: Scenario, runs: Comparison) -> str:
+#: Width the compact view of `format_table` is meant to fit (a terminal, a README block).
+COMPACT_WIDTH = 100
+
+
+def _short(s: Spread, scale: float = 1.0) -> str:
+    if s.n == 1:
+        return f"{s.mean / scale:.2f}"
+    return f"{s.mean / scale:.2f}±{s.std / scale:.2f}"
+
+
+def _short_ratio(s: Spread | None) -> str:
+    if s is None:
+        return "-"
+    return ("~" if s.within_spread_of_one() else "") + _short(s)
+
+
+def _columns(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(h), *(len(row[j]) for row in rows)) for j, h in enumerate(head)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
+    out.append("  ".join("-" * w for w in widths))
+    out += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    return out
+
+
+def format_compact_table(scenario: Scenario, runs: Comparison, *, published: bool = True) -> str:
+    """The compact view of the comparison (fits `COMPACT_WIDTH` columns for the built-in
+    scenarios), with a legend; `format_table` is the full view.
+
+    Columns: wall-clock in hours, speed-up over each static split, efficiency against the
+    lower bound, true cluster utilization and switches, each a mean over seeds (``±``: the
+    standard deviation).
+    """
+    aggs = aggregate(scenario, runs)
+    statics = [c.name for c in scenario.configurations if not c.hybrid]
+    head = ["configuration", "policy", "wall h", *[f"x{s}" for s in statics], "eff", "util"]
+    head.append("switches")
+    rows = []
+    for a in aggs:
+        cluster = a.true_utilization["cluster"]
+        rows.append(
+            [
+                a.configuration,
+                a.policy,
+                _short(a.wall_clock_s, 3600.0),
+                *[
+                    _short_ratio(a.speedup_vs.get(n)) if n != a.configuration else "-"
+                    for n in statics
+                ],
+                _short(a.efficiency),
+                _cell(cluster),
+                f"{a.summary['switches']:.0f}",
+            ]
+        )
+    out = _columns(head, rows)
+    seeds = sorted({r.seed for r in runs})
+    out.append("")
+    out.append("wall h: simulated wall-clock (hours); x<split>: speed-up over that static split")
+    out.append("  (its wall-clock / this one); eff: lower bound / wall-clock (1 = the bound);")
+    out.append("  util: true cluster GPU utilization; switches: hybrid activations + deactivations")
+    if len(seeds) > 1:
+        out.append(
+            f"±: std over {len(seeds)} workload seeds ({seeds[0]}..{seeds[-1]}); "
+            f"~: within {WITHIN_SPREAD_SIGMAS:g} std of 1 (no difference)"
+        )
+    out.append("full view (bound, proxy metrics, queue, aborts): --full, and table.txt")
+    if published:
+        out += published_lines(scenario, aggs)
+    return "\n".join(out)
+
+
+def format_table(scenario: Scenario, runs: Comparison, *, published: bool = True) -> str:
     """The comparison table (plain text): one row per configuration and policy, mean and
-    spread over the seeds of ``runs``."""
+    spread over the seeds of ``runs`` (the full view; `format_compact_table` is the
+    compact one). ``published=False`` leaves out the published wall-clock lines (for a
+    run whose step count differs from the published one)."""
     aggs = aggregate(scenario, runs)
     statics = [c.name for c in scenario.configurations if not c.hybrid]
     head = [
@@ -314,7 +392,8 @@ def format_table(scenario: Scenario, runs: Comparison) -> str:
             f"mean ±std over {len(seeds)} workload seeds ({seeds[0]}..{seeds[-1]}); "
             f"~ marks a ratio within {WITHIN_SPREAD_SIGMAS:g} std of 1 (no difference)"
         )
-    out += published_lines(scenario, aggs)
+    if published:
+        out += published_lines(scenario, aggs)
     return "\n".join(out)
 
 
@@ -333,8 +412,8 @@ def published_lines(scenario: Scenario, aggs: Sequence[Aggregate]) -> list[str]:
         for a in sims:
             kind = "fitted" if fitted and not conf.hybrid else "predicted"
             lines.append(
-                f"published {name}: {pub / 3600:.3f} h; simulated ({a.policy}) "
-                f"{_pm(a.wall_clock_s, 3600.0)} h, {kind}, residual "
+                f"published {name}: {pub / 3600:.3f} h; simulated "
+                f"{_pm(a.wall_clock_s, 3600.0)} h ({a.policy}, {kind}), residual "
                 f"{a.wall_clock_s.mean / pub - 1:+.1%}"
             )
     return lines
@@ -383,19 +462,29 @@ def write_outputs(
     policies: Sequence[str],
     seeds: Sequence[int],
     plots: bool = True,
+    partial: bool = False,
+    published: bool = True,
 ) -> dict[str, str]:
     """Write ``result.json``, ``table.txt`` and the plots (runs of the first seed) into
-    ``out_dir``; return the paths."""
+    ``out_dir``; return the paths.
+
+    ``partial=True`` (an interrupted comparison) marks both files as partial:
+    ``"partial": true`` in ``result.json`` and a first line saying so in ``table.txt``.
+    """
     os.makedirs(out_dir, exist_ok=True)
     paths: dict[str, str] = {}
     p = os.path.join(out_dir, "result.json")
+    data = result_json(scenario, runs, policies, seeds)
+    data["partial"] = partial
     with open(p, "w") as f:
-        json.dump(result_json(scenario, runs, policies, seeds), f, indent=1)
+        json.dump(data, f, indent=1)
         f.write("\n")
     paths["result"] = p
     p = os.path.join(out_dir, "table.txt")
     with open(p, "w") as f:
-        f.write(format_table(scenario, runs) + "\n")
+        if partial:
+            f.write(f"PARTIAL: interrupted after {len(runs)} run(s); the missing runs are absent\n")
+        f.write(format_table(scenario, runs, published=published) + "\n")
     paths["table"] = p
     if plots:
         first = min(r.seed for r in runs)

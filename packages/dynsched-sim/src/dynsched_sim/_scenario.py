@@ -364,17 +364,28 @@ def _provenance(value: Any) -> dict[str, str]:
 
 def _read(path: Path) -> Any:
     suffix = path.suffix.lower()
-    if suffix == ".toml":
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    if suffix in (".yaml", ".yml"):
-        import yaml
+    try:
+        if suffix == ".toml":
+            with path.open("rb") as f:
+                return tomllib.load(f)
+        if suffix in (".yaml", ".yml"):
+            import yaml
 
-        with path.open() as f:
-            return yaml.safe_load(f)
-    raise ScenarioError(
-        f"{path}: unsupported scenario file type {suffix!r}; use .yaml, .yml or .toml"
-    )
+            try:
+                with path.open(encoding="utf-8") as f:
+                    return yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                problem = getattr(e, "problem", None) or type(e).__name__
+                raise ScenarioError(f"YAML syntax error{at}: {problem}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"TOML syntax error: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"not a text file ({e.reason})") from None
+    except OSError as e:
+        raise ScenarioError(f"cannot read it ({e.strerror or e})") from None
+    raise ScenarioError(f"unsupported scenario file type {suffix!r}; use .yaml, .yml or .toml")
 
 
 def builtin_scenarios() -> list[str]:
@@ -392,6 +403,8 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
     s = os.fspath(name_or_path)
     p = Path(s)
     if p.suffix.lower() in (".yaml", ".yml", ".toml") or os.sep in s:
+        if p.is_dir():
+            raise ScenarioError(f"scenario {s!r} is a directory; give a .yaml or .toml file")
         if not p.is_file():
             raise ScenarioError(f"scenario file {s!r} does not exist")
         try:

@@ -23,7 +23,7 @@ from dynsched_sim._bound import LowerBound, lower_bound
 from dynsched_sim._cluster import SimCluster, build_cluster, prompt_source
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._trainer import SimTrainer
-from dynsched_sim._vloop import VirtualTimeEventLoop
+from dynsched_sim._vloop import VirtualTimeEventLoop, stop_quietly
 
 __all__ = ["STATIC_POLICY", "RunResult", "policy_for", "queue_ceiling", "run_configuration"]
 
@@ -304,6 +304,10 @@ def _simulate(
         asyncio.set_event_loop(loop)
         out = loop.run_until_complete(_run(scenario, conf, cfg, seed, progress))
         return out, loop.callbacks_scheduled
+    except BaseException:
+        # Ctrl-C mid-run: stop the run's tasks without printing their teardown errors.
+        stop_quietly(loop)
+        raise
     finally:
         asyncio.set_event_loop(None)
         loop.close()

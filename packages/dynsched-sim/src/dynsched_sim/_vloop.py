@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["SimulationDeadlockError", "VirtualTimeEventLoop", "run_virtual"]
 
@@ -131,6 +134,11 @@ def run_virtual(main: Coroutine[Any, Any, _T], *, start: float = 0.0) -> _T:
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(main)
+    except BaseException:
+        # Ctrl-C (or an error) tears the program down: the errors of the tasks cancelled
+        # below are consequences, not news; log them at debug level instead of printing.
+        loop.set_exception_handler(_quiet)
+        raise
     finally:
         try:
             _cancel_all(loop)
@@ -138,6 +146,20 @@ def run_virtual(main: Coroutine[Any, Any, _T], *, start: float = 0.0) -> _T:
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    logger.debug("while stopping: %s", context.get("message"))
+
+
+def stop_quietly(loop: VirtualTimeEventLoop) -> None:
+    """Cancel every pending task of an interrupted ``loop``; their errors are logged at
+    debug level, not printed (they are consequences of the interrupt)."""
+    loop.set_exception_handler(_quiet)
+    try:
+        _cancel_all(loop)
+    except BaseException as exc:  # a second interrupt, or a task refusing to stop
+        logger.debug("while cancelling the tasks of an interrupted run: %r", exc)
 
 
 def _cancel_all(loop: VirtualTimeEventLoop) -> None:

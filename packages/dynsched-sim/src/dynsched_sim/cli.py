@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import textwrap
+from pathlib import Path
 from typing import Any
+
+from dynsched_core.errors import UsageError
 
 __all__ = ["main", "register"]
 
@@ -52,6 +57,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--steps", type=int, default=None, help="override the number of training micro-steps"
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="print the full table (bound, proxy and true utilizations, queue, aborts) "
+        "instead of the compact one; table.txt always has the full one",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument(
         "--list",
@@ -60,11 +71,33 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_out(out: str) -> None:
+    """The output folder exists (created) and is writable, before anything runs."""
+    path = Path(out)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UsageError(f"--out {out!r}: {str(existing)!r} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out!r}: cannot create it ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"--out {out!r} is not writable")
+
+
 def _handler(args: argparse.Namespace) -> int:
     from dynsched_core import available_policies
     from dynsched_core.errors import PolicyRegistryError
 
-    from dynsched_sim._report import ProgressBar, compare, format_table, seeds_of, write_outputs
+    from dynsched_sim._report import (
+        COMPACT_WIDTH,
+        ProgressBar,
+        compare,
+        format_compact_table,
+        format_table,
+        seeds_of,
+        write_outputs,
+    )
     from dynsched_sim._scenario import ScenarioError, builtin_scenarios, load_scenario
 
     if args.list:
@@ -73,9 +106,11 @@ def _handler(args: argparse.Namespace) -> int:
         return 0
     try:
         scenario = load_scenario(args.scenario)
+        published = True
         if args.steps is not None:
             if args.steps < 1:
                 raise ScenarioError(f"--steps must be >= 1, got {args.steps}")
+            published = args.steps == scenario.steps
             scenario = scenario.with_steps(args.steps)
         known = available_policies()
         for name in args.policy:
@@ -85,21 +120,54 @@ def _handler(args: argparse.Namespace) -> int:
                 get_policy_class(name)  # raises with the list and a close match
         if args.seeds is not None and args.seeds < 1:
             raise ScenarioError(f"--seeds must be >= 1, got {args.seeds}")
+        _check_out(args.out)
     except (ScenarioError, PolicyRegistryError) as e:
-        print(f"dynsched simulate: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     seeds = seeds_of(scenario, args.seed, args.seeds)
-    runs = compare(
-        scenario,
-        args.policy,
-        seed=seeds[0],
-        seeds=len(seeds),
-        progress=None if args.quiet else ProgressBar(),
-    )
-    print(f"scenario {scenario.name}: {scenario.description}".strip())
-    print(format_table(scenario, runs))
+    runs: list[Any] = []
+    try:
+        compare(
+            scenario,
+            args.policy,
+            seed=seeds[0],
+            seeds=len(seeds),
+            progress=None if args.quiet else ProgressBar(),
+            into=runs,
+        )
+    except KeyboardInterrupt:
+        if not runs:
+            raise KeyboardInterrupt("no run finished; nothing written") from None
+        paths = write_outputs(
+            scenario,
+            runs,
+            args.out,
+            policies=args.policy,
+            seeds=seeds,
+            plots=False,
+            partial=True,
+            published=published,
+        )
+        raise KeyboardInterrupt(
+            f"{len(runs)} finished run(s) written to {', '.join(sorted(set(paths.values())))}"
+            " (marked partial)"
+        ) from None
+    head = f"scenario {scenario.name}: {scenario.description}".strip()
+    print(head if args.full else textwrap.fill(head, COMPACT_WIDTH, subsequent_indent="  "))
+    table = format_table if args.full else format_compact_table
+    print(table(scenario, runs, published=published))
+    if not published:
+        print(
+            f"(published wall-clock times are for {load_scenario(args.scenario).steps} steps; "
+            f"not compared with this {scenario.steps}-step run)"
+        )
     paths = write_outputs(
-        scenario, runs, args.out, policies=args.policy, seeds=seeds, plots=not args.no_plots
+        scenario,
+        runs,
+        args.out,
+        policies=args.policy,
+        seeds=seeds,
+        plots=not args.no_plots,
+        published=published,
     )
     print(f"wrote {', '.join(sorted(set(paths.values())))}")
     return 0
@@ -107,9 +175,15 @@ def _handler(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``simulate`` without the dispatcher (``python -m dynsched_sim.cli``)."""
-    p = argparse.ArgumentParser(prog="dynsched simulate")
+    from dynsched_core.cli import CommandParser, one_line
+
+    p = CommandParser(prog="dynsched simulate")
     _add_arguments(p)
-    return _handler(p.parse_args(argv))
+    try:
+        return _handler(p.parse_args(argv))
+    except UsageError as e:
+        print(f"dynsched simulate: error: {one_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -34,9 +34,11 @@ from scipy.interpolate import LinearNDInterpolator
 __all__ = [
     "POLLUX_ENV_VAR",
     "POLLUX_MODELS",
+    "WORKLOAD_LOADS",
     "GpuJobSpec",
     "ModelProfile",
     "PolluxDataError",
+    "available_workloads",
     "find_pollux_data",
     "load_profiles",
     "load_workload",
@@ -149,6 +151,31 @@ class GpuJobSpec:
     batch_size: int
 
 
+#: Folder of each relative job load (``--load``) under the Pollux data directory.
+WORKLOAD_LOADS = {
+    "1.0": "workloads",
+    "0.5": "workloads-0.5",
+    "1.5": "workloads-1.5",
+    "2.0": "workloads-2.0",
+    "realistic": "workloads-realistic",
+}
+
+
+def available_workloads(load: str = "1.0", *, root: Path | None = None) -> list[str]:
+    """Names of the vendored Pollux workloads of one job load (e.g. ``workload-1``).
+
+    Raises:
+        PolluxDataError: unknown load, or the data directory is not found.
+    """
+    if load not in WORKLOAD_LOADS:
+        raise PolluxDataError(f"load={load!r}: allowed values are {sorted(WORKLOAD_LOADS)}")
+    folder = (root or find_pollux_data()) / WORKLOAD_LOADS[load]
+    if not folder.is_dir():
+        return []
+    names = [p.stem for p in folder.glob("*.csv")]
+    return sorted(names, key=lambda n: (len(n), n))
+
+
 def load_workload(
     workload: str | os.PathLike[str], *, load: str = "1.0", root: Path | None = None
 ) -> list[GpuJobSpec]:
@@ -167,15 +194,22 @@ def load_workload(
         PolluxDataError: missing or malformed file, unknown load or application.
     """
     path = Path(workload)
+    if path.is_dir():
+        raise PolluxDataError(f"workload {str(workload)!r} is a directory, not a .csv file")
     if path.suffix != ".csv":
         name = str(workload)
         if not name.startswith("workload-"):
             name = f"workload-{name}"
-        loads = {"1.0": "workloads", "0.5": "workloads-0.5", "1.5": "workloads-1.5"}
-        loads |= {"2.0": "workloads-2.0", "realistic": "workloads-realistic"}
-        if load not in loads:
-            raise PolluxDataError(f"load={load!r}: allowed values are {sorted(loads)}")
-        path = (root or find_pollux_data()) / loads[load] / f"{name}.csv"
+        if load not in WORKLOAD_LOADS:
+            raise PolluxDataError(f"load={load!r}: allowed values are {sorted(WORKLOAD_LOADS)}")
+        folder = (root or find_pollux_data()) / WORKLOAD_LOADS[load]
+        path = folder / f"{name}.csv"
+        if not path.is_file():
+            names = available_workloads(load, root=root)
+            raise PolluxDataError(
+                f"unknown workload {str(workload)!r} (load {load}); available: "
+                f"{', '.join(names) or 'none'}, or a path to a .csv file"
+            )
     rows = _read_csv(path, _WORKLOAD_COLUMNS)
     jobs = []
     seen: set[str] = set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,13 +41,26 @@ def format_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> s
     head = "| " + " | ".join(columns) + " |"
     sep = "|" + "|".join("---" for _ in columns) + "|"
     lines = [head, sep]
+    digits = {c: _decimals([r.get(c) for r in rows]) for c in columns}
     for r in rows:
         cells = []
         for c in columns:
             v = r.get(c, "")
-            cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
+            if isinstance(v, float):
+                cells.append("-" if not math.isfinite(v) else f"{v:,.{digits[c]}f}")
+            else:
+                cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _decimals(values: Sequence[object]) -> int:
+    """Decimals of a float column: one fixed format per column, never scientific."""
+    floats = [abs(v) for v in values if isinstance(v, float) and math.isfinite(v)]
+    if not floats:
+        return 0
+    top = max(floats)
+    return 0 if top >= 100 else 2 if top >= 1 else 3
 
 
 def plot_results(

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from ._data import PolluxDataError
+from .._errors import OptimusError as UsageError
+from ._data import WORKLOAD_LOADS, PolluxDataError, available_workloads, load_workload
 from ._report import format_table, plot_results, write_result
 from ._run import run_pollux, run_ps
 from ._schedulers import SCHEDULERS
@@ -36,10 +39,22 @@ _COLUMNS = (
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--load", default="1.0", help="Pollux job load: 1.0, 0.5, 1.5, 2.0, realistic")
-    p.add_argument("--interval", type=float, default=60.0, help="scheduling interval (s)")
-    p.add_argument("--restart-delay", type=float, default=30.0, help="restart pause (s)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--load",
+        default="1.0",
+        choices=sorted(WORKLOAD_LOADS),
+        help="relative job load of the Pollux workloads (default: 1.0)",
+    )
+    p.add_argument(
+        "--interval", type=float, default=60.0, help="scheduling interval in s (default: 60)"
+    )
+    p.add_argument(
+        "--restart-delay",
+        type=float,
+        default=30.0,
+        help="pause of a job whose allocation changes, in s (default: 30)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument(
         "--completion",
         choices=("target", "epochs"),
@@ -47,18 +62,20 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="GPU jobs end at the target metric (default) or after all epochs (Pollux rule)",
     )
     p.add_argument("--ps", action="store_true", help="paper-like PS workload instead of Pollux")
-    p.add_argument("--num-jobs", type=int, default=30, help="PS workload size (with --ps)")
+    p.add_argument(
+        "--num-jobs", type=int, default=30, help="PS workload size, with --ps (default: 30)"
+    )
     p.add_argument(
         "--lr-decay-share",
         type=float,
         default=0.0,
-        help="share of PS jobs with a step learning-rate decay (with --ps)",
+        help="share of PS jobs with a step learning-rate decay, 0..1, with --ps (default: 0)",
     )
     p.add_argument(
         "--assignment",
         default="paa",
         choices=("paa", "mxnet", "round_robin"),
-        help="parameter assignment of the PS jobs (with --ps)",
+        help="parameter assignment of the PS jobs, with --ps (default: paa)",
     )
     p.add_argument(
         "--placement",
@@ -66,9 +83,56 @@ def _common(p: argparse.ArgumentParser) -> None:
         choices=("fewest", "spread"),
         help="ablation: placement of the optimus schedulers (default: fewest servers)",
     )
-    p.add_argument("--out", type=Path, default=None, help="directory for JSON and plots")
+    p.add_argument(
+        "--out", type=Path, default=None, help="folder for JSON results and plots (default: none)"
+    )
     p.add_argument("--job", default=None, help="job whose allocation is plotted")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    """Flags checked before anything runs (one error naming the flag)."""
+    if not (math.isfinite(args.interval) and args.interval > 0):
+        raise UsageError(f"--interval must be a number of seconds > 0, got {args.interval}")
+    if not (math.isfinite(args.restart_delay) and args.restart_delay >= 0):
+        raise UsageError(
+            f"--restart-delay must be a number of seconds >= 0, got {args.restart_delay}"
+        )
+    if args.num_jobs < 1:
+        raise UsageError(f"--num-jobs must be >= 1, got {args.num_jobs}")
+    if not 0.0 <= args.lr_decay_share <= 1.0:
+        raise UsageError(f"--lr-decay-share must be between 0 and 1, got {args.lr_decay_share}")
+    if args.out is not None:
+        existing = next((p for p in (args.out, *args.out.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise UsageError(f"--out {str(args.out)!r}: {str(existing)!r} is a file, not a folder")
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"--out {str(args.out)!r}: cannot create it ({exc.strerror or exc})"
+            ) from None
+
+
+def _check_workloads(args: argparse.Namespace, workloads: list[str]) -> None:
+    """Every workload readable before the first one runs."""
+    if args.ps:
+        return
+    if not workloads:
+        raise UsageError("--workloads is empty; give comma-separated names, e.g. workload-1")
+    for w in workloads:
+        try:
+            load_workload(w, load=args.load)
+        except PolluxDataError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def _workload_help() -> str:
+    try:
+        names = available_workloads("1.0")
+    except PolluxDataError:
+        return "Pollux workload names (data directory not found)"
+    return f"{', '.join(names)} (or a CSV path)"
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
@@ -114,17 +178,29 @@ def _sched_kwargs(args: argparse.Namespace, scheduler: str) -> dict[str, object]
 
 def simulate_main(args: argparse.Namespace) -> int:
     """Handler of ``simulate``."""
+    _check_common(args)
+    _check_workloads(args, [args.workload])
+    label = "ps" if args.ps else args.workload
+    if not args.quiet:
+        print(
+            f"simulating {label} (load {args.load}) under {args.scheduler}...",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         result = _run_one(args, args.workload, args.scheduler)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt("the simulation did not finish; nothing written") from None
     except (PolluxDataError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    load = "" if args.ps else f", load {args.load}"
+    print(f"workload {label}{load}, scheduler {args.scheduler}")
     print(format_table([result.summary()], _COLUMNS))
     if result.unfinished:
         print(f"unfinished jobs: {len(result.unfinished)}")
     if args.out:
         write_result(result, args.out / f"{args.scheduler}.json")
-        for p in plot_results([result], args.out, job=args.job, title=args.workload):
+        for p in plot_results([result], args.out, job=args.job, title=label):
             print(f"wrote {p}")
     return 0
 
@@ -133,12 +209,16 @@ def compare_main(args: argparse.Namespace) -> int:
     """Handler of ``compare``."""
     schedulers = [s.strip() for s in args.schedulers.split(",") if s.strip()]
     bad = [s for s in schedulers if s not in SCHEDULERS]
-    if bad:
-        print(f"error: unknown scheduler(s) {bad}; allowed {sorted(SCHEDULERS)}", file=sys.stderr)
-        return 2
+    if bad or not schedulers:
+        raise UsageError(
+            f"--schedulers: unknown scheduler(s) {bad or 'none given'}; "
+            f"allowed {sorted(SCHEDULERS)}"
+        )
+    _check_common(args)
     workloads = ["ps"] if args.ps else [w.strip() for w in args.workloads.split(",") if w.strip()]
+    _check_workloads(args, workloads)
     per: dict[str, dict[str, SimResult]] = {}
-    rows = []
+    rows: list[dict[str, object]] = []
     try:
         for w in workloads:
             per[w] = {}
@@ -154,9 +234,20 @@ def compare_main(args: argparse.Namespace) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+    except KeyboardInterrupt:
+        done = [w for w in workloads if w in per and len(per[w]) == len(schedulers)]
+        print(
+            f"PARTIAL: interrupted after {len(rows)} of {len(workloads) * len(schedulers)} run(s)"
+        )
+        if rows:
+            print(format_table(rows, ("workload", *_COLUMNS)))
+        where = ""
+        if args.out and rows:
+            _write_compare(args, {w: per[w] for w in per if per[w]}, schedulers, done, rows, True)
+            where = f"; written to {args.out} (summary.json marked partial)"
+        raise KeyboardInterrupt(f"{len(rows)} finished run(s) printed above{where}") from None
     except (PolluxDataError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     print(format_table(rows, ("workload", *_COLUMNS)))
     means = {s: float(np.mean([per[w][s].avg_jct for w in workloads])) for s in schedulers}
     print()
@@ -167,42 +258,89 @@ def compare_main(args: argparse.Namespace) -> int:
         )
     )
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        summary = {
-            "avgs": {s: {w: per[w][s].avg_jct for w in workloads} for s in schedulers},
-            "mean": means,
-            "rows": rows,
-        }
-        (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-        for w in workloads:
-            label = Path(w).stem if w.endswith(".csv") else w
-            for s in schedulers:
-                write_result(per[w][s], args.out / label / f"{s}.json")
-            plot_results(list(per[w].values()), args.out / label, job=args.job, title=label)
+        _write_compare(args, per, schedulers, workloads, rows, False)
         print(f"wrote {args.out}")
     return 0
+
+
+def _write_compare(
+    args: argparse.Namespace,
+    per: dict[str, dict[str, SimResult]],
+    schedulers: list[str],
+    complete: list[str],
+    rows: list[dict[str, object]],
+    partial: bool,
+) -> None:
+    """``summary.json`` and per-workload results; means only over complete workloads."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    means = (
+        {s: float(np.mean([per[w][s].avg_jct for w in complete])) for s in schedulers}
+        if complete
+        else {}
+    )
+    summary = {
+        "partial": partial,
+        "avgs": {s: {w: per[w][s].avg_jct for w in per if s in per[w]} for s in schedulers},
+        "mean": means,
+        "rows": rows,
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    for w, results in per.items():
+        label = Path(w).stem if w.endswith(".csv") else w
+        for s, r in results.items():
+            write_result(r, args.out / label / f"{s}.json")
+        if not partial:
+            plot_results(list(results.values()), args.out / label, job=args.job, title=label)
+
+
+def _one_line_errors(
+    fn: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """Bad input found by a handler: one line naming the flag or file, exit status 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except UsageError as exc:
+            name = getattr(args, "optimus_command", None) or getattr(args, "cmd", "")
+            print(f"dynsched optimus {name}: error: {exc}", file=sys.stderr)
+            return 2
+
+    run.__doc__ = fn.__doc__
+    return run
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``simulate`` and ``compare`` to the ``dynsched optimus`` sub-parsers."""
     sim = subparsers.add_parser("simulate", help="simulate one workload under one scheduler")
-    sim.add_argument("--workload", default="workload-1", help="Pollux workload name or CSV path")
-    sim.add_argument("--scheduler", default="optimus", choices=sorted(SCHEDULERS))
+    sim.add_argument(
+        "--workload",
+        default="workload-1",
+        help=f"Pollux workload: {_workload_help()} (default: workload-1)",
+    )
+    sim.add_argument(
+        "--scheduler",
+        default="optimus",
+        choices=sorted(SCHEDULERS),
+        help=f"one of {', '.join(sorted(SCHEDULERS))} (default: optimus)",
+    )
     _common(sim)
-    sim.set_defaults(func=simulate_main)
+    sim.set_defaults(func=_one_line_errors(simulate_main))
     cmp_ = subparsers.add_parser("compare", help="compare schedulers on several workloads")
     cmp_.add_argument(
         "--workloads",
         default=",".join(f"workload-{i}" for i in range(1, 9)),
-        help="comma-separated Pollux workload names",
+        help=f"comma-separated Pollux workloads, from {_workload_help()} "
+        "(default: workload-1 to workload-8)",
     )
     cmp_.add_argument(
         "--schedulers",
         default="fifo,drf,tiresias,optimus,optimus-oracle,optimus+",
-        help=f"comma-separated, from {sorted(SCHEDULERS)}",
+        help=f"comma-separated, from {', '.join(sorted(SCHEDULERS))} "
+        "(default: fifo,drf,tiresias,optimus,optimus-oracle,optimus+)",
     )
     _common(cmp_)
-    cmp_.set_defaults(func=compare_main)
+    cmp_.set_defaults(func=_one_line_errors(compare_main))
 
 
 def main(argv: list[str] | None = None) -> int:
