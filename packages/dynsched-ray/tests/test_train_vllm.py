@@ -17,7 +17,13 @@ from dynsched_ray._train import TrainRunner, TrainSettings, lag_bound
 
 from ._policies import AlwaysSwitchPolicy
 
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.usefixtures("ray_cluster"),
+    # four vLLM engines and two trainers start on CPU: well above the default 300 s
+    # on a loaded 2-core machine
+    pytest.mark.timeout(1200),
+]
 
 
 async def test_train_with_vllm_two_standalone_two_hybrid(tmp_path: Path) -> None:
