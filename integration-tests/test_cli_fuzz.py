@@ -40,11 +40,26 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = (ROOT / "packages/dynsched-sim/src/dynsched_sim/scenarios/balanced.yaml").read_text()
 SCENARIO_DATA = yaml.safe_load(SCENARIO)
 
+def _driver_state() -> dict[str, Any]:
+    """A driver state as `ScheduleDriver.state_dict` writes it (the ``default`` policy's)."""
+    from dynsched_core import (
+        AsyncSampleQueue,
+        DynamicResourceController,
+        DynamicScheduleConfig,
+        ReplicaSet,
+        ScheduleDriver,
+    )
+
+    cfg = DynamicScheduleConfig(ppo_mini_batch_size=2, trigger_parameter_sync_step=1)
+    controller = DynamicResourceController(ReplicaSet())
+    return ScheduleDriver(cfg.build_policy(), controller, AsyncSampleQueue(), cfg).state_dict()
+
+
 CHECKPOINT = json.dumps(
     {
         "format": 1,
         "name": "dynsched",
-        "driver": {"param_version": 1},
+        "driver": {**_driver_state(), "param_version": 1},
         "param_version": 1,
         "steps_done": 2,
         "consumed_sample_ids": ["p0-0", "p0-1"],
@@ -174,12 +189,17 @@ def _accepted_or_one_line(rc: int, err: str, *, allow_ray_stub: bool = False) ->
 
 @pytest.fixture
 def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dynsched run`` stops where it would start Ray, even when a Ray session of other
+    tests is up in this process (the run would otherwise use that one)."""
     import dynsched_ray.cli as ray_cli
+    import ray
 
     def refuse(*_a: Any, **_k: Any) -> None:
         raise RuntimeError("fuzz: Ray is not started by the fuzz pass")
 
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray_cli, "_init_ray", refuse)
+    monkeypatch.setattr(ray_cli, "_shutdown_ray", lambda _ray: None)
 
 
 @pytest.mark.timeout(1800)

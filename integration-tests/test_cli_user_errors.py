@@ -57,6 +57,8 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "empty.json").write_text("")
     (tmp / "corrupt.json").write_text('{"format": 1, "driver": {')
     (tmp / "other.json").write_text(json.dumps(OTHER_POLICY_CHECKPOINT))
+    bad_driver = {**OTHER_POLICY_CHECKPOINT, "config": {"dynamic_schedule_policy": "default"}}
+    (tmp / "bad-driver.json").write_text(json.dumps(bad_driver))
     (tmp / "jobs-negative.json").write_text(json.dumps(JOBS_NEGATIVE))
     (tmp / "a-file").write_text("not a folder\n")
     (tmp / "a-dir").mkdir()
@@ -99,6 +101,11 @@ CASES: list[tuple[str, list[str], list[str]]] = [
         "run-resume-other-policy",
         ["run", "--resume", "--checkpoint", "{other.json}"],
         ["other.json", "'fixed_ratio'", "'default'"],
+    ),
+    (
+        "run-resume-bad-driver-state",
+        ["run", "--resume", "--checkpoint", "{bad-driver.json}"],
+        ["bad-driver.json", "'driver'", "format"],
     ),
     (
         "run-set-unknown-key",

@@ -432,3 +432,30 @@ def test_driver_options_are_validated() -> None:
         DynamicScheduleConfig(
             dynamic_schedule_deactivate_ratio=0.3, dynamic_schedule_min_deactivate_ratio=0.4
         )
+
+
+def test_check_state_dict_matches_state_dict_and_names_the_key() -> None:
+    """The shape check knows every key `state_dict` writes, and refuses bad values by key."""
+    from dynsched_core import AsyncSampleQueue, DynamicResourceController, ReplicaSet
+    from dynsched_core import DynamicScheduleConfig, ScheduleDriver
+    from dynsched_core._driver import _OPTIONAL_STATE, _STATE_KEYS
+
+    cfg = DynamicScheduleConfig(ppo_mini_batch_size=2, trigger_parameter_sync_step=1)
+    driver = ScheduleDriver(
+        cfg.build_policy(), DynamicResourceController(ReplicaSet()), AsyncSampleQueue(), cfg
+    )
+    state = driver.state_dict()
+    assert set(state) == set(_STATE_KEYS)
+    ScheduleDriver.check_state_dict(state)
+    for key in sorted(set(state) - _OPTIONAL_STATE - {"format"}):
+        partial = {k: v for k, v in state.items() if k != key}
+        with pytest.raises(ValueError, match=key):
+            ScheduleDriver.check_state_dict(partial)
+    for key, bad in [("cycles", "3"), ("wait_times", [None]), ("policy", 1), ("failovers", 1.5)]:
+        with pytest.raises(ValueError, match=key):
+            ScheduleDriver.check_state_dict({**state, key: bad})
+    with pytest.raises(ValueError, match="format"):
+        ScheduleDriver.check_state_dict({**state, "format": None})
+    with pytest.raises(ValueError, match="mapping"):
+        ScheduleDriver.check_state_dict([1])
+    ScheduleDriver.check_state_dict({k: v for k, v in state.items() if k != "failovers"})

@@ -68,6 +68,26 @@ logger = logging.getLogger(__name__)
 _STATE_FORMAT = 1
 #: State keys added after format 1 (absent from older checkpoints).
 _OPTIONAL_STATE = frozenset({"failovers"})
+_INT_STATE = (
+    "requested_samples",
+    "param_version",
+    "cycles",
+    "activations",
+    "deactivations",
+    "skipped_hybrid_syncs",
+    "switch_errors",
+    "cycle_requested",
+    "failovers",
+)
+_STATE_KEYS = (
+    "format",
+    "policy",
+    *_INT_STATE,
+    "wait_times",
+    "wait_samples",
+    "cycle_activate_s",
+    "cycle_deactivate_s",
+)
 
 #: Failover events kept by a driver (the oldest are dropped: a long run stays bounded).
 _MAX_FAILOVER_EVENTS = 256
@@ -615,17 +635,48 @@ class ScheduleDriver:
             "failovers": self.failovers,
         }
 
+    @staticmethod
+    def check_state_dict(state: Any) -> None:
+        """Check the shape of a saved driver state without a driver (e.g. before a
+        resumed run starts its cluster); the policy's own part is the policy's to check.
+
+        Raises:
+            ValueError: not a mapping, unknown format, missing keys or a value of the
+                wrong type; the message names the key.
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"ScheduleDriver state must be a mapping, got {type(state).__name__}")
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(
+                f"unsupported ScheduleDriver state format {state.get('format')!r} "
+                f"(this version reads format {_STATE_FORMAT})"
+            )
+        missing = set(_STATE_KEYS) - set(state) - _OPTIONAL_STATE
+        if missing:
+            raise ValueError(f"ScheduleDriver state lacks keys {sorted(missing)}")
+        if not isinstance(state["policy"], Mapping):
+            raise ValueError("ScheduleDriver state key 'policy' must be a mapping")
+        for key in _INT_STATE:
+            if key in state and (isinstance(state[key], bool) or not isinstance(state[key], int)):
+                raise ValueError(f"ScheduleDriver state key {key!r} must be an int")
+        for key in ("cycle_activate_s", "cycle_deactivate_s"):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"ScheduleDriver state key {key!r} must be a number")
+        for key, kind in (("wait_times", (int, float)), ("wait_samples", (int,))):
+            items = state[key]
+            if not isinstance(items, list | tuple) or not all(
+                isinstance(x, kind) and not isinstance(x, bool) for x in items
+            ):
+                raise ValueError(f"ScheduleDriver state key {key!r} must be a list of numbers")
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what `state_dict` returned.
 
         Raises:
             ValueError: unknown format or missing keys.
         """
-        if state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"unsupported ScheduleDriver state format {state.get('format')!r}")
-        missing = set(self.state_dict()) - set(state) - _OPTIONAL_STATE
-        if missing:
-            raise ValueError(f"ScheduleDriver state lacks keys {sorted(missing)}")
+        self.check_state_dict(state)
         self.policy.load_state_dict(state["policy"])
         for key in (
             "requested_samples",

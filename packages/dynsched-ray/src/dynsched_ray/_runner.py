@@ -41,6 +41,7 @@ from dynsched_core import (
     LoopResult,
     Prompt,
     ReplicaSet,
+    ScheduleDriver,
 )
 from dynsched_core import validators as v
 from dynsched_core.events import SwitchEvent, TrainStepEvent
@@ -237,8 +238,12 @@ def synthetic_prompts(
         yield Prompt(prompt_id=pid, prompt_len=prompt_len, max_tokens=max_tokens, target_lens=lens)
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike[str], *, check_driver: bool = True) -> dict[str, Any]:
     """Read a checkpoint written by `RayRunner`.
+
+    Args:
+        path: The checkpoint file.
+        check_driver: Also check the shape of the driver's state (`check_checkpoint_driver`).
 
     Raises:
         ConfigError: (a `ValueError`) the file is missing, unreadable, empty, not JSON,
@@ -273,7 +278,31 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(
             f"checkpoint {name!r} is incomplete: missing {', '.join(missing)}", key="checkpoint"
         )
+    if check_driver:
+        check_checkpoint_driver(data, name)
+    steps, ids = data["steps_done"], data["consumed_sample_ids"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(
+            f"checkpoint {name!r}: 'steps_done' must be an int >= 0, got {steps!r}",
+            key="checkpoint",
+        )
+    if not isinstance(ids, list) or not all(isinstance(x, str | int) for x in ids):
+        raise ConfigError(
+            f"checkpoint {name!r}: 'consumed_sample_ids' must be a list of ids", key="checkpoint"
+        )
     return data
+
+
+def check_checkpoint_driver(data: Mapping[str, Any], name: str) -> None:
+    """Check the driver's state in a checkpoint read from ``name``.
+
+    Raises:
+        ConfigError: its shape is not what `ScheduleDriver.state_dict` writes.
+    """
+    try:
+        ScheduleDriver.check_state_dict(data["driver"])
+    except ValueError as exc:
+        raise ConfigError(f"checkpoint {name!r}: 'driver': {exc}", key="checkpoint") from None
 
 
 def checkpoint_policy(data: Mapping[str, Any]) -> str | None:
@@ -658,6 +687,9 @@ class RayRunner:
             return
         loop.driver.load_state_dict(restored["driver"])
         version = loop.driver.param_version
+        # the trainer's own state (a subclass with real trainers) comes back before the
+        # sync below exports weights from it
+        await self._restore_trainer(loop, restored)
         # the fresh standalone replicas start with no weights: load the checkpoint's
         # version before they serve, or the first samples would be generated with
         # version-0 weights and trained many versions later
@@ -668,6 +700,10 @@ class RayRunner:
             f"resumed from {self.options.checkpoint_path}: version {loop.driver.param_version},"
             f" {self._step_offset} step(s) and {len(self._consumed)} sample(s) done"
         )
+
+    async def _restore_trainer(self, loop: FullyAsyncLoop, restored: dict[str, Any]) -> None:
+        """Load the trainer's checkpointed state (none here: the stand-in trainer keeps
+        only the version, which the driver's state restores)."""
 
     def _start_supervisor(self, fleet: RayFleet, loop: FullyAsyncLoop) -> None:
         """Replace dead replica actors (``options.replica_restarts``)."""

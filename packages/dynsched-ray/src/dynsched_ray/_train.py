@@ -301,6 +301,7 @@ class TrainRunner(RayRunner):
         self._t0 = 0.0
         self._wall_offset = 0.0
         self._rows_before = 0
+        self._skip_save_version: int | None = None
         #: Keep every loop event in `events` (for the resource-time layout plot).
         self.record_events = False
         self.events: list[Any] = []
@@ -424,6 +425,9 @@ class TrainRunner(RayRunner):
         group = self.trainer_group
         if group is None:
             return
+        if self._skip_save_version == version:  # just restored from this very file
+            self._skip_save_version = None
+            return
         folder = self.settings.checkpoint_dir
         folder.mkdir(parents=True, exist_ok=True)
         state = await group.state_dict()
@@ -451,30 +455,38 @@ class TrainRunner(RayRunner):
         return state
 
     async def _restore(self, loop: Any, restored: dict[str, Any] | None) -> None:
+        if restored is not None:
+            self._rows_before = int(restored.get("metrics_rows", 0))
+            self._wall_offset = float(restored.get("wall_s", 0.0))
+            self._truncate_metrics(self._rows_before)
         await super()._restore(loop, restored)
-        if restored is None:
-            return
-        self._rows_before = int(restored.get("metrics_rows", 0))
-        self._wall_offset = float(restored.get("wall_s", 0.0))
-        self._truncate_metrics(self._rows_before)
+
+    async def _restore_trainer(self, loop: Any, restored: dict[str, Any]) -> None:
+        """Load the trainer's model and optimizer state before the restore's weight sync
+        exports weights from it (the sync then pushes the restored weights to every
+        standalone replica, and hybrid replicas get them at their first activation)."""
         name = restored.get("trainer_state")
         version = int(restored["param_version"])
+        loop.trainer.version = version
         if not name:
             return
         import torch
 
         path = self.settings.checkpoint_dir / str(name)
-        state = torch.load(path, weights_only=False)
+        try:
+            state = torch.load(path, weights_only=False)
+        except FileNotFoundError:
+            raise ConfigError(
+                f"resume: the checkpoint names trainer state {str(name)!r}, which is not in "
+                f"{str(self.settings.checkpoint_dir)!r}",
+                key="resume",
+            ) from None
         group = self.trainer_group
         assert group is not None
         await group.load_state_dict(state)
-        _, weights = await group.export_weights(as_bytes=True)
-        self.latest_weights = (version, weights)
-        backend = loop.trainer
-        backend.version = version
-        for replica in [*self.replicas.of_role("standalone")]:  # type: ignore[union-attr]
-            await replica.update_weights(version, weights)
-        self._say(f"restored trainer state {name} and pushed v{version} to the replicas")
+        # the restore's sync re-exports these weights; it need not write them again
+        self._skip_save_version = version
+        self._say(f"restored trainer state {name} (v{version})")
 
     # ------------------------------------------------------------------ metrics
     def _metrics(self, bus: Any) -> tuple[Any, Any]:

@@ -276,9 +276,9 @@ def _check_output_file(flag: str, path: str, folder_flag: str | None = None) -> 
 
 def _check_resume(path: str, config: Any) -> dict[str, Any]:
     """Read the checkpoint before Ray starts; refuse one another policy wrote."""
-    from dynsched_ray._runner import checkpoint_policy, load_checkpoint
+    from dynsched_ray._runner import check_checkpoint_driver, checkpoint_policy, load_checkpoint
 
-    data = load_checkpoint(path)  # ConfigError naming the file
+    data = load_checkpoint(path, check_driver=False)  # ConfigError naming the file
     writer = checkpoint_policy(data)
     if writer is not None and writer != config.dynamic_schedule_policy:
         raise UsageError(
@@ -286,6 +286,14 @@ def _check_resume(path: str, config: Any) -> dict[str, Any]:
             f"{config.dynamic_schedule_policy!r} (give --policy {writer} to resume it, or "
             "start a fresh run without --resume)"
         )
+    check_checkpoint_driver(data, path)
+    try:  # the policy's part of the state, on a throwaway instance
+        config.build_policy().load_state_dict(data["driver"]["policy"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UsageError(
+            f"--checkpoint {path!r}: the {config.dynamic_schedule_policy!r} policy state in it "
+            f"cannot be loaded ({exc})"
+        ) from None
     return data
 
 
