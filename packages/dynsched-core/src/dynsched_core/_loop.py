@@ -165,6 +165,8 @@ class FullyAsyncLoop:
         driver: Runs the policy; its controller switches the hybrid members of the
             `ReplicaSet` and its queue is what the trainer consumes.
         rollouter: Produces samples into the driver's queue from the same replicas.
+        controller: The driver's controller, given again to make the assembly explicit
+            (optional; refused if it is not ``driver.controller``).
         events: Bus for the `TrainStepEvent` and `ReplicaModeEvent` of the loop
             (default: the driver's bus, else a new one).
         clock: Time source (default: the running loop).
@@ -204,9 +206,12 @@ class FullyAsyncLoop:
         *,
         driver: ScheduleDriver,
         rollouter: Rollouter,
+        controller: DynamicResourceController | None = None,
         events: EventBus | None = None,
         clock: Clock | None = None,
     ) -> None:
+        if controller is not None and controller is not driver.controller:
+            raise ValueError("the controller must be the one the driver switches with")
         if rollouter.queue is not driver.queue:
             raise ValueError("the rollouter must feed the driver's queue (rollouter.queue)")
         if rollouter.replicas is not driver.replicas:
@@ -239,6 +244,7 @@ class FullyAsyncLoop:
         max_tokens: int | None = None,
         client_options: ClientOptions | None = None,
         controller_options: ControllerOptions | None = None,
+        driver_options: DriverOptions | None = None,
     ) -> FullyAsyncLoop:
         """Assemble the standard parts over the given replicas and build the loop.
 
@@ -263,6 +269,9 @@ class FullyAsyncLoop:
                 standalone replicas an aborted request waits up to ``wait_timeout_s``
                 for a routable replica, a whole training phase in colocated mode).
             controller_options: `DynamicResourceController` settings.
+            driver_options: `ScheduleDriver` settings (default:
+                ``DriverOptions(wait_timeout_s=wait_timeout_s)``; when given, its own
+                ``wait_timeout_s`` is used).
 
         Raises:
             ValueError: ``replicas`` together with ``standalone``/``hybrid``/``router``,
@@ -304,11 +313,21 @@ class FullyAsyncLoop:
             controller,
             queue,
             config,
-            DriverOptions(wait_timeout_s=wait_timeout_s),
+            driver_options
+            if driver_options is not None
+            else DriverOptions(wait_timeout_s=wait_timeout_s),
             clock=clock,
             events=events,
         )
-        return cls(config, trainer, driver=driver, rollouter=rollouter, events=events, clock=clock)
+        return cls(
+            config,
+            trainer,
+            driver=driver,
+            controller=controller,
+            rollouter=rollouter,
+            events=events,
+            clock=clock,
+        )
 
     # ------------------------------------------------------------------ parts
     @property

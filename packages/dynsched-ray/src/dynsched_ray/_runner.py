@@ -34,6 +34,7 @@ from dynsched_core import (
     ClientOptions,
     ConfigError,
     ControllerOptions,
+    DriverOptions,
     DynamicScheduleConfig,
     DynamicSchedulePolicyBase,
     EventBus,
@@ -649,9 +650,8 @@ class RayRunner:
                 cfg, no_replica_timeout_s=opt.no_replica_timeout_s, max_failures=opt.max_failures
             ),
             controller_options=ControllerOptions(call_timeout_s=opt.call_timeout_s),
+            driver_options=DriverOptions(wait_timeout_s=opt.wait_timeout_s, failover=opt.failover),
         )
-        if not opt.failover:
-            loop.driver.options = attrs.evolve(loop.driver.options, failover=False)
         loop.controller.state_machine.add_listener(
             lambda tr: self._transitions.append((tr.source.name, tr.target.name))
         )
