@@ -122,3 +122,18 @@ def test_cli_default_outputs_go_into_one_folder(tmp_path: Any, monkeypatch: Any)
     assert rc == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dynsched-out"]
     assert (tmp_path / "dynsched-out" / "metrics.jsonl").is_file()
+
+
+def test_the_default_demo_shows_several_switches(tmp_path: Any, capsys: Any) -> None:
+    """``dynsched run`` with no config or flags lends the hybrid replicas more than once,
+    and the step lines show it (hybrid state at each step, the switch lines between)."""
+    rc = cli.main(["run", "--name", "cli-demo", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    finished = next(x for x in out.splitlines() if x.startswith("finished:"))
+    activations = int(finished.split(" activation(s)")[0].rsplit(" ", 1)[1])
+    assert activations >= 2, finished
+    steps = [x for x in out.splitlines() if x.startswith("step ")]
+    assert len(steps) == 8
+    assert any("hybrid=HYBRID_ACTIVE" in x for x in steps), out
+    assert sum(x.startswith("activate took") for x in out.splitlines()) == activations

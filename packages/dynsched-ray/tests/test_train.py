@@ -45,11 +45,6 @@ def _config(*, standalone: int, trainer_gpus: int, **async_kw: Any) -> DynamicSc
     )
 
 
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return warm_up(tmp_path_factory.mktemp("warm"), AdditionTask(), WarmUpOptions())
-
-
 def _settings(tmp: Path, steps: int, **kw: Any) -> TrainSettings:
     return TrainSettings(
         out_dir=str(tmp / "out"), model_cache=str(tmp / "cache"), engine="hf", steps=steps, **kw

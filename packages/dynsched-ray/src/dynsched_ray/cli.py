@@ -22,6 +22,12 @@ __all__ = ["DEMO_CONFIG", "build_config", "known_override_keys", "main", "regist
 
 logger = logging.getLogger(__name__)
 
+#: Decoding speed of the demo's in-memory replicas (tokens/s per request). Responses of
+#: 16-48 tokens then take about 0.3-1 s while a stand-in training step takes 0.05 s, so the
+#: trainer waits for samples and the ``default`` policy activates the hybrid replicas in
+#: most cycles (3 activations and 3 deactivations in the 8 default steps).
+DEMO_TOKENS_PER_S = 50.0
+
 #: Used when no ``--config`` is given: 2 trainer GPUs (2 hybrid replicas), 2 standalone.
 DEMO_CONFIG: dict[str, Any] = {
     "async_training": {
@@ -214,8 +220,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--tokens-per-s",
         type=float,
-        default=2000.0,
-        help="decoding speed of the in-memory replicas",
+        default=DEMO_TOKENS_PER_S,
+        help="decoding speed of each request on the in-memory replicas (default "
+        f"{DEMO_TOKENS_PER_S:g}: rollout is the bottleneck, so the default policy lends the "
+        "trainer GPUs in most cycles)",
     )
     p.add_argument(
         "--trainer-step-time", type=float, default=0.05, help="seconds per stand-in training step"
