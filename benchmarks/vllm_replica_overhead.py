@@ -135,16 +135,18 @@ async def overhead(folder: Path, rounds: int) -> dict[str, Any]:
 
     await via_actor("warm")
     await handle.direct.remote(prompts, TOKENS, "warm-direct")
-    actor_tps, direct_tps = [], []
+    actor_tps, direct_tps, actor_s, direct_s = [], [], [], []
     for k in range(rounds):  # interleaved, alternating which goes first
         order = ("actor", "direct") if k % 2 == 0 else ("direct", "actor")
         for which in order:
             if which == "actor":
                 n, s = await via_actor(f"a{k}")
                 actor_tps.append(n / s)
+                actor_s.append(s)
             else:
                 n, s = await handle.direct.remote(prompts, TOKENS, f"d{k}")
                 direct_tps.append(n / s)
+                direct_s.append(s)
     await handle.shutdown.remote()
     ray.kill(handle, no_restart=True)
     a, d = statistics.median(actor_tps), statistics.median(direct_tps)
@@ -155,6 +157,9 @@ async def overhead(folder: Path, rounds: int) -> dict[str, Any]:
         "direct_tokens_per_s": _stats(direct_tps),
         "overhead": 1.0 - a / d,
         "per_round_overhead": [1.0 - x / y for x, y in zip(actor_tps, direct_tps, strict=True)],
+        # the adapter + actor cost per round of BATCH concurrent requests, in seconds
+        "added_s_per_round": statistics.median(actor_s) - statistics.median(direct_s),
+        "direct_round_s": _stats(direct_s),
     }
 
 
@@ -271,7 +276,7 @@ async def weight_update(tmp: Path, rounds: int, sizes: int) -> list[dict[str, An
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ray
-    from dynsched_ray import build_tiny_model
+    from dynsched_ray import TinyModelSpec, build_tiny_model
 
     ray.init(
         address="local",  # a new local cluster, never another process's
@@ -286,15 +291,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             folder = build_tiny_model(Path(tmp) / "tiny")
             if "overhead" in args.parts:
                 print("1. adapter + actor overhead", flush=True)
-                o = await overhead(folder, args.rounds)
-                results["overhead"] = o
-                print(
-                    f"  direct {o['direct_tokens_per_s']['median']:.0f} tok/s,"
-                    f" through the actor {o['actor_tokens_per_s']['median']:.0f} tok/s:"
-                    f" overhead {o['overhead'] * 100:.1f}%"
-                    f" (rounds {[round(x * 100, 1) for x in o['per_round_overhead']]})",
-                    flush=True,
-                )
+                results["overhead_by_model"] = {}
+                for name, kw in SIZES.items():
+                    short = name.split()[0]
+                    if short not in args.overhead_models:
+                        continue
+                    where = folder if short == "tiny" else Path(tmp) / f"o-{short}"
+                    if short != "tiny":
+                        build_tiny_model(where, TinyModelSpec(**kw))
+                    o = await overhead(where, args.rounds)
+                    results["overhead_by_model"][name] = o
+                    if short == "tiny":
+                        results["overhead"] = o
+                    print(
+                        f"  {name:<24} direct {o['direct_tokens_per_s']['median']:.0f} tok/s,"
+                        f" through the actor {o['actor_tokens_per_s']['median']:.0f} tok/s:"
+                        f" overhead {o['overhead'] * 100:.1f}%, +{o['added_s_per_round'] * 1e3:.0f}"
+                        f" ms per round of {BATCH} (direct round"
+                        f" {o['direct_round_s']['median'] * 1e3:.0f} ms;"
+                        f" rounds {[round(x * 100, 1) for x in o['per_round_overhead']]})",
+                        flush=True,
+                    )
             if "switch" in args.parts:
                 print("2. deactivate + activate cycle", flush=True)
                 c = await switch_cycle(folder, args.rounds)
@@ -324,6 +341,14 @@ def main() -> int:
         choices=["overhead", "switch", "weights"],
     )
     parser.add_argument("--sizes", type=int, default=len(SIZES), help="model sizes (first N)")
+    parser.add_argument(
+        "--overhead-models",
+        nargs="+",
+        default=["tiny", "medium"],
+        choices=[name.split()[0] for name in SIZES],
+        help="models of part 1 (the overhead is a fixed cost per request: it weighs less "
+        "as the model's compute per token grows)",
+    )
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
