@@ -74,6 +74,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("sim-unknown-scenario", ["simulate", "--scenario", "nosuch"], ["nosuch", "seed-qwen35"]),
     ("sim-out-under-file", ["simulate", "--out", "{a-file}/out"], ["--out", "not a folder"]),
     ("sim-steps-zero", ["simulate", "--steps", "0"], ["--steps", ">= 1"]),
+    ("sim-seed-negative", ["simulate", "--seed", "-1"], ["--seed", ">= 0"]),
     ("sim-steps-text", ["simulate", "--steps", "x"], ["--steps", "invalid int"]),
     ("sim-unknown-policy", ["simulate", "--policy", "nosuch"], ["nosuch", "default"]),
     # run

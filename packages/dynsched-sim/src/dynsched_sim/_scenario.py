@@ -297,8 +297,9 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
         raise ScenarioError("name: expected a non-empty string")
     if not isinstance(kw["steps"], int) or isinstance(kw["steps"], bool) or kw["steps"] < 1:
         raise ScenarioError(f"steps: expected an integer >= 1, got {kw['steps']!r}")
-    if not isinstance(kw.get("seed", 0), int):
-        raise ScenarioError(f"seed: expected an integer, got {kw['seed']!r}")
+    seed = kw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ScenarioError(f"seed: expected an integer >= 0, got {seed!r}")
     seeds = kw.get("seeds", 1)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise ScenarioError(f"seeds: expected an integer >= 1, got {seeds!r}")

@@ -120,6 +120,8 @@ def _handler(args: argparse.Namespace) -> int:
                 get_policy_class(name)  # raises with the list and a close match
         if args.seeds is not None and args.seeds < 1:
             raise ScenarioError(f"--seeds must be >= 1, got {args.seeds}")
+        if args.seed is not None and args.seed < 0:
+            raise ScenarioError(f"--seed must be >= 0 (a workload seed), got {args.seed}")
         _check_out(args.out)
     except (ScenarioError, PolicyRegistryError) as e:
         raise UsageError(str(e)) from None
