@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = (ROOT / "packages/dynsched-sim/src/dynsched_sim/scenarios/balanced.yaml").read_text()
 SCENARIO_DATA = yaml.safe_load(SCENARIO)
 
+
 def _driver_state() -> dict[str, Any]:
     """A driver state as `ScheduleDriver.state_dict` writes it (the ``default`` policy's)."""
     from dynsched_core import (

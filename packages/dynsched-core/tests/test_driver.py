@@ -436,8 +436,13 @@ def test_driver_options_are_validated() -> None:
 
 def test_check_state_dict_matches_state_dict_and_names_the_key() -> None:
     """The shape check knows every key `state_dict` writes, and refuses bad values by key."""
-    from dynsched_core import AsyncSampleQueue, DynamicResourceController, ReplicaSet
-    from dynsched_core import DynamicScheduleConfig, ScheduleDriver
+    from dynsched_core import (
+        AsyncSampleQueue,
+        DynamicResourceController,
+        DynamicScheduleConfig,
+        ReplicaSet,
+        ScheduleDriver,
+    )
     from dynsched_core._driver import _OPTIONAL_STATE, _STATE_KEYS
 
     cfg = DynamicScheduleConfig(ppo_mini_batch_size=2, trigger_parameter_sync_step=1)
