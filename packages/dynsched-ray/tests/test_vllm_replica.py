@@ -364,6 +364,54 @@ def test_gpu_replica_check_script_cpu_path(
     assert "no CUDA device" in capsys.readouterr().out
 
 
+def test_weight_update_with_a_request_in_flight_stamps_both_versions(
+    engines: Any, tiny_model_dir: Path, tiny_model_b_dir: Path
+) -> None:
+    """A weight update while a request generates: the engine pauses (keeping the request),
+    loads, resets the cache and resumes; the request finishes with every token, in two
+    segments stamped with the old and the new version, and the new weights take effect."""
+    lt, a, _ = engines
+    lt.run(a.update_weights(20, str(tiny_model_dir)))  # model A
+    ids, n = PROMPTS[0], 200
+    (uninterrupted,) = hf_greedy(tiny_model_dir, [ids], n)
+    blob_b = (tiny_model_b_dir / "model.safetensors").read_bytes()
+
+    async def update_mid_way() -> tuple[Any, bool]:
+        start = a.generated_tokens
+        task = asyncio.ensure_future(
+            a.generate(
+                GenerateRequest(
+                    request_id="inflight-0",
+                    prompt=ids,
+                    prompt_len=len(ids),
+                    max_tokens=n,
+                    metadata={"sampling": {"ignore_eos": True}},
+                )
+            )
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120
+        while a.generated_tokens - start < 8 and not task.done() and loop.time() < deadline:
+            await asyncio.sleep(0.002)
+        early = task.done()
+        await a.update_weights(21, blob_b)
+        return await task, early
+
+    res, finished_early = lt.run(update_mid_way())
+    assert not finished_early, "the request ended before the update: nothing was tested"
+    assert res.num_tokens == n and res.finish_reason == "length"
+    assert [s.param_version for s in res.segments] == [20, 21]
+    assert sum(s.num_tokens for s in res.segments) == n
+    assert list(res.output_tokens) == [t for s in res.segments for t in s.output_tokens]
+    assert len(res.output_logprobs) == n
+    k = res.segments[0].num_tokens
+    assert k >= 8
+    # the first segment is model A's greedy output; model B's weights changed the rest
+    assert list(res.segments[0].output_tokens) == uninterrupted[:k]
+    assert list(res.output_tokens) != uninterrupted
+    assert a.weights_version == 21
+
+
 def test_shutdown_leaves_no_engine_process(engines: Any) -> None:
     import psutil
 
