@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +95,47 @@ def test_progress_bar_lines() -> None:
     assert text[0].startswith("[##########..........] step 2/4 reward 0.500")
     assert "mq 3 hybrid HYBRID_ACTIVE v1" in text[0]
     assert text[1] == "activate took 3 ms (ok)"
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+def test_dynsched_train_runs_end_to_end(capsys: Any, tmp_path: Path, warm_model: Path) -> None:
+    """The command itself: the example config, shrunk (one standalone + one hybrid
+    replica, 2 steps, 4 prompts x 4 responses), with the session's warmed-up model cache;
+    it writes a reward per step and a checkpoint, then resumes for 2 more steps."""
+    out = tmp_path / "train"
+    argv = [
+        "--config",
+        str(EXAMPLE),
+        "--set",
+        "trainer.n_gpus_per_node=1",
+        "--set",
+        "rollout.n_gpus_per_node=1",
+        "--set",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "--engine",
+        "hf",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+        "--model-cache",
+        str(warm_model.parent),
+        "--name",
+        "train-cli-e2e",
+        "--quiet",
+    ]
+    code = dynsched_main(["train", *argv])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "finished: 2 step(s) from step 1" in printed
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["reward"] <= 1.0 for r in rows)
+    assert (out / "checkpoint" / "driver.json").is_file()
+    code = dynsched_main(["train", *argv, "--resume"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "finished: 2 step(s) from step 3" in printed
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
