@@ -394,6 +394,11 @@ class VLLMReplica:
                 engine = box.get("engine")
                 if engine is not None:
                     _shutdown_engine(engine)
+                # the error's traceback keeps this frame: no reference to the engine may stay
+                # in it, or the engine lives until the interpreter exits and its __del__
+                # fails there
+                engine = None
+                box.clear()
                 raise EngineStartError(
                     f"replica {self._id!r}: the vLLM engine did not start within {limit:g} s"
                     " (start-up timeout); its processes were stopped",
@@ -469,8 +474,7 @@ class VLLMReplica:
                     kwargs["enable_sleep_mode"] = True
                     kwargs["tensor_parallel_size"] = max(self._num_gpus, 1)
                 kwargs.update(self._engine_kwargs)
-                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
-                box["engine"] = engine
+                box["engine"] = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
                 box["pids"] = new_pids()
                 box["device"] = device
         except BaseException as exc:
