@@ -5,9 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("matplotlib")
-
 from dynsched_core import EventBus
 from dynsched_core.events import (
     ReplicaModeEvent,

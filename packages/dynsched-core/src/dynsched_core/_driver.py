@@ -68,7 +68,8 @@ logger = logging.getLogger(__name__)
 _STATE_FORMAT = 1
 #: State keys added after format 1 (absent from older checkpoints).
 _OPTIONAL_STATE = frozenset({"failovers"})
-_INT_STATE = (
+#: The checkpointed counters, restored as attributes of the same names.
+_COUNTERS = (
     "requested_samples",
     "param_version",
     "cycles",
@@ -76,9 +77,8 @@ _INT_STATE = (
     "deactivations",
     "skipped_hybrid_syncs",
     "switch_errors",
-    "cycle_requested",
-    "failovers",
 )
+_INT_STATE = (*_COUNTERS, "cycle_requested", "failovers")
 _STATE_KEYS = (
     "format",
     "policy",
@@ -678,15 +678,7 @@ class ScheduleDriver:
         """
         self.check_state_dict(state)
         self.policy.load_state_dict(state["policy"])
-        for key in (
-            "requested_samples",
-            "param_version",
-            "cycles",
-            "activations",
-            "deactivations",
-            "skipped_hybrid_syncs",
-            "switch_errors",
-        ):
+        for key in _COUNTERS:
             setattr(self, key, int(state[key]))
         self._wait_times = [float(x) for x in state["wait_times"]]
         self._wait_samples = [int(x) for x in state["wait_samples"]]
