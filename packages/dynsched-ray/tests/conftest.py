@@ -63,14 +63,3 @@ def warm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dynsched_ray._rl_task import AdditionTask, WarmUpOptions, warm_up
 
     return warm_up(tmp_path_factory.mktemp("warm"), AdditionTask(), WarmUpOptions())
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _finalize_engine_objects() -> Iterator[None]:
-    """Collect leftover engine objects (e.g. a vLLM ``AsyncLLM`` whose start-up was
-    refused) while the interpreter is intact: finalized at exit instead, their ``__del__``
-    prints a traceback after pytest's summary."""
-    yield
-    import gc
-
-    gc.collect()
