@@ -2,8 +2,9 @@
 
 Runs each built-in non-colocated scenario with workload seeds ``0..K-1`` (the dynamic
 configuration with each policy, every static split once per seed) and ``N`` draws of the
-held-out family (`dynsched_sim.heldout_scenario`, draws ``HELD_OUT_FIRST_DRAW + i``, one
-workload each), then writes into ``--out``:
+held-out family (`dynsched_sim.heldout_scenario`, draws ``HELD_OUT_FIRST_DRAW + i``, with
+``M`` workload seeds each: the draw, then draw + 10000, draw + 20000, ...; every policy),
+then writes into ``--out``:
 
 - ``runs.jsonl``: every run as it finishes (seconds, lower bound, efficiency, switches,
   re-prefilled tokens); a rerun with the same ``--out`` skips the runs already there
@@ -14,8 +15,8 @@ workload each), then writes into ``--out``:
   tight bound; the geometric mean over the scenarios; the same for the held-out draws;
 - ``sweep.png``: the relative times with their seed spread, and efficiencies.
 
-    hatch run python benchmarks/sim_policy_sweep.py --seeds 5 --held-out 20 --workers 2 \\
-        --out benchmarks/results/policy_sweep
+    hatch run python benchmarks/sim_policy_sweep.py --seeds 5 --held-out 20 \\
+        --held-out-seeds 3 --workers 2 --out benchmarks/results/policy_sweep
 
 Targets (issue 17): geometric mean >= 5 % shorter than ``default``; on no scenario more
 than 1 % slower than the best static split; the same on the held-out draws; efficiency
@@ -42,6 +43,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 POLICIES = ("predictive", "default", "fixed_ratio")
 BASELINE = "default"
+HELD_OUT_SEED_STRIDE = 10_000  # workload seeds of a draw: draw, draw + 10000, draw + 20000, ...
 
 
 def _nice() -> None:
@@ -76,7 +78,12 @@ def _run(task: tuple[str, int, int, str, str, int | None]) -> dict[str, Any]:
 
 
 def tasks(
-    scenarios: Iterable[str], seeds: int, held_out: int, policies: Iterable[str], steps: int | None
+    scenarios: Iterable[str],
+    seeds: int,
+    held_out: int,
+    policies: Iterable[str],
+    steps: int | None,
+    held_out_seeds: int = 1,
 ) -> list[tuple[str, int, int, str, str, int | None]]:
     from dynsched_sim import HELD_OUT_FIRST_DRAW, heldout_scenario, load_scenario
 
@@ -91,13 +98,14 @@ def tasks(
         for seed in range(seeds)
     ]
     held = []
-    for i in range(held_out):
-        draw = HELD_OUT_FIRST_DRAW + i
-        for conf in heldout_scenario(draw).configurations:
-            # the held-out draws judge predictive against default and the static splits
-            ps = [p for p in policies if p in ("predictive", BASELINE)] or list(policies)
-            for p in ps if conf.hybrid else ("static_fully_async",):
-                held.append(("heldout", draw, draw, conf.name, p, steps))
+    for j in range(held_out_seeds):
+        for i in range(held_out):
+            draw = HELD_OUT_FIRST_DRAW + i
+            # workload seed j of a draw: the draw itself first, then draw + 10000 j
+            seed = draw + HELD_OUT_SEED_STRIDE * j
+            for conf in heldout_scenario(draw).configurations:
+                for p in policies if conf.hybrid else ("static_fully_async",):
+                    held.append(("heldout", draw, seed, conf.name, p, steps))
     # seed by seed (a partial sweep covers every scenario), the held-out draws after three
     first = [t for chunk in per_seed[:3] for t in chunk]
     rest = [t for chunk in per_seed[3:] for t in chunk]
@@ -122,8 +130,6 @@ def _complete(runs: list[dict[str, Any]], policies: Iterable[str]) -> list[dict[
     for rs in groups.values():
         have = {r["policy"] for r in rs}
         need = set(policies)
-        if rs[0]["family"] == "heldout":
-            need &= {"predictive", BASELINE}
         if need <= have and any(r["policy"] == "static_fully_async" for r in rs):
             keep += rs
     return keep
@@ -279,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", nargs="*", default=None, help="default: every non-colocated one")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--held-out", type=int, default=20)
+    ap.add_argument(
+        "--held-out-seeds", type=int, default=3, help="workload seeds per held-out draw"
+    )
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--workers", type=int, default=2, help="process pool size (at most 2 here)")
     ap.add_argument("--quick", action="store_true", help="8 steps per run (smoke test)")
@@ -298,7 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     policies = [p for p in args.policies if p in policies] + (
         [BASELINE] if BASELINE not in args.policies else []
     )
-    todo = tasks(scenarios, args.seeds, args.held_out, policies, 8 if args.quick else None)
+    for field in ("seeds", "held_out", "held_out_seeds", "workers"):
+        if getattr(args, field) < (1 if field in ("workers", "held_out_seeds") else 0):
+            ap.error(f"--{field.replace('_', '-')} must be >= 1 (got {getattr(args, field)})")
+    todo = tasks(
+        scenarios,
+        args.seeds,
+        args.held_out,
+        policies,
+        8 if args.quick else None,
+        held_out_seeds=args.held_out_seeds,
+    )
     command = "hatch run python benchmarks/sim_policy_sweep.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )

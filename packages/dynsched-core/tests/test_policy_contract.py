@@ -66,7 +66,7 @@ def context_variant(drop: str | None = None, **add: Any) -> type:
     members = {
         k: v
         for k, v in vars(DynamicScheduleContext).items()
-        if isinstance(v, property) or k == "evolve"
+        if isinstance(v, property) or (callable(v) and not k.startswith("_"))
     }
     base = type("_Members", (), members)
     return attrs.make_class("DynamicScheduleContext", these, bases=(base,), frozen=True)

@@ -60,7 +60,7 @@ from dynsched_core._protocols import (
 from dynsched_core._errors import ConfigError, DynschedError, SwitchError
 from dynsched_core._events import EventBus
 
-__version__ = "0.1.1"
+__version__ = "0.1.2"
 
 __all__ = [
     "POLICY_API_VERSION",

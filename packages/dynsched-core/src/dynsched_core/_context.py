@@ -17,6 +17,20 @@ def _tuple_floats(x: Any) -> Any:
     return tuple(x) if isinstance(x, list) else x
 
 
+def _str_tuple(x: Any) -> tuple[Any, ...]:
+    if isinstance(x, str):  # a lone id is not a collection of ids
+        raise TypeError(f"expected a sequence of replica ids or nodes, got the string {x!r}")
+    return tuple(x)
+
+
+def _str_items(inst: Any, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
+    bad = [x for x in value if not isinstance(x, str)]
+    if bad:
+        raise TypeError(
+            f"DynamicScheduleContext.{attribute.name} must hold strings, got {bad[0]!r}"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class DynamicScheduleContext:
     """Immutable snapshot of the fully-async loop, built by the driver for each policy call.
@@ -62,6 +76,11 @@ class DynamicScheduleContext:
             one being decided on included: ``1..trigger_parameter_sync_step`` before a
             training step, ``trigger_parameter_sync_step`` after the weight sync that
             ends the cycle, ``0`` before the first step (>= 0).
+        hybrid_replica_ids: The live hybrid replicas, in the order the driver lends them
+            by default (``len == num_hybrid_replicas`` when the driver builds it; ``()``
+            in a hand-built context).
+        hybrid_replica_nodes: The node of each of ``hybrid_replica_ids`` (same length;
+            ``""`` where the runtime does not know it), for lending per trainer node.
     """
 
     required_samples: int = attrs.field(validator=v.int_ge(1))
@@ -91,6 +110,12 @@ class DynamicScheduleContext:
     max_deactivate_ratio: float = attrs.field(default=1.0, validator=v.float_in(0.0, 1.0))
     num_active_hybrid_replicas: int = attrs.field(default=0, validator=v.int_ge(0))
     cycle_step: int = attrs.field(default=0, validator=v.int_ge(0))
+    hybrid_replica_ids: tuple[str, ...] = attrs.field(
+        default=(), converter=_str_tuple, validator=_str_items
+    )
+    hybrid_replica_nodes: tuple[str, ...] = attrs.field(
+        default=(), converter=_str_tuple, validator=_str_items
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.max_deactivate_ratio < self.min_deactivate_ratio:
@@ -99,6 +124,17 @@ class DynamicScheduleContext:
                 f"[min_deactivate_ratio ({self.min_deactivate_ratio:g}), 1], got "
                 f"{self.max_deactivate_ratio:g}",
                 key="max_deactivate_ratio",
+            )
+        if len(self.hybrid_replica_nodes) != len(self.hybrid_replica_ids):
+            raise ValueError(
+                "DynamicScheduleContext.hybrid_replica_nodes must name the node of each of "
+                f"hybrid_replica_ids (same length), got {len(self.hybrid_replica_nodes)} and "
+                f"{len(self.hybrid_replica_ids)}"
+            )
+        if len(set(self.hybrid_replica_ids)) != len(self.hybrid_replica_ids):
+            raise ValueError(
+                "DynamicScheduleContext.hybrid_replica_ids must be distinct, got "
+                f"{list(self.hybrid_replica_ids)}"
             )
         if len(self.step_wait_times) != len(self.step_wait_samples):
             raise ValueError(
@@ -126,6 +162,36 @@ class DynamicScheduleContext:
     def surplus_samples(self) -> int:
         """``total_generated_samples - expected_samples`` (negative when behind demand)."""
         return self.total_generated_samples - self.expected_samples
+
+    def hybrid_ids_per_node(self, per_node: int) -> tuple[str, ...]:
+        """The first ``per_node`` hybrid replicas of each node (partial lending per node).
+
+        For `DynamicSchedulePolicyBase.hybrid_replica_ids_to_activate`. Nodes come from
+        ``hybrid_replica_nodes`` (replicas of an unknown node, ``""``, count as one node);
+        within a node replicas are taken in ``hybrid_replica_ids`` order, and the result
+        keeps that order.
+
+        Raises:
+            ValueError: ``per_node`` is not an int >= 1.
+
+        Example:
+            >>> ctx = DynamicScheduleContext(
+            ...     required_samples=4,
+            ...     hybrid_replica_ids=("h0", "h1", "h2", "h3"),
+            ...     hybrid_replica_nodes=("n0", "n0", "n1", "n1"),
+            ... )
+            >>> ctx.hybrid_ids_per_node(1)
+            ('h0', 'h2')
+        """
+        if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+            raise ValueError(f"per_node must be an int >= 1, got {per_node!r}")
+        taken: dict[str, int] = {}
+        out = []
+        for rid, node in zip(self.hybrid_replica_ids, self.hybrid_replica_nodes, strict=True):
+            if taken.get(node, 0) < per_node:
+                taken[node] = taken.get(node, 0) + 1
+                out.append(rid)
+        return tuple(out)
 
     def evolve(self, **changes: Any) -> DynamicScheduleContext:
         """Return a copy with ``changes`` applied (validated again)."""

@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import logging
 import operator
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -469,6 +469,7 @@ class ScheduleDriver:
         """Build the policy context from the config, the queue and the observations."""
         stats = await self.queue.stats()
         cfg = self.config
+        hybrid_ids = self.replicas.hybrid_ids
         return DynamicScheduleContext(
             required_samples=cfg.required_samples,
             trigger_parameter_sync_step=cfg.trigger_parameter_sync_step,
@@ -493,6 +494,8 @@ class ScheduleDriver:
             max_deactivate_ratio=self.guard_rails.max_deactivate_ratio,
             num_active_hybrid_replicas=len(self.controller.active_hybrid_ids),
             cycle_step=self._cycle_requested // cfg.required_samples,
+            hybrid_replica_ids=hybrid_ids,
+            hybrid_replica_nodes=[self.replicas[rid].capabilities.node for rid in hybrid_ids],
         )
 
     # ------------------------------------------------------------------ failover
@@ -822,9 +825,14 @@ class ScheduleDriver:
     def _activation_ids(
         self, global_steps: int, ctx: DynamicScheduleContext | None
     ) -> list[str] | None:
-        """The hybrid replicas to lend: None (all) unless the policy asks for k < m."""
+        """The hybrid replicas to lend: None (all) unless the policy names a subset
+        (``hybrid_replica_ids_to_activate``) or asks for k < m (``hybrid_replicas_to_activate``)."""
         if ctx is None:
             return None
+        live = self.controller.hybrid_ids
+        chosen = self.policy.hybrid_replica_ids_to_activate(global_steps, ctx)
+        if chosen is not None:
+            return self._checked_ids(global_steps, chosen, live)
         raw = self.policy.hybrid_replicas_to_activate(global_steps, ctx)
         if raw is None:
             return None
@@ -833,7 +841,6 @@ class ScheduleDriver:
                 f"{type(self.policy).__name__}.hybrid_replicas_to_activate must return an int "
                 f"or None, got {raw!r}"
             )
-        live = self.controller.hybrid_ids
         if raw >= len(live):
             return None
         if raw < 1:
@@ -845,6 +852,49 @@ class ScheduleDriver:
                 raw,
             )
         return list(live[: max(1, raw)])
+
+    def _checked_ids(self, global_steps: int, chosen: Any, live: Sequence[str]) -> list[str] | None:
+        """``hybrid_replica_ids_to_activate``'s answer, bounded to live hybrid replicas."""
+        name = type(self.policy).__name__
+        if isinstance(chosen, str | bytes) or not isinstance(chosen, Iterable):
+            raise TypeError(
+                f"{name}.hybrid_replica_ids_to_activate must return a sequence of replica ids "
+                f"or None, got {chosen!r}"
+            )
+        proposed = tuple(chosen)
+        bad = [x for x in proposed if not isinstance(x, str)]
+        if bad:
+            raise TypeError(
+                f"{name}.hybrid_replica_ids_to_activate must return replica ids (str), "
+                f"got {bad[0]!r}"
+            )
+        known = set(live)
+        order = {rid: i for i, rid in enumerate(live)}
+        kept = tuple(sorted({x for x in proposed if x in known}, key=order.__getitem__))
+        applied = kept or tuple(live[:1])
+        if len(applied) != len(proposed) or set(applied) != set(proposed):
+            dropped = sorted(set(proposed) - known)
+            why = f"not live hybrid replicas: {dropped}" if dropped else "duplicates"
+            if not kept:
+                why += "; nothing left, lending the first (not lending is the activation hooks' decision)"
+            self._report(
+                global_steps,
+                (
+                    GuardRailOverride(
+                        decision="hybrid_replica_ids_to_activate",
+                        rule="live_hybrid_replicas",
+                        proposed=proposed,
+                        applied=applied,
+                        reason=(
+                            f"hybrid_replica_ids_to_activate {list(proposed)} corrected ({why}): "
+                            f"lending {list(applied)}"
+                        ),
+                    ),
+                ),
+            )
+        if set(applied) == known:
+            return None
+        return list(applied)
 
     def _wants_rebalance(self, result: AfterSyncResult) -> bool:
         if not self.config.dynamic_schedule_enable_rebalance or result.context is None:

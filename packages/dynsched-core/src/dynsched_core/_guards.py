@@ -38,8 +38,12 @@ __all__ = ["GuardRailOverride", "GuardRailRule", "GuardRails", "is_colocated"]
 
 logger = logging.getLogger(__name__)
 
-GuardRailRule = Literal["ratio_range", "colocated", "queue_capacity", "end_of_run"]
-Decision = Literal["deactivate_wait_samples", "should_activate_after_step"]
+GuardRailRule = Literal[
+    "ratio_range", "colocated", "queue_capacity", "end_of_run", "live_hybrid_replicas"
+]
+Decision = Literal[
+    "deactivate_wait_samples", "should_activate_after_step", "hybrid_replica_ids_to_activate"
+]
 
 #: ``ratio * samples`` within this of an integer counts as that integer (``0.29 * 100``).
 _FLOOR_EPS = 1e-9
@@ -63,17 +67,19 @@ class GuardRailOverride:
     """One correction of a policy's decision by the `GuardRails`.
 
     Attributes:
-        decision: ``deactivate_wait_samples`` or ``should_activate_after_step``.
-        rule: The rule that corrected it (see `GuardRails`).
-        proposed: What the policy returned.
+        decision: ``deactivate_wait_samples``, ``should_activate_after_step`` or
+            ``hybrid_replica_ids_to_activate``.
+        rule: The rule that corrected it (see `GuardRails`; ``live_hybrid_replicas``: the
+            driver lends only live hybrid replicas, each once, at least one).
+        proposed: What the policy returned (replica ids as a tuple).
         applied: What the driver did instead.
         reason: One human-readable sentence.
     """
 
     decision: Decision
     rule: GuardRailRule
-    proposed: int | bool
-    applied: int | bool
+    proposed: int | bool | tuple[str, ...]
+    applied: int | bool | tuple[str, ...]
     reason: str
 
 

@@ -106,6 +106,7 @@ class InMemoryReplica:
         abort_delay_s: Duration of ``abort``.
         token_fn: Token id function (default: position).
         clock: Time source (default: the running loop).
+        node: The node it reports in its capabilities (`ReplicaCapabilities.node`).
     """
 
     def __init__(
@@ -126,6 +127,7 @@ class InMemoryReplica:
         abort_delay_s: float = 0.0,
         token_fn: TokenFn | None = None,
         clock: Clock | None = None,
+        node: str = "",
     ) -> None:
         if not isinstance(replica_id, str) or not replica_id:
             raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
@@ -147,7 +149,7 @@ class InMemoryReplica:
             if not (isinstance(delay, int | float) and math.isfinite(delay) and delay >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {delay!r}")
         self._id = replica_id
-        self._caps = ReplicaCapabilities(role=role, num_gpus=num_gpus)
+        self._caps = ReplicaCapabilities(role=role, num_gpus=num_gpus, node=node)
         self.tokens_per_s = float(tokens_per_s)
         self.chunk_tokens = chunk_tokens
         self._recorder = recorder

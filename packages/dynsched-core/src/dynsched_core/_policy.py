@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from dynsched_core._context import DynamicScheduleContext
@@ -37,6 +37,8 @@ class DynamicSchedulePolicyBase(abc.ABC):
       not a broadcast);
     - `hybrid_replicas_to_activate` whenever hybrid replicas are activated: how many of
       the live hybrid replicas (k of m) to lend (default None: all of them);
+    - `hybrid_replica_ids_to_activate` likewise, naming *which* ones (e.g. per trainer
+      node with `DynamicScheduleContext.hybrid_ids_per_node`); it takes precedence over the count when not None;
     - `observe` receives every event of the driver's bus (default: ignored), for
       policies that estimate rates online.
 
@@ -105,6 +107,21 @@ class DynamicSchedulePolicyBase(abc.ABC):
         node in the usual layout), bounded to ``[1, num_hybrid_replicas]``; ``0`` or a
         negative count is corrected to 1 (deciding not to lend is the activation hooks'
         job). Default: None, every live hybrid replica (the published behaviour).
+        """
+        return None
+
+    def hybrid_replica_ids_to_activate(
+        self, global_steps: int, ctx: DynamicScheduleContext
+    ) -> Sequence[str] | None:
+        """Return which hybrid replicas to lend (a subset of ``ctx.hybrid_replica_ids``).
+
+        Called whenever the driver activates, before `hybrid_replicas_to_activate`; a
+        non-None answer takes precedence over that count. ``ctx.hybrid_replica_nodes``
+        gives each replica's node, so a policy can lend per trainer node (see
+        `DynamicScheduleContext.hybrid_ids_per_node`). The driver's guard rails drop ids that are not live hybrid
+        replicas (and duplicates), reporting a `GuardRailEvent`; an answer left empty
+        lends the first replica (not lending is the activation hooks' decision).
+        Default: None (the count, or every live hybrid replica: the published behaviour).
         """
         return None
 

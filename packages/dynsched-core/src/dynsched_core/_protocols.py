@@ -181,7 +181,12 @@ class GenerateResult:
 
 @attrs.frozen(kw_only=True)
 class ReplicaCapabilities:
-    """What a replica can do, so the controller can adapt (e.g. no sleep on CPU vLLM)."""
+    """What a replica can do, so the controller can adapt (e.g. no sleep on CPU vLLM).
+
+    ``node`` names the node the replica's GPUs are on (for a hybrid replica: its trainer
+    node), so a policy can lend per node (`DynamicScheduleContext.hybrid_replica_nodes`);
+    ``""`` when the runtime does not know it.
+    """
 
     role: ReplicaRole = "standalone"
     num_gpus: int = attrs.field(default=1, validator=v.int_ge(0))
@@ -189,6 +194,7 @@ class ReplicaCapabilities:
     supports_abort: bool = True
     supports_partial_resume: bool = True
     supports_weight_update: bool = True
+    node: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
 
 
 @runtime_checkable

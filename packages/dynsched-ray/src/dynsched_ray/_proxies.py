@@ -361,7 +361,8 @@ class RayReplica:
     Args:
         handle: The replica actor handle.
         replica_id: Id of the hosted replica.
-        capabilities: Its capabilities (read once from the actor by `connect`).
+        capabilities: Its capabilities (read once from the actor by `connect`); an empty
+            ``node`` is filled with the Ray node id of ``placement``.
         placement: Where the actor runs (see `placement_info`).
         call_timeout_s: Timeout of control calls (abort, sleep, wake_up, ...).
         generate_timeout_s: Timeout of one generation attempt; when streaming, the
@@ -388,8 +389,11 @@ class RayReplica:
         self.handle = handle
         self.stream = bool(stream)
         self._id = replica_id
-        self._caps = capabilities
         self.placement: dict[str, Any] = dict(placement or {})
+        node = self.placement.get("node_id")
+        if not capabilities.node and isinstance(node, str) and node:
+            capabilities = attrs.evolve(capabilities, node=node)  # the Ray node it runs on
+        self._caps = capabilities
         self.call_timeout_s = _check_timeout("call_timeout_s", call_timeout_s)
         self.generate_timeout_s = _check_timeout("generate_timeout_s", generate_timeout_s)
         self._on_death: list[DeathCallback] = [on_death] if on_death is not None else []

@@ -81,7 +81,16 @@ def build_cluster(
         rid = f"standalone-{i}"
         acct.add_group(rid, g, "standalone")
         standalone.append(
-            SimReplica(rid, eng, hw, llm, role="standalone", accountant=acct, ledger=ledger)
+            SimReplica(
+                rid,
+                eng,
+                hw,
+                llm,
+                role="standalone",
+                accountant=acct,
+                ledger=ledger,
+                node=f"rollout-node-{(i * g) // hw.gpus_per_node}",
+            )
         )
     hybrid = []
     if conf.hybrid:
@@ -96,6 +105,7 @@ def build_cluster(
                     group=grp,
                     accountant=acct,
                     ledger=ledger,
+                    node=f"trainer-node-{(i * g) // hw.gpus_per_node}",
                 )
             )
     trainer = SimTrainer(

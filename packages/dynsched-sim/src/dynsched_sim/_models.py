@@ -54,6 +54,9 @@ class HardwareModel:
         network_latency_s: Fixed latency of one broadcast (collective set-up, barriers).
         local_sync_bandwidth_gib_s: Trainer -> colocated (hybrid) engine bandwidth per GPU
             (same device, CUDA IPC).
+        gpus_per_node: GPUs per server; a hybrid replica's node is the trainer server
+            its GPUs are on (published: the seed's 16 GPUs are "2 dedicated trainer
+            nodes"). Only labels replicas for per-node lending; no cost depends on it.
     """
 
     gpu_memory_gib: float = attrs.field(default=80.0, validator=_pos)
@@ -61,6 +64,7 @@ class HardwareModel:
     network_bandwidth_gib_s: float = attrs.field(default=10.0, validator=_pos)
     network_latency_s: float = attrs.field(default=2.0, validator=_nonneg)
     local_sync_bandwidth_gib_s: float = attrs.field(default=100.0, validator=_pos)
+    gpus_per_node: int = attrs.field(default=8, validator=_posint)
 
 
 @attrs.frozen(kw_only=True)

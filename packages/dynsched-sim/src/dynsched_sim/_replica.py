@@ -64,6 +64,7 @@ class SimReplica:
         extra_sleep_s: Added to every sleep (hybrid: trainer state onload).
         ledger: Shared ``request_id -> tokens decoded`` over every attempt on every
             replica (conservation checks: a response's attempts must add up to its length).
+        node: The server its GPUs are on (`ReplicaCapabilities.node`).
 
     Attributes:
         tokens_generated: Decode tokens produced, aborted attempts included.
@@ -87,12 +88,13 @@ class SimReplica:
         extra_wake_s: float = 0.0,
         extra_sleep_s: float = 0.0,
         ledger: dict[str, int] | None = None,
+        node: str = "",
     ) -> None:
         if role not in ("standalone", "hybrid"):
             raise ValueError(f"role must be 'standalone' or 'hybrid', got {role!r}")
         self._id = replica_id
         self._engine = engine
-        self._caps = ReplicaCapabilities(role=role, num_gpus=engine.gpus_per_replica)  # type: ignore[arg-type]
+        self._caps = ReplicaCapabilities(role=role, num_gpus=engine.gpus_per_replica, node=node)  # type: ignore[arg-type]
         self.max_running = engine.max_running(role, hardware, llm)
         self._rate = [0.0] + [engine.per_seq_rate(n) for n in range(1, self.max_running + 1)]
         self._prefill_c = engine.prefill_s_per_token
