@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from dynsched_core.events import GuardRailEvent
 from hypothesis import given
 from hypothesis import strategies as st
 
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 NODES = {"h0": "n0", "h1": "n0", "h2": "n1", "h3": "n1"}
 
 
@@ -190,12 +193,8 @@ def test_the_context_refuses_nodes_that_do_not_match_the_ids() -> None:
 
 
 async def test_the_readme_example_lends_one_replica_per_node() -> None:
-    import re
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     (block,) = [
-        b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "OnePerNode" in b
+        b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "OnePerNode" in b
     ]
     scope: dict[str, Any] = {}
     exec(compile(block, "README.md", "exec"), scope)
