@@ -112,3 +112,19 @@ class NeverActivatePolicy(DynamicSchedulePolicyBase):
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
         return False
+
+
+class OnePerNodePolicy(PartialMidCyclePolicy):
+    """`PartialMidCyclePolicy`, naming the replicas: the first hybrid of each node."""
+
+    name = "one-per-node-test"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes_seen: list[tuple[str, ...]] = []
+
+    def hybrid_replica_ids_to_activate(
+        self, global_steps: int, ctx: DynamicScheduleContext
+    ) -> tuple[str, ...]:
+        self.nodes_seen.append(ctx.hybrid_replica_nodes)
+        return ctx.hybrid_ids_per_node(1)

@@ -20,7 +20,7 @@ from dynsched_ray import RayRunOptions
 from dynsched_ray._rl_task import AdditionTask, TaskTokenizer, WarmUpOptions, warm_up
 from dynsched_ray._train import TrainRunner, TrainSettings, lag_bound, read_metrics
 
-from ._policies import AlwaysSwitchPolicy
+from ._policies import AlwaysSwitchPolicy, PartialMidCyclePolicy
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -96,6 +96,34 @@ async def test_train_two_standalone_two_hybrid(tmp_path: Path, warm_model: Path)
     assert sorted(ckpt["consumed_sample_ids"]) == sorted(res.consumed_sample_ids)
     assert "policy" in ckpt["driver"]
     assert (runner.settings.checkpoint_dir / "trainer-v2.pt").is_file()
+
+
+async def test_mid_cycle_lend_loads_weights_from_the_trainer_gpu(
+    tmp_path: Path, warm_model: Path
+) -> None:
+    """A hybrid replica lent at a step boundary inside a cycle (one of two: partial
+    lending) loads the synced copy its own trainer worker keeps, never the driver's."""
+    config = _config(standalone=1, trainer_gpus=2)
+    policy = PartialMidCyclePolicy()
+    runner = TrainRunner(
+        config,
+        _settings(tmp_path, 4),
+        RayRunOptions(name="train-mid-cycle"),
+        model=warm_model,
+        policy=policy,
+    )
+    summary = await runner.train()
+    _check_run(runner, summary, 4)
+    assert runner.loop is not None and runner.loop.driver.mid_cycle_activations >= 1
+    assert policy.lent_counts and set(policy.lent_counts) == {1}
+    hybrids = [r for r in runner.loop.replicas.of_role("hybrid")]
+    loads = [load for h in hybrids for load in h.loads]
+    # version 0 is the model folder every replica starts from; every later load (each
+    # one a mid-cycle lend: this policy never lends after a sync) is the trainer's copy
+    assert any(src == "trainer" for _, src in loads)
+    assert all(src == "trainer" for v, src in loads if v > 0), loads
+    group = runner.trainer_group
+    assert group is not None and group.synced_version == summary.result.loop.steps // 2
 
 
 async def test_fault_standalone_replica_killed_mid_generation(

@@ -7,7 +7,7 @@ import pytest
 from dynsched_core import DynamicScheduleConfig
 from dynsched_ray import RayRunner, RayRunOptions
 
-from ._policies import PartialMidCyclePolicy
+from ._policies import OnePerNodePolicy, PartialMidCyclePolicy
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -57,3 +57,29 @@ async def test_partial_mid_cycle_lending_over_ray_keeps_every_sample_once() -> N
     assert CONFIG.num_hybrid_replicas == 2
     assert policy.lent_counts and set(policy.lent_counts) == {1}  # one of the two, each time
     assert runner.loop.controller.active_hybrid_ids == ()
+
+
+async def test_lending_per_node_names_the_ray_node_of_each_hybrid() -> None:
+    import ray
+
+    policy = OnePerNodePolicy()
+    opt = RayRunOptions(
+        name="one-per-node",
+        num_steps=4,
+        trainer_workers=1,
+        tokens_per_s=2000.0,
+        trainer_step_time_s=0.02,
+        health_check_interval_s=0.2,
+        call_timeout_s=30.0,
+        wait_timeout_s=60.0,
+        no_replica_timeout_s=20.0,
+    )
+    runner = RayRunner(CONFIG, opt, policy=policy, keep_samples=True)
+    res = await runner.run()
+    assert res.loop.steps == 4 and res.loop.samples_failed == 0
+    ids = res.consumed_sample_ids
+    assert len(ids) == len(set(ids)) == 4 * CONFIG.required_samples
+    # one Ray node here: both hybrid replicas report it, so one per node lends one of two
+    node = ray.get_runtime_context().get_node_id()
+    assert policy.nodes_seen and set(policy.nodes_seen) == {(node, node)}
+    assert set(policy.lent_counts) == {1}

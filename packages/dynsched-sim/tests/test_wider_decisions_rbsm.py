@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import attrs
 from dynsched_core import (
     DynamicScheduleContext,
     DynamicSchedulePolicyBase,
@@ -30,6 +31,7 @@ class ScriptedLender(DynamicSchedulePolicyBase):
         self.mid = False
         self.after = False
         self.k: int | None = None
+        self.ids: list[str] | None = None
         self.wait = 0
 
     def should_deactivate(
@@ -54,6 +56,11 @@ class ScriptedLender(DynamicSchedulePolicyBase):
         self, global_steps: int, ctx: DynamicScheduleContext
     ) -> int | None:
         return self.k
+
+    def hybrid_replica_ids_to_activate(
+        self, global_steps: int, ctx: DynamicScheduleContext
+    ) -> list[str] | None:
+        return self.ids
 
 
 class LendingMachine(RuleBasedStateMachine):
@@ -102,13 +109,22 @@ class LendingMachine(RuleBasedStateMachine):
         mid=st.booleans(),
         after=st.booleans(),
         k=st.one_of(st.none(), st.integers(0, 3)),
+        ids=st.one_of(
+            st.none(), st.lists(st.sampled_from(["hybrid-0", "hybrid-1", "ghost"]), max_size=3)
+        ),
         wait=st.integers(0, 64),
     )
-    def micro_step(self, mid: bool, after: bool, k: int | None, wait: int) -> None:
+    def micro_step(
+        self, mid: bool, after: bool, k: int | None, ids: list[str] | None, wait: int
+    ) -> None:
         if self.step >= MAX_STEPS:
             return
         self.policy.mid, self.policy.after, self.policy.k, self.policy.wait = mid, after, k, wait
-        self.lent_max = len(self.cluster.hybrid) if k is None else max(1, min(k, 2))
+        self.policy.ids = ids
+        if ids is not None:  # named replicas (the live ones among them; at least one)
+            self.lent_max = max(1, len({"hybrid-0", "hybrid-1"} & set(ids)))
+        else:
+            self.lent_max = len(self.cluster.hybrid) if k is None else max(1, min(k, 2))
         self.step += 1
         record = self.loop.run_until_complete(self.floop._micro_step(self.step, None))
         assert record is not None
@@ -171,3 +187,26 @@ LendingMachine.TestCase.settings = settings(
     max_examples=8, stateful_step_count=MAX_STEPS, deadline=None
 )
 TestLending = LendingMachine.TestCase
+
+
+def test_replicas_are_labelled_with_their_server() -> None:
+    """8 GPUs per server (published layout): with 8-GPU replicas each hybrid replica has a
+    trainer node of its own, and the context names them in lending order."""
+    sc = load_scenario("balanced")
+    conf = sc.configuration("dynamic-16-16")
+    assert sc.hardware.gpus_per_node == 8 and sc.engine.gpus_per_replica == 8
+    cluster = build_cluster(sc, conf, seed=0, events=EventBus(), clock=lambda: 0.0)
+    nodes = {r.replica_id: r.capabilities.node for r in cluster.hybrid}
+    assert nodes == {"hybrid-0": "trainer-node-0", "hybrid-1": "trainer-node-1"}
+    assert {r.capabilities.node for r in cluster.standalone} == {
+        "rollout-node-0",
+        "rollout-node-1",
+    }
+    small = attrs.evolve(sc, engine=attrs.evolve(sc.engine, gpus_per_replica=4))
+    cluster = build_cluster(small, conf, seed=0, events=EventBus(), clock=lambda: 0.0)
+    assert [r.capabilities.node for r in cluster.hybrid] == [
+        "trainer-node-0",
+        "trainer-node-0",
+        "trainer-node-1",
+        "trainer-node-1",
+    ]

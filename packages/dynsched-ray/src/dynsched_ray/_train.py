@@ -183,20 +183,43 @@ class TrainSummary:
     model: str
 
 
-class _ResumableHandOver(HandOverReplica):
-    """A hybrid replica whose first weight load after a resume gets the restored weights.
+class _TrainerLocalHandOver(HandOverReplica):
+    """A hybrid replica that loads its weights from the trainer worker on its own GPU.
 
-    The loop's first activation passes no weights (a fresh run's replicas already hold
-    version 0); after a resume that version's weights come from the checkpoint.
+    Every weight load of a hybrid replica (after a sync, or when lent mid-cycle at any
+    step boundary) takes the synced copy its trainer worker keeps
+    (`RayTrainerGroup.local_weights`): an object ref resolved from the node's own object
+    store, so the driver never sends the bytes (no broadcast). When that worker keeps no
+    copy of the version (right after a resume, before the first sync) the weights come
+    from ``weights_for`` (the restored checkpoint) or, failing that, as the driver
+    passed them.
+
+    Attributes:
+        loads: ``(version, source)`` of every weight load, source ``"trainer"`` (the
+            trainer worker's copy) or ``"driver"`` (the driver's or the checkpoint's).
     """
 
-    def __init__(self, *args: Any, weights_for: Callable[[int], Any], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        weights_for: Callable[[int], Any],
+        local: Callable[[int], Any],
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._weights_for = weights_for
+        self._local = local
+        self.loads: list[tuple[int, str]] = []
 
     async def update_weights(self, version: int, weights: Any = None) -> None:
+        ref = self._local(version)
+        if ref is not None:
+            self.loads.append((version, "trainer"))
+            await super().update_weights(version, ref)
+            return
         if weights is None:
             weights = self._weights_for(version)
+        self.loads.append((version, "driver"))
         await super().update_weights(version, weights)
 
 
@@ -396,12 +419,13 @@ class TrainRunner(RayRunner):
         out: dict[str, Any] = {}
         for rid, wrapped in hybrid.items():
             gpus: Sequence[Hashable] = wrapped.gpus
-            out[rid] = _ResumableHandOver(
+            out[rid] = _TrainerLocalHandOver(
                 wrapped.inner,
                 group.handover,
                 gpus,
                 before_wake=lambda g=gpus: group.release(g),
                 weights_for=self._weights_for,
+                local=lambda version, g=gpus: group.local_weights(g, version),
             )
         return out
 

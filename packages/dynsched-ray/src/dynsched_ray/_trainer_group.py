@@ -85,6 +85,7 @@ class TrainerActor:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self._trainer: Any = None
+        self._synced: tuple[int, bytes] | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """An address and a free port of this node, for rank 0 to host the group."""
@@ -167,6 +168,32 @@ class TrainerActor:
         out: tuple[int, Any] = self._t().export_weights(as_bytes=as_bytes)
         return out
 
+    def keep_synced(self, version: int, return_bytes: bool = False) -> bytes | int:
+        """Keep a host copy of the weights as synced as ``version`` (safetensors bytes).
+
+        Called at every weight sync on every worker (all ranks hold the same weights):
+        a hybrid replica on this worker's GPU that is lent later in the cycle loads this
+        copy (`synced_weights`), while the trainer trains on; one copy is kept.
+
+        Returns:
+            The bytes when ``return_bytes`` (rank 0 feeds the standalone replicas), else
+            their size.
+        """
+        _, data = self._t().export_weights(as_bytes=True)
+        self._synced = (int(version), data)
+        return data if return_bytes else len(data)
+
+    def synced_weights(self, version: int) -> bytes:
+        """The copy `keep_synced` kept for ``version``.
+
+        Raises:
+            LookupError: this worker keeps another version (or none).
+        """
+        if self._synced is None or self._synced[0] != version:
+            kept = None if self._synced is None else self._synced[0]
+            raise LookupError(f"trainer rank {self.rank} keeps weights v{kept}, not v{version}")
+        return self._synced[1]
+
     def state_dict(self) -> dict[str, Any]:
         """The trainer's checkpoint."""
         state: dict[str, Any] = self._t().state_dict()
@@ -239,6 +266,8 @@ class RayTrainerGroup:
         self.step_timeout_s = float(step_timeout_s)
         self._offloaded = dict.fromkeys(self.gpus, False)
         self.reports: list[tuple[Hashable, OffloadReport]] = []
+        #: The version every worker keeps a synced copy of (`keep_synced`), or None.
+        self.synced_version: int | None = None
 
     @classmethod
     async def launch(
@@ -411,6 +440,38 @@ class RayTrainerGroup:
         )
         return out
 
+    async def keep_synced(self, version: int) -> bytes:
+        """Every worker keeps a host copy of ``version`` (`TrainerActor.keep_synced`), in
+        parallel; returns rank 0's bytes (for the standalone replicas)."""
+        self.synced_version = None
+        outs = await asyncio.gather(
+            *(
+                await_ref(
+                    w.keep_synced.remote(version, rank == 0),
+                    timeout_s=self.call_timeout_s,
+                    what="trainer.keep_synced",
+                )
+                for rank, w in enumerate(self.workers)
+            )
+        )
+        self.synced_version = version
+        data: bytes = outs[0]
+        return data
+
+    def local_weights(self, gpus: Sequence[Hashable], version: int) -> Any:
+        """An object ref of the synced copy of ``version`` kept by the worker on ``gpus``.
+
+        A hybrid replica sitting on those GPUs loads it from its own node's object store
+        (a local copy; the driver never handles the bytes). None when no worker there
+        keeps that version (e.g. right after a resume, before the first sync).
+        """
+        if self.synced_version != version:
+            return None
+        for g in gpus:
+            if g in self.gpus:
+                return self.workers[self.gpus.index(g)].synced_weights.remote(version)
+        return None
+
     async def memory(self) -> list[MemoryReport]:
         """Each worker's memory."""
         return await self._all("memory")
@@ -494,9 +555,10 @@ class RayTrainerGroupBackend:
         return out
 
     async def sync_weights(self, version: int) -> Any:
-        """Export safetensors bytes and load them into the live standalone replicas."""
+        """Every worker keeps the synced copy; rank 0's safetensors bytes go to the live
+        standalone replicas (and back to the loop, for the driver)."""
         self.version = version
-        _, weights = await self.group.export_weights(as_bytes=True)
+        weights = await self.group.keep_synced(version)
         replicas = [r for r in standalone_of(self.replicas) if not getattr(r, "is_dead", False)]
         results = await asyncio.gather(
             *(r.update_weights(version, weights) for r in replicas), return_exceptions=True
