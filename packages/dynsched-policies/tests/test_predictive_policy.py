@@ -113,7 +113,7 @@ def test_estimates_converge_on_synthetic_streams_with_known_rates(
     seed: int,
 ) -> None:
     b = rel * a / 2  # one hybrid replica relative to one of two standalone replicas
-    policy = PredictiveDynamicSchedulePolicy(rate_window=6, step_window=16)
+    policy = PredictiveDynamicSchedulePolicy(rate_window=6, step_window=16, fit_hybrid_rate=True)
     # lend shares vary between cycles so the two rates are identifiable
     for i in range(6):
         feed(
@@ -180,6 +180,46 @@ def test_rate_model_needs_saturated_time() -> None:
     model.add(0, 100.0, 50)
     fit = model.fit(2, 1.0)
     assert fit is not None and fit[0].value == pytest.approx(55 / 110)
+
+
+def test_rate_model_shared_fit_keeps_the_prior_share() -> None:
+    model = RateModel(window=3)
+    model.add(0, 100.0, 40)  # 2 standalone replicas: 0.2 samples/s each
+    model.end_cycle()
+    model.add(2, 50.0, 20)  # lent time that showed no gain (ramp-up, migrations)
+    shared = model.fit(2, 1.0, free=False)
+    assert shared is not None
+    a, b = shared
+    assert b.value == pytest.approx(a.value / 2)  # a hybrid as fast as a standalone one
+    assert a.value == pytest.approx(60 / (150 + 0.5 * 100))  # every saturated second counts
+    assert b.lower(1.0) > 0
+    free = model.fit(2, 1.0)
+    assert free is not None and free[1].value < b.value  # the free fit follows the confound
+
+
+def test_lends_when_lent_time_shows_no_saturated_gain() -> None:
+    # rollout-bound (0.1 samples/s against 16 samples per 60 s step), but the saturated
+    # lent seconds completed no faster (b = 0 in the stream, as after ramp-up): the
+    # default shared rate still lends every replica; the free fit predicts less gain
+    kw: dict[str, Any] = {
+        "a": 0.1, "b": 0.0, "k": 2, "tau": 60.0, "slope": 0.0, "act_s": 11.0,
+        "deact_s": 5.0, "cycles": 3, "seed": 4, "lend_s": 100.0,
+    }  # fmt: skip
+    c = ctx(queue_size=4, cycle_step=4)
+    policy = PredictiveDynamicSchedulePolicy()
+    feed(policy, **kw)
+    assert policy.should_activate_after_step(12, False, c)
+    assert policy.hybrid_replicas_to_activate(12, c) == 2
+    free = PredictiveDynamicSchedulePolicy(fit_hybrid_rate=True)
+    feed(free, **kw)
+    gain = policy._plan(c, active=False, after_sync=True)[2]
+    assert gain > 2 * 16.0  # wins back more than two switches
+    assert free._plan(c, active=False, after_sync=True)[2] < gain
+    clone = PredictiveDynamicSchedulePolicy()
+    clone.load_state_dict(policy.state_dict())
+    assert clone._plan(c, active=False, after_sync=True) == policy._plan(
+        c, active=False, after_sync=True
+    )
 
 
 def warmed(**kw: Any) -> PredictiveDynamicSchedulePolicy:

@@ -142,7 +142,8 @@ class RateModel:
     (response lengths drift, so older cycles are dropped), with one pseudo-cycle pulling
     ``b`` towards the prior ``prior * a / standalone_replicas`` (so ``b`` is defined
     before any lend and while every cycle lends the same share). Intervals are Poisson
-    (``sqrt(n) / seconds``).
+    (``sqrt(n) / seconds``). ``fit(..., free=False)`` instead fits one rate per replica
+    with the hybrid's share fixed at the prior.
     """
 
     #: Saturated seconds below which no rate is estimated.
@@ -169,8 +170,17 @@ class RateModel:
     def _rows(self) -> list[list[float]]:
         return [*self._cycles, self._current]
 
-    def fit(self, standalone_replicas: int, prior: float) -> tuple[Estimate, Estimate] | None:
-        """``(a, b)`` in samples/s; None before `MIN_SECONDS` of saturated time."""
+    def fit(
+        self, standalone_replicas: int, prior: float, *, free: bool = True
+    ) -> tuple[Estimate, Estimate] | None:
+        """``(a, b)`` in samples/s; None before `MIN_SECONDS` of saturated time.
+
+        ``free=False`` fits one parameter instead: the rate ``r`` of one replica, with
+        ``a = r * standalone_replicas`` and ``b = r * prior`` (``n = r (s + prior g /
+        standalone_replicas)``, every saturated second informs it). Use it when the lent
+        time is rarely saturated or confounded (ramp-up after an activation, requests
+        migrated at deactivation), so that ``b`` is not identified by the data.
+        """
         rows = self._rows()
         s_tot = sum(r[0] for r in rows)
         g_tot = sum(r[1] for r in rows)
@@ -179,6 +189,9 @@ class RateModel:
             return None
         rel = prior / max(1, standalone_replicas)  # b / a before data
         u = n_tot / (s_tot + rel * g_tot)  # a under the prior
+        if not free:  # one rate per replica, the hybrid's at the prior's share of it
+            sd_u = math.sqrt(max(n_tot, 1.0)) / (s_tot + rel * g_tot)
+            return Estimate(u, sd_u, int(n_tot)), Estimate(u * rel, sd_u * rel, int(n_tot))
         # one pseudo-cycle of the mean lent time at the prior's rate
         g_p = g_tot / len(rows) if g_tot > 0 else s_tot / len(rows)
         pts = [*rows, [0.0, g_p, u * rel * g_p]]

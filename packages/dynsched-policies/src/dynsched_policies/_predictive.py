@@ -34,7 +34,11 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     - the rollout pool's sample throughput ``X(h) = a + b * h`` with ``h`` hybrid
       replicas lent, from completions while the rollouter was saturated (every replica
       at its concurrency cap), over the last ``rate_window`` cycles (response lengths
-      drift, so the rates are refitted per cycle);
+      drift, so the rates are refitted per cycle); by default one rate per replica with
+      ``b / a = hybrid_rate_prior / standalone replicas`` (a lent pool is rarely
+      saturated: the staleness window binds first, and what it is saturated for is
+      confounded by ramp-up and migrations, so a free ``b`` is not identified and its
+      fit collapsed towards 0 on rollout-bound deployments, skipping lends that pay);
     - the trainer's micro-step time as a linear trend over the last ``step_window``
       steps (responses grow: steps get slower);
     - the activation and deactivation costs (mean and spread of the last
@@ -66,6 +70,11 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         rate_window: Cycles of rate observations kept (>= 1).
         step_window: Training steps in the step-time trend (>= 2).
         cost_window: Switches in the cost estimates (>= 1).
+        mid_cycle: Also lend at step boundaries inside a cycle when it pays.
+        mid_cycle_margin: Switches a mid-cycle lend must win back (model error margin).
+        fit_hybrid_rate: Fit the hybrid rate ``b`` freely (two-parameter least squares
+            with the prior as one pseudo-cycle) instead of at the prior's share of the
+            fitted per-replica rate.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -106,6 +115,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         cost_window: int = 4,
         mid_cycle: bool = False,
         mid_cycle_margin: float = 1.0,
+        fit_hybrid_rate: bool = False,
     ) -> None:
         owner = type(self).__name__
         self.only_hybrid = check_bool(owner, "only_hybrid", only_hybrid)
@@ -121,6 +131,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self.mid_cycle_margin = check_number(
             owner, "mid_cycle_margin", mid_cycle_margin, 0.0, 100.0
         )
+        self.fit_hybrid_rate = check_bool(owner, "fit_hybrid_rate", fit_hybrid_rate)
         self.rates = RateModel(self.rate_window)
         self.step_time = LinearTrend(self.step_window)
         self.activate_cost = MeanEstimate(self.cost_window)
@@ -170,7 +181,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def rates_of(self, ctx: DynamicScheduleContext) -> tuple[Estimate, Estimate] | None:
         """``(a, b)``: samples/s of the standalone pool and of one lent hybrid replica."""
-        return self.rates.fit(ctx.num_standalone_replicas, self.hybrid_rate_prior)
+        return self.rates.fit(
+            ctx.num_standalone_replicas, self.hybrid_rate_prior, free=self.fit_hybrid_rate
+        )
 
     def predicted_step_s(self, steps_ahead: int = 1) -> Estimate | None:
         """The trainer's micro-step time ``steps_ahead`` steps from now (None before any)."""
