@@ -11,6 +11,7 @@ from dynsched_core.events import RolloutEvent, SwitchEvent, TrainStepEvent, Tran
 from dynsched_core.testing import check_policy
 from dynsched_policies import PredictiveDynamicSchedulePolicy
 from dynsched_policies._estimators import LinearTrend, MeanEstimate, RateModel
+from dynsched_policies._predictive import _expected_shortfall
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -220,6 +221,26 @@ def test_lends_when_lent_time_shows_no_saturated_gain() -> None:
     assert clone._plan(c, active=False, after_sync=True) == policy._plan(
         c, active=False, after_sync=True
     )
+
+
+@given(st.floats(-50.0, 50.0), st.floats(0.0, 400.0))
+def test_expected_shortfall_is_the_mean_of_the_positive_part(gap: float, var: float) -> None:
+    short = _expected_shortfall(gap, var)
+    assert short >= max(0.0, gap) - 1e-9  # Jensen: never below the deterministic wait
+    # E[(g + X)^+] - E[(-g - X)^+] = g for symmetric X
+    assert short - _expected_shortfall(-gap, var) == pytest.approx(gap, abs=1e-6)
+    assert _expected_shortfall(gap, 0.0) == max(0.0, gap)
+
+
+def test_fluid_waits_when_production_only_just_covers_the_demand() -> None:
+    # 0.16 samples/s for 100 s steps of 16 samples: the mean exactly covers every step, so
+    # a deterministic fluid predicts no wait; Poisson completions make half the steps wait
+    policy = PredictiveDynamicSchedulePolicy()
+    c = ctx()
+    t = policy._fluid(16.0, 1000.0, [100.0] * 4, 0.16, c)
+    assert t > 400.0 + 10.0
+    # a buffer well above the demand still predicts (almost) no wait
+    assert policy._fluid(200.0, 1000.0, [100.0] * 4, 0.16, c) == pytest.approx(400.0, abs=1e-3)
 
 
 def warmed(**kw: Any) -> PredictiveDynamicSchedulePolicy:

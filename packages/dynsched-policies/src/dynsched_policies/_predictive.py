@@ -25,6 +25,24 @@ _MAX_HORIZON = 64
 _MAX_TARGETS = 16
 
 
+def _expected_shortfall(gap: float, var: float) -> float:
+    """``E[(gap + X)^+]`` for ``X ~ N(0, var)``: samples waited for, on average."""
+    if var <= 0:
+        return max(0.0, gap)
+    sd = math.sqrt(var)
+    d = gap / sd
+    cdf = 0.5 * math.erfc(-d / math.sqrt(2.0))
+    pdf = math.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi)
+    return max(0.0, gap * cdf + sd * pdf)
+
+
+def _waits(gap: float, var: float) -> float:
+    """Probability that the trainer waits, ``P(gap + X > 0)``, ``X ~ N(0, var)``."""
+    if var <= 0:
+        return 1.0 if gap > 0 else 0.0
+    return 0.5 * math.erfc(-gap / math.sqrt(2.0 * var))
+
+
 class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     """Lend the number of hybrid replicas, for the time, that minimises the predicted cycle.
 
@@ -47,8 +65,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     At every decision point (after a weight sync, and at every step boundary while no
     hybrid replica is lent) a fluid model of the rest of the cycle predicts the time to
     the cycle's last training step: the trainer waits whenever fewer than
-    ``required_samples`` are buffered while the pool produces at ``X(h)``, up to the
-    staleness ceiling. Lending ``k`` replicas until ``W`` samples are buffered costs an
+    ``required_samples`` are buffered (the expected shortfall, completions counted as
+    Poisson) while the pool produces at ``X(h)``, up to the staleness ceiling. Lending ``k`` replicas until ``W`` samples are buffered costs an
     activation plus a deactivation; the policy lends (``k``, ``W``) only when the
     pessimistic prediction (switch costs at their upper, hybrid rate at its lower
     ``z``-sigma bound) beats not lending. So it never lends when the trainer is the
@@ -211,18 +229,29 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         before the next weight sync (in flight plus what the staleness window still
         admits); ``taus``: predicted step times of the remaining steps; ``rate``:
         standalone samples/s.
+
+        Completions are counted as Poisson (variance = mean), so the buffer at each step
+        is ``N(q, var)`` and the trainer waits for the *expected* shortfall
+        ``E[(b - Q)^+]``: with the mean just covering the demand a deterministic fluid
+        predicts no wait, but half the time the step does wait (on ``balanced`` the
+        deterministic model skipped every other lend and the cycle after waited).
         """
         b = ctx.required_samples
         t = 0.0
+        var = 0.0  # variance of the buffer: Poisson completions since the decision
         for tau in taus:
-            if q < b:
-                t += (b - q) / rate if rate > 0 else math.inf
-                supply = max(0.0, supply - (b - q))
-                q = b
+            short = _expected_shortfall(b - q, var)
+            if short > 0:
+                t += short / rate if rate > 0 else math.inf
+                supply = max(0.0, supply - short)
+                # the buffer is topped up to b whenever it falls short: less spread
+                var *= 1.0 - _waits(b - q, var)
+                q += short
             q -= b
             t += tau
             made = min(rate * tau, supply)
             q += made
+            var += made
             supply -= made
         return t
 
