@@ -172,3 +172,64 @@ def test_wide_jobs_use_the_vectorised_block_check() -> None:
     pl = res.placements["wide"]
     assert pl.num_servers == 30
     assert set(pl.ps_per_node) == {1} and set(pl.workers_per_node) == {3}
+
+
+def _sorted_path(jobs, cap, previous=None, shrink=False, fill=False):
+    from dynsched_optimus import _placement as P
+
+    c, norm, _t, kept_ids, order, _s = P._prepare(jobs, cap, previous)
+    free = c.copy()
+    pl, kept = P._reserve_kept(jobs, previous or {}, kept_ids, free, c)
+    return P._place_sorted(jobs, c, norm, order, free, pl, kept, shrink, fill)
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    jobs=placement_jobs,
+    kinds=st.lists(
+        st.tuples(st.sampled_from([4.0, 8.0, 16.0]), st.sampled_from([8.0, 16.0, 32.0])),
+        min_size=1,
+        max_size=2,
+    ),
+    n_nodes=st.integers(4, 40),
+    keep_every=st.integers(1, 3),
+    shrink=st.booleans(),
+    fill=st.booleans(),
+)
+def test_bucketed_servers_equal_the_sorted_list_and_reference(
+    jobs, kinds, n_nodes, keep_every, shrink, fill
+) -> None:
+    """Few distinct server shapes take the bucketed path: same result as the sorted list
+    of server keys and as the reference, with and without fill, shrink and kept jobs."""
+    cap = np.array([kinds[i % len(kinds)] for i in range(n_nodes)])
+    prev = None
+    for _round in range(2):
+        a = place(jobs, cap, previous=prev, shrink=shrink, fill=fill)
+        b = _sorted_path(jobs, cap, previous=prev, shrink=shrink, fill=fill)
+        r = place_reference(jobs, cap, previous=prev, shrink=shrink, fill=fill)
+        for other in (b, r):
+            assert a.placements == other.placements
+            assert a.unplaced == other.unplaced and a.kept == other.kept
+            assert dict(a.shrunk) == dict(other.shrunk)
+        assert np.array_equal(a.free, b.free)
+        assert (a.free >= -1e-9 * cap).all()
+        prev = {k: v for i, (k, v) in enumerate(sorted(a.placements.items())) if i % keep_every}
+
+
+def test_benchmark_like_cluster_takes_the_bucketed_path_and_matches() -> None:
+    """Homogeneous servers, three demand classes, capacity-bound: fragmentation, fill."""
+    rng = np.random.default_rng(3)
+    classes = [((4.0, 8.0, 2.0), (4.0, 8.0, 1.0)), ((5.0, 8.0, 2.0), (5.0, 12.0, 1.0))]
+    jobs = []
+    for i in range(300):
+        pd, wd = classes[i % 2]
+        jobs.append(
+            PlacementRequest(f"j{i:03d}", int(rng.integers(1, 5)), int(rng.integers(1, 12)), pd, wd)
+        )
+    cap = np.tile([32.0, 128.0, 10.0], (200, 1))
+    for kw in ({}, {"shrink": True}, {"fill": True, "shrink": True}):
+        a = place(jobs, cap, **kw)
+        b = _sorted_path(jobs, cap, **kw)
+        assert a.placements == b.placements and a.unplaced == b.unplaced
+        assert dict(a.shrunk) == dict(b.shrunk) and np.array_equal(a.free, b.free)
+    assert a.shrunk or a.unplaced  # the instance is fragmented

@@ -28,7 +28,10 @@ Parameter-server and all-reduce jobs (``ps=0``, zero PS demand) are placed alike
 the servers in a sorted list of integer keys: a job inspects only the first ``k`` servers
 and re-inserts the ones it used with ``bisect`` (``O(k log N)`` per job plus a memory
 move, no per-job pass over all servers); wide spreads are checked in blocks of candidate
-``k`` with one numpy comparison.  :func:`place_reference` is the straightforward version
+``k`` with one numpy comparison.  When the servers have few distinct (capacity, free)
+shapes (at most one per four servers at the start, e.g. a homogeneous cluster) they are
+bucketed by shape instead: spreads and fills are checked and committed per run of equal
+servers (:func:`_place_buckets`), with the same result.  :func:`place_reference` is the straightforward version
 that re-sorts every server for every job.  Both return the same placement (property test).
 """
 
@@ -178,6 +181,18 @@ def _check_nodes(node_capacity: npt.ArrayLike) -> FloatArray:
 
 
 def _job_order(jobs: Sequence[PlacementRequest], total: FloatArray) -> list[int]:
+    if len(jobs) >= 64:
+        # the same float operations as the loop below, vectorised
+        nr = total.size
+        pd = np.array([j.ps_demand for j in jobs], dtype=np.float64).reshape(len(jobs), nr)
+        wd = np.array([j.worker_demand for j in jobs], dtype=np.float64).reshape(len(jobs), nr)
+        cnt = np.array([(j.ps, j.workers) for j in jobs], dtype=np.int64)
+        d = cnt[:, :1] * pd + cnt[:, 1:] * wd
+        pos = total > 0
+        sh = (d[:, pos] / total[pos]).max(axis=1, initial=0.0)
+        ids = [j.job_id for j in jobs]
+        shl = sh.tolist()
+        return sorted(range(len(jobs)), key=lambda i: (shl[i], ids[i]))
     keyed = []
     for i, j in enumerate(jobs):
         share = 0.0
@@ -531,9 +546,27 @@ def place(
         The placement result; equal to :func:`place_reference`.
     """
     cap, norm, _total, kept_ids, order, _seen = _prepare(jobs, node_capacity, previous)
-    n_nodes, nr = cap.shape
     free = cap.copy()
     placements, kept = _reserve_kept(jobs, previous or {}, kept_ids, free, cap)
+    groups = _group_rows(np.hstack([cap, free]), cap.shape[0] // 4)
+    if groups is not None:
+        return _place_buckets(jobs, cap, norm, order, free, placements, kept, groups, shrink, fill)
+    return _place_sorted(jobs, cap, norm, order, free, placements, kept, shrink, fill)
+
+
+def _place_sorted(
+    jobs: Sequence[PlacementRequest],
+    cap: FloatArray,
+    norm: FloatArray,
+    order: list[int],
+    free: FloatArray,
+    placements: dict[str, JobPlacement],
+    kept: set[int],
+    shrink: bool,
+    fill: bool,
+) -> PlacementResult:
+    """:func:`place` on one sorted list of server keys (any cluster)."""
+    n_nodes, nr = cap.shape
     tolcap_l = (_TOL * cap).tolist()
     free_l: list[list[float]] = free.tolist()
     ftol_l = (free + _TOL * cap).tolist()
@@ -711,5 +744,407 @@ def place(
         unplaced=tuple(unplaced),
         kept=tuple(jobs[i].job_id for i in sorted(kept, key=lambda x: jobs[x].job_id)),
         free=np.array(free_l, dtype=np.float64).reshape(n_nodes, nr),
+        shrunk=shrunk,
+    )
+
+
+_BIG_COUNT = 1 << 62
+
+
+def _group_rows(rows: FloatArray, most: int) -> list[list[int]] | None:
+    """Indices of equal rows (each group ascending, groups by first index), or ``None``
+    when there are more than ``most`` groups."""
+    if bool((rows == rows[0]).all()):
+        return [list(range(rows.shape[0]))]
+    groups: dict[tuple[float, ...], list[int]] = {}
+    for n, row in enumerate(rows.tolist()):
+        g = groups.get(tuple(row))
+        if g is None:
+            if len(groups) >= most:
+                return None
+            groups[tuple(row)] = [n]
+        else:
+            g.append(n)
+    return list(groups.values())
+
+
+def _place_buckets(
+    jobs: Sequence[PlacementRequest],
+    cap: FloatArray,
+    norm: FloatArray,
+    order: list[int],
+    free: FloatArray,
+    placements: dict[str, JobPlacement],
+    kept: set[int],
+    groups: list[list[int]],
+    shrink: bool,
+    fill: bool,
+) -> PlacementResult:
+    """:func:`place` on servers bucketed by free shape (few distinct free vectors).
+
+    Servers with the same capacity and free vector are interchangeable except for their
+    index, so they form one bucket (its node indices kept sorted); buckets with the same
+    key form a key class, key classes are kept in a sorted list.  The server order of
+    :func:`_place_sorted` (key, then index) is the key classes in order, the nodes of a
+    class merged by index; a job takes a prefix of each bucket it uses.  A spread or a fill
+    is checked and committed per run of equal servers instead of per server.
+    """
+    n_nodes, nr = cap.shape
+    tolcap = _TOL * cap
+    norm_l = norm.tolist()
+    scale = _key_scale(nr)
+    top = math.floor(float(nr) * scale) + 1
+    keys0 = top - _np_node_key(free, norm, scale)
+    # bucket records, indexed by bucket id
+    b_free: list[tuple[float, ...]] = []
+    b_ftol: list[tuple[float, ...]] = []
+    b_tc: list[tuple[float, ...]] = []
+    b_key: list[int] = []
+    b_nodes: list[list[int]] = []
+    b_cap: list[int] = []
+    bid_of: dict[tuple[int, tuple[float, ...]], int] = {}
+    cap_id: dict[tuple[float, ...], int] = {}
+    for s, nds in enumerate(groups):
+        n0 = nds[0]
+        fr = tuple(free[n0].tolist())
+        tc = tuple(tolcap[n0].tolist())
+        ci = cap_id.setdefault(tuple(cap[n0].tolist()), len(cap_id))
+        bid_of[(ci, fr)] = s
+        b_free.append(fr)
+        b_tc.append(tc)
+        b_ftol.append(tuple((free[n0] + tolcap[n0]).tolist()))
+        b_key.append(int(keys0[n0]))
+        b_nodes.append(nds)
+        b_cap.append(ci)
+    classes: dict[int, list[int]] = {}
+    for b, k in enumerate(b_key):
+        classes.setdefault(k, []).append(b)
+    keys = sorted(classes)
+    insort = bisect.insort
+    fits_memo: dict[
+        tuple[tuple[float, ...], tuple[float, ...]], dict[tuple[int, int, int], bool]
+    ] = {}
+    dest_memo: dict[
+        tuple[tuple[float, ...], tuple[float, ...]], dict[tuple[int, int, int], int]
+    ] = {}
+    splits: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    klb_memo: dict[tuple[object, ...], int] = {}
+    unplaced: list[str] = []
+    shrunk: dict[str, tuple[int, int]] = {}
+
+    def fitter(
+        pd: tuple[float, ...], wd: tuple[float, ...]
+    ) -> tuple[dict[tuple[int, int, int], bool], dict[tuple[int, int, int], int]]:
+        dk = (pd, wd)
+        fm = fits_memo.get(dk)
+        if fm is None:
+            fm = fits_memo[dk] = {}
+            dest_memo[dk] = {}
+        return fm, dest_memo[dk]
+
+    def fits(
+        fm: dict[tuple[int, int, int], bool],
+        pd: tuple[float, ...],
+        wd: tuple[float, ...],
+        b: int,
+        p: int,
+        w: int,
+    ) -> bool:
+        ok = fm.get((b, p, w))
+        if ok is None:
+            ft = b_ftol[b]
+            ok = all(p * pd[r] + w * wd[r] <= ft[r] for r in range(nr))
+            fm[(b, p, w)] = ok
+        return ok
+
+    def walk(limit: int) -> list[tuple[int, int]]:
+        """Runs ``(bucket, count)`` of the first ``limit`` servers in order (or all)."""
+        runs: list[tuple[int, int]] = []
+        need = limit
+        for k in keys:
+            bs = classes[k]
+            if len(bs) == 1:
+                b = bs[0]
+                c = min(len(b_nodes[b]), need)
+                runs.append((b, c))
+                need -= c
+            else:
+                merged = sorted((nd, b) for b in bs for nd in b_nodes[b][:need])[:need]
+                last = -1
+                for _nd, b in merged:
+                    if b == last:
+                        runs[-1] = (b, runs[-1][1] + 1)
+                    else:
+                        runs.append((b, 1))
+                        last = b
+                need -= len(merged)
+            if need <= 0:
+                break
+        return runs
+
+    def spread_pieces(
+        fm: dict[tuple[int, int, int], bool],
+        j: PlacementRequest,
+        runs: list[tuple[int, int]],
+        k: int,
+    ) -> list[tuple[int, int, int, int]] | None:
+        """Pieces ``(bucket, count, ps, workers)`` of the even spread over k servers."""
+        bw, ew = divmod(j.workers, k)
+        bp, ep = divmod(j.ps, k)
+        cut_p = k - ep
+        pd, wd = j.ps_demand, j.worker_demand
+        out: list[tuple[int, int, int, int]] = []
+        pos = 0
+        for b, c in runs:
+            end = min(pos + c, k)
+            s = pos
+            while s < end:
+                e = end
+                if s < ew:
+                    e = min(e, ew)
+                    w = bw + 1
+                else:
+                    w = bw
+                if s < cut_p:
+                    e = min(e, cut_p)
+                    p = bp
+                else:
+                    p = bp + 1
+                if not fits(fm, pd, wd, b, p, w):
+                    return None
+                out.append((b, e - s, p, w))
+                s = e
+            pos = end
+            if pos >= k:
+                break
+        return out
+
+    def search(
+        fm: dict[tuple[int, int, int], bool], j: PlacementRequest
+    ) -> list[tuple[int, int, int, int]] | None:
+        shape = (j.ps, j.workers, j.ps_demand, j.worker_demand)
+        k_lb = klb_memo.get(shape)
+        if k_lb is None:
+            k_lb = klb_memo[shape] = _k_lower(j, norm_l)
+        kmax = min(n_nodes, j.ps + j.workers)
+        if k_lb > kmax:
+            return None
+        runs = walk(kmax)
+        for k in range(k_lb, kmax + 1):
+            got = spread_pieces(fm, j, runs, k)
+            if got is not None:
+                return got
+        return None
+
+    def fill_pieces(
+        fm: dict[tuple[int, int, int], bool], j: PlacementRequest
+    ) -> tuple[list[tuple[int, int, int, int]], bool] | None:
+        """The fill fallback (:func:`_fill_nodes`) per run of equal servers."""
+        pd, wd = j.ps_demand, j.worker_demand
+        live = [b for k in keys for b in classes[k]]
+        for d_w, cnt in ((1, j.workers), (0, j.ps)):
+            if cnt > 0 and not any(fits(fm, pd, wd, b, 1 - d_w, d_w) for b in live):
+                return None  # not even one task of this kind fits anywhere
+        fw_memo: dict[int, int] = {}
+        h_memo: dict[tuple[int, int], int] = {}
+
+        def f_w(b: int) -> int:
+            """Workers one server of bucket ``b`` holds (uncapped :func:`_fit_count`)."""
+            got = fw_memo.get(b)
+            if got is None:
+                got = fw_memo[b] = _fit_count(b_free[b], b_tc[b], wd, _BIG_COUNT)
+            return got
+
+        def h_p(b: int, ww: int) -> int:
+            """PS it holds next to ``ww`` workers (with the commit-arithmetic recheck)."""
+            got = h_memo.get((b, ww))
+            if got is None:
+                fr, tc = b_free[b], b_tc[b]
+                fr2 = [fr[r] - ww * wd[r] for r in range(nr)] if ww else list(fr)
+                pp = _fit_count(fr2, tc, pd, _BIG_COUNT)
+                while pp > 0 and any(pp * pd[r] + ww * wd[r] > fr[r] + tc[r] for r in range(nr)):
+                    pp -= 1
+                got = h_memo[(b, ww)] = pp
+            return got
+
+        lw, lp = j.workers, j.ps
+        out: list[tuple[int, int, int, int]] = []
+        for k in keys:
+            if lw == 0 and lp == 0:
+                break
+            bs = classes[k]
+            if len(bs) == 1:
+                b = bs[0]
+                left = len(b_nodes[b])
+                while left and (lw or lp):
+                    fw = f_w(b)
+                    ww = min(lw, fw)
+                    hp = h_p(b, ww) if lp else 0
+                    pp = min(lp, hp)
+                    if not (pp or ww):
+                        break
+                    # consecutive servers of the bucket take the same while both last
+                    m = left
+                    if ww:
+                        m = min(m, lw // fw if ww == fw else 1)
+                    if pp:
+                        m = min(m, lp // hp if pp == hp else 1)
+                    out.append((b, m, pp, ww))
+                    lw -= m * ww
+                    lp -= m * pp
+                    left -= m
+            else:
+                # a bucket that takes nothing now takes nothing later (less is left), so
+                # only the others are merged by index
+                pos = dict.fromkeys(bs, 0)
+                while lw or lp:
+                    best = -1
+                    bb = -1
+                    for b in list(pos):
+                        ww = min(lw, f_w(b))
+                        if not (ww or (lp and h_p(b, ww))) or pos[b] >= len(b_nodes[b]):
+                            del pos[b]
+                            continue
+                        nd = b_nodes[b][pos[b]]
+                        if best < 0 or nd < best:
+                            best, bb = nd, b
+                    if bb < 0:
+                        break
+                    ww = min(lw, f_w(bb))
+                    pp = min(lp, h_p(bb, ww)) if lp else 0
+                    pos[bb] += 1
+                    if out and out[-1][0] == bb and out[-1][2:] == (pp, ww):
+                        out[-1] = (bb, out[-1][1] + 1, pp, ww)
+                    else:
+                        out.append((bb, 1, pp, ww))
+                    lw -= ww
+                    lp -= pp
+        return out, lw == 0 and lp == 0
+
+    def commit(
+        dm: dict[tuple[int, int, int], int],
+        j: PlacementRequest,
+        pieces: list[tuple[int, int, int, int]],
+    ) -> list[int]:
+        """Move the servers of ``pieces`` to their new buckets; their indices in order."""
+        off: dict[int, int] = {}
+        got: list[list[int]] = []
+        for b, c, _p, _w in pieces:
+            o = off.get(b, 0)
+            got.append(b_nodes[b][o : o + c])
+            off[b] = o + c
+        for b, o in off.items():
+            lst = b_nodes[b]
+            del lst[:o]
+            if not lst:
+                cl = classes[b_key[b]]
+                cl.remove(b)
+                if not cl:
+                    del classes[b_key[b]]
+                    del keys[bisect.bisect_left(keys, b_key[b])]
+        pd, wd = j.ps_demand, j.worker_demand
+        for (b, _c, p, w), nds in zip(pieces, got, strict=True):
+            dest = dm.get((b, p, w))
+            if dest is None:
+                fr = b_free[b]
+                nf = tuple(fr[r] - (p * pd[r] + w * wd[r]) for r in range(nr))
+                ck = (b_cap[b], nf)
+                dest = bid_of.get(ck)
+                if dest is None:
+                    dest = len(b_free)
+                    bid_of[ck] = dest
+                    tc = b_tc[b]
+                    ssum = 0.0
+                    for r in range(nr):
+                        ssum = ssum + nf[r] / norm_l[r]
+                    b_free.append(nf)
+                    b_tc.append(tc)
+                    b_ftol.append(tuple(nf[r] + tc[r] for r in range(nr)))
+                    b_key.append(top - math.floor(ssum * scale))
+                    b_nodes.append([])
+                    b_cap.append(b_cap[b])
+                dm[(b, p, w)] = dest
+            lst = b_nodes[dest]
+            if not lst:
+                lst.extend(nds)
+                kd = b_key[dest]
+                cl = classes.get(kd)
+                if cl is None:
+                    classes[kd] = [dest]
+                    insort(keys, kd)
+                else:
+                    cl.append(dest)
+            elif len(nds) <= 4:
+                for nd in nds:
+                    insort(lst, nd)
+            else:
+                lst.extend(nds)
+                lst.sort()
+        return [nd for nds in got for nd in nds]
+
+    for i in order:
+        if i in kept:
+            continue
+        j = jobs[i]
+        if j.ps + j.workers == 0:
+            continue
+        fm, dm = fitter(j.ps_demand, j.worker_demand)
+        cur: PlacementRequest | None = j
+        pieces = search(fm, j)
+        if pieces is None and fill:
+            got = fill_pieces(fm, j)
+            if got is None or not (
+                got[1]
+                or (
+                    shrink
+                    and _fill_ok(
+                        j,
+                        [p for _b, c, p, _w in got[0] for _ in range(c)],
+                        [w for _b, c, _p, w in got[0] for _ in range(c)],
+                        got[1],
+                    )
+                )
+            ):
+                unplaced.append(j.job_id)
+                continue
+            pcs, complete = got
+            nodes = commit(dm, j, pcs)
+            pss = tuple(p for _b, c, p, _w in pcs for _ in range(c))
+            wss = tuple(w for _b, c, _p, w in pcs for _ in range(c))
+            placements[j.job_id] = JobPlacement(
+                job_id=j.job_id, nodes=tuple(nodes), ps_per_node=pss, workers_per_node=wss
+            )
+            if not complete:
+                shrunk[j.job_id] = (sum(pss), sum(wss))
+            continue
+        while pieces is None and shrink and not fill:
+            cur = _shrink(cur)  # type: ignore[arg-type]
+            if cur is None:
+                break
+            pieces = search(fm, cur)
+        if pieces is None or cur is None:
+            unplaced.append(j.job_id)
+            continue
+        if cur is not j:
+            shrunk[j.job_id] = (cur.ps, cur.workers)
+        nodes = commit(dm, cur, pieces)
+        chosen = len(nodes)
+        sk = (cur.ps, cur.workers, chosen)
+        spl = splits.get(sk)
+        if spl is None:
+            spl = (tuple(ps_split(cur.ps, chosen)), tuple(even_split(cur.workers, chosen)))
+            splits[sk] = spl
+        placements[j.job_id] = JobPlacement(
+            job_id=j.job_id, nodes=tuple(nodes), ps_per_node=spl[0], workers_per_node=spl[1]
+        )
+    out_free = np.empty((n_nodes, nr), dtype=np.float64)
+    for b, lst in enumerate(b_nodes):
+        if lst:
+            out_free[lst] = b_free[b]
+    return PlacementResult(
+        placements=placements,
+        unplaced=tuple(unplaced),
+        kept=tuple(jobs[i].job_id for i in sorted(kept, key=lambda x: jobs[x].job_id)),
+        free=out_free,
         shrunk=shrunk,
     )
