@@ -77,6 +77,7 @@ def feed(
                 )
             )
         policy.rates.end_cycle()
+        policy.load_rates.end_cycle()
 
 
 def ctx(**kw: Any) -> DynamicScheduleContext:

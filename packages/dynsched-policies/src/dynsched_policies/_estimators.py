@@ -11,6 +11,11 @@ convergence fits do.
 - `RateModel`: sample throughput of the rollout pool as ``X(h) = a + b * h`` for ``h``
   lent hybrid replicas, fitted from completion counts over the time the rollouter was
   saturated (every replica at its concurrency cap), Poisson intervals.
+- `LoadRateModel`: the pool's completion rate as a function of the samples running,
+  ``X(N, R) = N / W(N / R)`` with ``R`` routable replicas, from the mean latency
+  ``W(n) = alpha + beta * n`` of a replica running ``n`` samples (Little's law; a decode
+  iteration takes ``base + per_seq * running``), fitted by weighted non-negative least
+  squares over every interval (saturated or not), with a residual-scaled Poisson interval.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Estimate", "LinearTrend", "MeanEstimate", "RateModel"]
+__all__ = ["Estimate", "LatencyFit", "LinearTrend", "LoadRateModel", "MeanEstimate", "RateModel"]
 
 
 @dataclass(frozen=True)
@@ -226,3 +231,213 @@ class RateModel:
         if len(cur) != 3 or any(len(c) != 3 for c in self._cycles):
             raise ValueError("rate cycles must be [seconds, hybrid seconds, completions]")
         self._current = cur
+
+
+@dataclass(frozen=True)
+class LatencyFit:
+    """``W(n) = alpha + beta * n``: mean seconds a sample takes on a replica running ``n``.
+
+    Attributes:
+        alpha: Seconds at no load (``>= 0``).
+        beta: Seconds added per sample running on the replica (``>= 0``).
+        cov: Covariance of ``(alpha, beta)``, row-major ``[vaa, vab, vbb]`` (already
+            scaled by the residual dispersion).
+        n_max: Highest per-replica load fitted on (predictions are not extrapolated
+            beyond it: a replica's rate is held at its rate there).
+        n: Completions fitted.
+    """
+
+    alpha: float
+    beta: float
+    cov: tuple[float, float, float]
+    n_max: float
+    n: int
+
+    def latency(self, n: float) -> Estimate:
+        """``W(n)`` with its standard deviation (``n`` clamped to ``[0, n_max]``)."""
+        x = min(max(n, 0.0), self.n_max)
+        vaa, vab, vbb = self.cov
+        var = vaa + 2.0 * x * vab + x * x * vbb
+        return Estimate(self.alpha + self.beta * x, math.sqrt(max(var, 0.0)), self.n)
+
+    def rate(self, active: float, replicas: float, share: float = 1.0) -> Estimate:
+        """Samples/s of ``replicas`` replicas running ``active`` samples in all.
+
+        ``share``: mean speed of the replicas relative to the fitted ones (hybrids at the
+        prior's share). The load is spread evenly (``n = active / replicas``); above
+        ``n_max`` a replica is held at its rate at ``n_max`` (never extrapolated).
+        """
+        if active <= 0 or replicas <= 0:
+            return Estimate(0.0, 0.0, self.n)
+        n = active / replicas
+        w = self.latency(n)
+        if w.value <= 0:
+            return Estimate(math.inf, 0.0, self.n)
+        per = min(n, self.n_max) / w.value  # one replica's completions/s
+        value = replicas * share * per
+        return Estimate(value, value * w.sd / w.value, self.n)
+
+
+class LoadRateModel:
+    """The rollout pool's completion rate as a function of the samples it runs.
+
+    A replica running ``n`` samples completes them at ``n / W(n)`` per second (Little's
+    law), ``W(n) = alpha + beta * n`` its mean latency: one decode iteration takes
+    ``base + per_seq * running`` seconds, so a response of ``L`` tokens takes
+    ``L * (base + per_seq * n)``. With ``N`` samples in flight over ``R`` routable
+    replicas (even routing, ``n = N / R``) the pool completes ``X(N, R) = N / W(N / R)``
+    samples per second: more in flight is faster until the decode step's per-sequence
+    part dominates (``X -> R / beta``), and lending replicas to a pool whose concurrency
+    is bound (by the staleness window) only helps through the smaller ``n``.
+
+    Observations are the intervals between events: ``N`` samples in flight for ``dt``
+    seconds on ``R`` routable replicas of which ``h`` are hybrids, and whether a sample
+    completed at its end. They are summed per time window: a window is a contiguous
+    stretch of one membership (`new_window` at every change of the routable set, and a
+    new one per cycle), holding ``sum N dt`` (sample-seconds), ``sum N^2 dt`` and the
+    completions ``c``. Little's law holds over a window (not per in-flight level: the
+    completion hazard depends on the samples' ages, so the levels a pool passes through
+    right after a window reset or during a drain are biased), and gives its mean latency
+    ``W_b = E_b / c`` (``E_b`` its sample-seconds at the replicas' speed share, hybrids
+    at ``prior`` of a standalone) at its sample-weighted mean load ``n_b``, and
+    ``(alpha, beta)`` are fitted by weighted least squares with the Poisson weights
+    ``c / W^2`` (iterated once at the fitted ``W``), constrained to be non-negative, over
+    the last ``window`` cycles (response lengths drift). One pseudo-completion at ``n = 0``
+    with half the mean latency regularises a fit that saw a single load level. The
+    interval is the fit's covariance scaled by the residual dispersion (at least the
+    Poisson one).
+    """
+
+    #: Completions below which no rate is estimated.
+    MIN_COMPLETIONS = 8
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._cycles: deque[dict[tuple[int, int, int], list[float]]] = deque(maxlen=window)
+        self._current: dict[tuple[int, int, int], list[float]] = {}
+        self._window_index = 0
+
+    def new_window(self) -> None:
+        """Start a new time window (the routable set changed)."""
+        self._window_index += 1
+
+    def add(
+        self, active: float, replicas: int, hybrids: int, seconds: float, completions: int = 0
+    ) -> None:
+        """``active`` samples in flight for ``seconds`` on ``replicas`` (``hybrids`` of them)."""
+        if not (active > 0 and replicas > 0 and math.isfinite(seconds) and seconds >= 0):
+            return
+        hybrids = min(max(0, int(hybrids)), int(replicas))
+        key = (int(replicas), hybrids, self._window_index)
+        row = self._current.setdefault(key, [0.0, 0.0, 0.0])
+        row[0] += active * seconds
+        row[1] += active * active * seconds
+        row[2] += completions
+
+    def end_cycle(self) -> None:
+        """Close the current cycle (the oldest cycle beyond ``window`` is dropped)."""
+        self._cycles.append(self._current)
+        self._current = {}
+        self._window_index = 0
+
+    def _bins(self, prior: float) -> list[tuple[float, float, float]]:
+        """``(n_b, W_b, c_b)`` of the bins with completions."""
+        out = []
+        for (r, h, _), (e, q, c) in (
+            kv for cyc in [*self._cycles, self._current] for kv in cyc.items()
+        ):
+            if c <= 0 or e <= 0:
+                continue
+            share = (r - h + prior * h) / r
+            if share <= 0:
+                continue
+            out.append(((q / e) / r, e * share / c, c))
+        return out
+
+    def fit(self, prior: float = 1.0) -> LatencyFit | None:
+        """``W(n)`` fitted on the window; None before `MIN_COMPLETIONS` completions.
+
+        ``prior``: speed of a hybrid replica relative to a standalone one.
+        """
+        bins = self._bins(prior)
+        total = sum(b[2] for b in bins)
+        if total < self.MIN_COMPLETIONS:
+            return None
+        w_mean = sum(b[1] * b[2] for b in bins) / total
+        pts = [*bins, (0.0, 0.5 * w_mean, 1.0)]  # the regularising pseudo-completion
+        n_max = max(b[0] for b in bins)
+        alpha, beta = w_mean, 0.0
+        weights = [c / (w * w) for _, w, c in pts]
+        for _ in range(2):  # Poisson weights at the observed, then at the fitted, W
+            alpha, beta = _nnls_line(pts, weights)
+            weights = [c / max(alpha + beta * n, 1e-9 * w_mean) ** 2 for n, _, c in pts]
+        s0 = sum(weights)
+        s1 = sum(wt * p[0] for wt, p in zip(weights, pts, strict=True))
+        s2 = sum(wt * p[0] * p[0] for wt, p in zip(weights, pts, strict=True))
+        rss = sum(
+            wt * (p[1] - alpha - beta * p[0]) ** 2 for wt, p in zip(weights, pts, strict=True)
+        )
+        dof = len(pts) - 2
+        disp = max(1.0, rss / dof) if dof > 0 else 1.0
+        det = s0 * s2 - s1 * s1
+        if det <= 1e-12 * max(1.0, s0 * s2):  # one load level: beta is the prior's
+            cov = (disp / s0, 0.0, 0.0)
+        else:
+            cov = (disp * s2 / det, -disp * s1 / det, disp * s0 / det)
+        return LatencyFit(alpha, beta, cov, n_max, int(total))
+
+    def state(self) -> dict[str, Any]:
+        """Cycles and the open one as ``[replicas, hybrids, window, sample_s, sample2_s, c]``."""
+
+        def rows(cyc: dict[tuple[int, int, int], list[float]]) -> list[list[float]]:
+            return [[*map(float, k), *v] for k, v in sorted(cyc.items())]
+
+        return {
+            "cycles": [rows(c) for c in self._cycles],
+            "current": rows(self._current),
+            "window": self._window_index,
+        }
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Restore `state`."""
+
+        def cyc(rows: Iterable[Sequence[float]]) -> dict[tuple[int, int, int], list[float]]:
+            out: dict[tuple[int, int, int], list[float]] = {}
+            for r in rows:
+                if len(r) != 6:
+                    raise ValueError("load-rate rows must have 6 entries")
+                out[(int(r[0]), int(r[1]), int(r[2]))] = [float(r[3]), float(r[4]), float(r[5])]
+            return out
+
+        cycles = deque((cyc(c) for c in state["cycles"]), maxlen=self.window)
+        current = cyc(state["current"])
+        self._cycles, self._current = cycles, current
+        self._window_index = int(state["window"])
+
+
+def _nnls_line(
+    pts: Sequence[tuple[float, float, float]], weights: Sequence[float]
+) -> tuple[float, float]:
+    """``(alpha, beta) >= 0`` minimising ``sum w (y - alpha - beta x)^2`` over ``(x, y, _)``."""
+    s0 = sum(weights)
+    sx = sum(w * p[0] for w, p in zip(weights, pts, strict=True))
+    sy = sum(w * p[1] for w, p in zip(weights, pts, strict=True))
+    sxx = sum(w * p[0] * p[0] for w, p in zip(weights, pts, strict=True))
+    sxy = sum(w * p[0] * p[1] for w, p in zip(weights, pts, strict=True))
+    det = s0 * sxx - sx * sx
+    if det > 1e-12 * max(1.0, s0 * sxx):
+        beta = (s0 * sxy - sx * sy) / det
+        alpha = (sy - beta * sx) / s0
+        if alpha >= 0 and beta >= 0:
+            return alpha, beta
+    # a bound is active: the better of the two one-parameter fits
+    cands = [(max(sy / s0, 0.0), 0.0)]
+    if sxx > 0:
+        cands.append((0.0, max(sxy / sxx, 0.0)))
+
+    def loss(ab: tuple[float, float]) -> float:
+        return sum(
+            w * (p[1] - ab[0] - ab[1] * p[0]) ** 2 for w, p in zip(weights, pts, strict=True)
+        )
+
+    return min(cands, key=loss)

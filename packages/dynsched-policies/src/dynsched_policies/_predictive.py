@@ -7,11 +7,24 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from dynsched_core import DynamicScheduleContext, DynamicSchedulePolicyBase
-from dynsched_core.events import RolloutEvent, SwitchEvent, TrainStepEvent, TransitionEvent
+from dynsched_core import ConfigError, DynamicScheduleContext, DynamicSchedulePolicyBase
+from dynsched_core.events import (
+    MembershipEvent,
+    RolloutEvent,
+    SwitchEvent,
+    TrainStepEvent,
+    TransitionEvent,
+)
 
 from dynsched_policies._common import check_bool, check_number, check_state_keys, floor_samples
-from dynsched_policies._estimators import Estimate, LinearTrend, MeanEstimate, RateModel
+from dynsched_policies._estimators import (
+    Estimate,
+    LatencyFit,
+    LinearTrend,
+    LoadRateModel,
+    MeanEstimate,
+    RateModel,
+)
 
 __all__ = ["PredictiveDynamicSchedulePolicy"]
 
@@ -23,6 +36,93 @@ _NOT_TRAINING = frozenset({"wait_for_enough_samples", "gen", "param_sync", "step
 _MAX_HORIZON = 64
 #: Wait targets tried per decision, at most.
 _MAX_TARGETS = 16
+#: Integration steps of a pool whose concurrency drains below its cap.
+_DRAIN_STEPS = 8
+#: Rate models (``rate_model``).
+_RATE_MODELS = ("saturated", "little")
+
+
+class _Pool:
+    """Samples/s of the rollout pool as a function of the supply left in the window.
+
+    ``rate(N)`` is the completion rate with ``N`` samples in flight; the pool runs
+    ``min(cap, supply)`` of them (the rollouter admits up to its cap while the staleness
+    window lets it; once the window is spent the in-flight ones drain). A constant rate
+    (``cap = inf`` and ``rate`` constant, the saturated model) makes `produce` and
+    `time_for` the plain fluid ``min(rate * t, supply)`` and ``need / rate``.
+    """
+
+    __slots__ = ("_cap_rate", "cap", "const", "rate")
+
+    def __init__(self, rate: Any, cap: float = math.inf, const: float | None = None) -> None:
+        self.rate = rate
+        self.cap = cap
+        self.const = const
+        self._cap_rate = const if const is not None else (rate(cap) if cap < math.inf else None)
+
+    def produce(self, supply: float, seconds: float) -> float:
+        """Samples completed in ``seconds`` from ``supply`` (at most ``supply``)."""
+        if supply <= 0 or seconds <= 0:
+            return 0.0
+        if self.const is not None:
+            return min(self.const * seconds, supply)
+        s, t = supply, seconds
+        if self._cap_rate is not None and s > self.cap:  # saturated until s falls to cap
+            x = self._cap_rate
+            if x <= 0:
+                return 0.0
+            if (s - self.cap) >= x * t:
+                return x * t
+            t -= (s - self.cap) / x
+            s = self.cap
+        dt = t / _DRAIN_STEPS
+        for _ in range(_DRAIN_STEPS):  # midpoint steps of dN/dt = -rate(N)
+            half = max(0.0, s - 0.5 * dt * self.rate(s))
+            s = max(0.0, s - dt * self.rate(half))
+            if s <= 0:
+                break
+        return supply - s
+
+    def wait_for(self, need: float, supply: float) -> float:
+        """Seconds until ``need`` more samples complete; beyond ``supply`` at the cap's rate.
+
+        (What the window cannot deliver comes after the next sync, with the pool full.)
+        """
+        if self.const is not None:
+            return need / self.const if self.const > 0 else math.inf
+        got = min(max(need, 0.0), max(supply, 0.0))
+        t = self.time_for(got, supply)
+        if need > got:
+            x = self._cap_rate if self._cap_rate is not None else self.rate(need)
+            t += (need - got) / x if x > 0 else math.inf
+        return t
+
+    def time_for(self, need: float, supply: float) -> float:
+        """Seconds to complete ``need`` of ``supply`` samples (inf when it cannot)."""
+        if need <= 0:
+            return 0.0
+        if self.const is not None:
+            return need / self.const if self.const > 0 else math.inf
+        if need > supply:
+            return math.inf
+        t, s, left = 0.0, supply, need
+        if self._cap_rate is not None and s > self.cap:
+            x = self._cap_rate
+            part = min(left, s - self.cap)
+            if x <= 0:
+                return math.inf
+            t += part / x
+            s -= part
+            left -= part
+        if left > 0:
+            chunk = left / _DRAIN_STEPS
+            for _ in range(_DRAIN_STEPS):
+                x = self.rate(s - 0.5 * chunk)
+                if x <= 0:
+                    return math.inf
+                t += chunk / x
+                s -= chunk
+        return t
 
 
 def _expected_shortfall(gap: float, var: float) -> float:
@@ -49,14 +149,23 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     Online estimates, from the events the core already emits (`observe`), each a small
     model refitted as data arrive, with a prediction interval:
 
-    - the rollout pool's sample throughput ``X(h) = a + b * h`` with ``h`` hybrid
-      replicas lent, from completions while the rollouter was saturated (every replica
-      at its concurrency cap), over the last ``rate_window`` cycles (response lengths
-      drift, so the rates are refitted per cycle); by default one rate per replica with
-      ``b / a = hybrid_rate_prior / standalone replicas`` (a lent pool is rarely
-      saturated: the staleness window binds first, and what it is saturated for is
-      confounded by ramp-up and migrations, so a free ``b`` is not identified and its
-      fit collapsed towards 0 on rollout-bound deployments, skipping lends that pay);
+    - the rollout pool's sample throughput, refitted per cycle over the last
+      ``rate_window`` cycles (response lengths drift). ``rate_model="saturated"``:
+      ``X(h) = a + b * h`` with ``h`` hybrid replicas lent, from completions while the
+      rollouter was saturated (every replica at its concurrency cap); by default one
+      rate per replica with ``b / a = hybrid_rate_prior / standalone replicas`` (a lent
+      pool is rarely saturated: the staleness window binds first, and what it is
+      saturated for is confounded by ramp-up and migrations, so a free ``b`` is not
+      identified and its fit collapsed towards 0 on rollout-bound deployments, skipping
+      lends that pay). ``rate_model="little"``: a function of the samples running,
+      ``X(N, R) = N / W(N / R)`` for ``N`` in flight on ``R`` routable replicas, the
+      mean latency ``W(n) = alpha + beta * n`` of a replica running ``n`` (a decode
+      iteration's time grows linearly with the batch) fitted on every interval between
+      events, saturated or not (`LoadRateModel`; routable replicas from the membership
+      events, hybrids at ``hybrid_rate_prior`` of a standalone one); the fluid model
+      then runs the pool at the concurrency it will actually have, ``min(cap, what
+      the staleness window still admits)``, so it drains as the window is spent and a
+      lend only helps as much as its extra concurrency and lighter per-replica load do;
     - the trainer's micro-step time as a linear trend over the last ``step_window``
       steps (responses grow: steps get slower);
     - the activation and deactivation costs (mean and spread of the last
@@ -66,7 +175,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     hybrid replica is lent) a fluid model of the rest of the cycle predicts the time to
     the cycle's last training step: the trainer waits whenever fewer than
     ``required_samples`` are buffered (the expected shortfall, completions counted as
-    Poisson) while the pool produces at ``X(h)``, up to the staleness ceiling. Lending ``k`` replicas until ``W`` samples are buffered costs an
+    Poisson) while the pool produces at ``X``, up to the staleness ceiling. Lending ``k`` replicas until ``W`` samples are buffered costs an
     activation plus a deactivation; the policy lends (``k``, ``W``) only when the
     pessimistic prediction (switch costs at their upper, hybrid rate at its lower
     ``z``-sigma bound) beats not lending. So it never lends when the trainer is the
@@ -92,7 +201,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         mid_cycle_margin: Switches a mid-cycle lend must win back (model error margin).
         fit_hybrid_rate: Fit the hybrid rate ``b`` freely (two-parameter least squares
             with the prior as one pseudo-cycle) instead of at the prior's share of the
-            fitted per-replica rate.
+            fitted per-replica rate (``rate_model="saturated"`` only).
+        rate_model: ``"saturated"`` (rates at the concurrency cap) or ``"little"``
+            (rates as a function of the samples running, Little's law).
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -108,6 +219,8 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     _STATE_KEYS: ClassVar[frozenset[str]] = frozenset(
         {
             "rates",
+            "load_rates",
+            "membership",
             "steps",
             "activate_s",
             "deactivate_s",
@@ -134,6 +247,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         mid_cycle: bool = False,
         mid_cycle_margin: float = 1.0,
         fit_hybrid_rate: bool = False,
+        rate_model: str = "saturated",
     ) -> None:
         owner = type(self).__name__
         self.only_hybrid = check_bool(owner, "only_hybrid", only_hybrid)
@@ -150,7 +264,23 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             owner, "mid_cycle_margin", mid_cycle_margin, 0.0, 100.0
         )
         self.fit_hybrid_rate = check_bool(owner, "fit_hybrid_rate", fit_hybrid_rate)
+        if rate_model not in _RATE_MODELS:
+            if not isinstance(rate_model, str):
+                raise TypeError(f"{owner}: rate_model must be a str, got {type(rate_model)}")
+            raise ConfigError(
+                f"{owner}: rate_model must be one of {_RATE_MODELS}, got {rate_model!r}",
+                key="rate_model",
+            )
+        self.rate_model = rate_model
         self.rates = RateModel(self.rate_window)
+        self.load_rates = LoadRateModel(self.rate_window)
+        # membership: routable replica ids (None before any membership event), the
+        # hybrid replica ids and standalone replicas (from the contexts), and the
+        # concurrency cap per routable replica (largest capacity / routable seen)
+        self._routable: tuple[str, ...] | None = None
+        self._hybrid_ids: tuple[str, ...] = ()
+        self._standalone = 0
+        self._cap_per_replica = 0.0
         self.step_time = LinearTrend(self.step_window)
         self.activate_cost = MeanEstimate(self.cost_window)
         self.deactivate_cost = MeanEstimate(self.cost_window)
@@ -169,7 +299,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def observe(self, event: Any) -> None:
         """Feed one event of the driver's bus into the estimates."""
         if isinstance(event, RolloutEvent):
-            self._advance(event.time, completed=event.kind == "complete")
+            self._advance(
+                event.time, completed=event.kind == "complete", done=event.kind == "drain"
+            )
             if event.kind == "submit":
                 self._submits += 1
             elif event.kind == "reset":
@@ -177,6 +309,15 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
                 self._active_at_reset = float(event.active)
             self._tracker[1] = float(event.active)
             self._tracker[2] = float(event.capacity)
+            replicas = self._replicas()[0]
+            if replicas > 0 and event.capacity > 0:
+                self._cap_per_replica = max(self._cap_per_replica, event.capacity / replicas)
+        elif isinstance(event, MembershipEvent):
+            self._advance(event.time, completed=False)
+            routable = tuple(event.routable)
+            if routable != self._routable:
+                self.load_rates.new_window()
+            self._routable = routable
         elif isinstance(event, TransitionEvent):
             self._advance(event.time, completed=False)
             self._tracker[3] = float(self._lend_k if event.target == "HYBRID_ACTIVE" else 0)
@@ -191,11 +332,67 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             if train_s > 0:
                 self.step_time.add(float(self._steps_seen), float(train_s))
 
-    def _advance(self, now: float, *, completed: bool) -> None:
+    def _replicas(self) -> tuple[int, int]:
+        """``(routable, hybrids among them)`` now (from the membership events if any)."""
+        lent = int(self._tracker[3])
+        if self._routable is None:  # no membership events: the contexts and transitions
+            return (self._standalone + lent if self._standalone else 0), lent
+        routable = len(self._routable)
+        if self._hybrid_ids:
+            hyb = set(self._hybrid_ids)
+            return routable, sum(1 for r in self._routable if r in hyb)
+        return routable, max(0, routable - self._standalone) if self._standalone else 0
+
+    def _advance(self, now: float, *, completed: bool, done: bool = False) -> None:
+        """Close the interval since the last event (``done``: a drained completion)."""
         t, active, capacity, lent = self._tracker
-        if not math.isnan(t) and capacity > 0 and active >= capacity and now >= t:
-            self.rates.add(int(lent), now - t, 1 if completed else 0)
+        if not math.isnan(t) and now >= t:
+            if capacity > 0 and active >= capacity:
+                self.rates.add(int(lent), now - t, 1 if completed else 0)
+            replicas, hybrids = self._replicas()
+            self.load_rates.add(active, replicas, hybrids, now - t, 1 if completed or done else 0)
         self._tracker[0] = float(now)
+
+    def _learn_context(self, ctx: DynamicScheduleContext) -> None:
+        self._standalone = ctx.num_standalone_replicas
+        if ctx.hybrid_replica_ids:
+            self._hybrid_ids = tuple(ctx.hybrid_replica_ids)
+
+    def _pools(
+        self, ctx: DynamicScheduleContext, ks: list[int]
+    ) -> tuple[_Pool, dict[int, _Pool]] | None:
+        """The pool without lending and with ``k`` lent (at the pessimistic bound), per ``k``."""
+        if self.rate_model == "saturated":
+            rates = self.rates_of(ctx)
+            if rates is None:
+                return None
+            a, hyb = rates
+            b_low = hyb.lower(self.z)
+            return _Pool(None, const=a.value), {
+                k: _Pool(None, const=a.value + k * b_low) for k in ks
+            }
+        fit = self.load_rates.fit(self.hybrid_rate_prior)
+        s = ctx.num_standalone_replicas
+        if fit is None or s + max(ks, default=0) <= 0:
+            return None
+        per_cap = self._cap_per_replica or math.inf
+        prior, z = self.hybrid_rate_prior, self.z
+
+        def base_rate(n: float, f: LatencyFit = fit) -> float:
+            return f.rate(min(n, per_cap * s), s).value if s > 0 else 0.0
+
+        base = _Pool(base_rate, per_cap * s)
+        lends = {}
+        for k in ks:
+            r = s + k
+            share = (s + prior * k) / r
+
+            def lend_rate(n: float, r: int = r, share: float = share) -> float:
+                est = fit.rate(min(n, per_cap * r), r, share)
+                return max(base_rate(n), est.lower(z))
+
+            lends[k] = _Pool(lend_rate, per_cap * r)
+        return base, lends
 
     def rates_of(self, ctx: DynamicScheduleContext) -> tuple[Estimate, Estimate] | None:
         """``(a, b)``: samples/s of the standalone pool and of one lent hybrid replica."""
@@ -220,7 +417,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         q: float,
         supply: float,
         taus: list[float],
-        rate: float,
+        rate: float | _Pool,
         ctx: DynamicScheduleContext,
     ) -> float:
         """Predicted seconds to train the cycle's remaining steps without lending.
@@ -228,7 +425,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         ``q``: samples buffered; ``supply``: samples the rollouter can still deliver
         before the next weight sync (in flight plus what the staleness window still
         admits); ``taus``: predicted step times of the remaining steps; ``rate``:
-        standalone samples/s.
+        standalone samples/s, or the pool (its rate a function of the supply left).
 
         Completions are counted as Poisson (variance = mean), so the buffer at each step
         is ``N(q, var)`` and the trainer waits for the *expected* shortfall
@@ -236,20 +433,21 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         predicts no wait, but half the time the step does wait (on ``balanced`` the
         deterministic model skipped every other lend and the cycle after waited).
         """
+        pool = rate if isinstance(rate, _Pool) else _Pool(None, const=rate)
         b = ctx.required_samples
         t = 0.0
         var = 0.0  # variance of the buffer: Poisson completions since the decision
         for tau in taus:
             short = _expected_shortfall(b - q, var)
             if short > 0:
-                t += short / rate if rate > 0 else math.inf
+                t += pool.wait_for(short, supply)
                 supply = max(0.0, supply - short)
                 # the buffer is topped up to b whenever it falls short: less spread
                 var *= 1.0 - _waits(b - q, var)
                 q += short
             q -= b
             t += tau
-            made = min(rate * tau, supply)
+            made = pool.produce(supply, tau)
             q += made
             var += made
             supply -= made
@@ -279,14 +477,17 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         window cannot deliver before the next sync is never chosen (the wait would only
         end at the driver's timeout).
         """
-        rates = self.rates_of(ctx)
+        self._learn_context(ctx)
         cost = self.switch_cost_s()
         tau0 = self.predicted_step_s(1)
         m = ctx.num_hybrid_replicas
-        if rates is None or cost is None or tau0 is None or m == 0:
+        ks = sorted({1, max(1, m // 2), m})
+        if active:
+            ks = [max(1, ctx.num_active_hybrid_replicas or m)]
+        pools = self._pools(ctx, ks) if m > 0 else None
+        if pools is None or cost is None or tau0 is None:
             return -1, -1, 0.0  # no model yet
-        a, hyb = rates
-        b_low = hyb.lower(self.z)
+        base_pool, lend_pools = pools
         t_cycle = ctx.trigger_parameter_sync_step
         # steps of the cycle consumed before the one being decided on (after a weight
         # sync: the next cycle, none)
@@ -300,40 +501,35 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         supply = self._supply(ctx, after_sync=after_sync)
         b = ctx.required_samples
         act_s, deact_s = (0.0, cost[1]) if active else cost
-        base = self._fluid(q, supply, taus, a.value, ctx)
+        base = self._fluid(q, supply, taus, base_pool, ctx)
         best = (0, 0, 0.0)
         demand = left * b
         hi = min(demand, floor_samples(ctx.max_deactivate_ratio, ctx.step_required_samples))
         stride = max(b, math.ceil(hi / _MAX_TARGETS))
-        ks = sorted({1, max(1, m // 2), m})
-        if active:
-            ks = [max(1, ctx.num_active_hybrid_replicas or m)]
+        made_act = base_pool.produce(supply, act_s)
         for k in ks:
-            rate = a.value + k * b_low
+            lend_pool = lend_pools[k]
             for w in range(b, hi + 1, stride):
-                made = min(a.value * act_s, supply)
-                qq, left_supply, t = q + made, supply - made, act_s
+                qq, left_supply, t = q + made_act, supply - made_act, act_s
                 if qq < w:
                     if w - qq > left_supply:
                         break  # the window cannot deliver w before the sync
-                    t += (w - qq) / rate if rate > 0 else math.inf
+                    t += lend_pool.time_for(w - qq, left_supply)
                     left_supply -= w - qq
                     qq = w
-                made = min(a.value * deact_s, left_supply)
-                t += deact_s + self._fluid(qq + made, left_supply - made, taus, a.value, ctx)
+                made = base_pool.produce(left_supply, deact_s)
+                t += deact_s + self._fluid(qq + made, left_supply - made, taus, base_pool, ctx)
                 gain = base - t
                 if gain > best[2]:
                     best = (k, w, gain)
         logger.debug(
-            "plan active=%s after_sync=%s pos=%d q=%.0f supply=%.0f a=%.4g b=%.4g tau=%.4g "
+            "plan active=%s after_sync=%s pos=%d q=%.0f supply=%.0f tau=%.4g "
             "cost=%s base=%.4g -> k=%d W=%d gain=%.4g",
             active,
             after_sync,
             pos,
             q,
             supply,
-            a.value,
-            hyb.value,
             tau0.value,
             cost,
             base,
@@ -399,6 +595,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
         """Close the cycle's rate buckets; adapt the wait of after-sync lends to the waits."""
         self.rates.end_cycle()
+        self.load_rates.end_cycle()
         if global_steps <= 0 or not self._cycle_lent:
             self._cycle_lent = self._lent_after_sync
             return
@@ -416,6 +613,13 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """Every estimate's observations and the event tracker, as plain data."""
         return {
             "rates": self.rates.state(),
+            "load_rates": self.load_rates.state(),
+            "membership": {
+                "routable": None if self._routable is None else list(self._routable),
+                "hybrid_ids": list(self._hybrid_ids),
+                "standalone": self._standalone,
+                "cap_per_replica": self._cap_per_replica,
+            },
             "steps": self.step_time.state(),
             "activate_s": self.activate_cost.state(),
             "deactivate_s": self.deactivate_cost.state(),
@@ -439,6 +643,13 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         check_state_keys(owner, state, self._STATE_KEYS)
         try:
             self.rates.load(state["rates"])
+            self.load_rates.load(state["load_rates"])
+            mem = state["membership"]
+            routable = mem["routable"]
+            self._routable = None if routable is None else tuple(str(r) for r in routable)
+            self._hybrid_ids = tuple(str(r) for r in mem["hybrid_ids"])
+            self._standalone = int(mem["standalone"])
+            self._cap_per_replica = float(mem["cap_per_replica"])
             self.step_time.load(state["steps"])
             self.activate_cost.load(state["activate_s"])
             self.deactivate_cost.load(state["deactivate_s"])
@@ -460,4 +671,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
             raise ValueError(f"{owner}.load_state_dict: malformed state: {exc}") from exc
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(z={self.z!r}, deactivate_ratio={self.deactivate_ratio!r})"
+        return (
+            f"{type(self).__name__}(z={self.z!r}, deactivate_ratio={self.deactivate_ratio!r}, "
+            f"rate_model={self.rate_model!r})"
+        )
