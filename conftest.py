@@ -27,13 +27,14 @@ else:
 
 
 #: Tests whose assertions include a wall-clock bound on a subprocess (Ctrl-C stops within
-#: 3 s). They run first, on a quiet machine: later in the session the session-wide Ray
-#: cluster and the engine processes of other tests share the same two cores.
-_RUN_FIRST = ("test_cli_interrupt.py",)
+#: 3 s) run first, on a quiet machine: later in the session the session-wide Ray cluster
+#: and the engine processes of other tests share the same two cores. Then the
+#: allocation-heavy property tests of pure-Python code: run after the in-process vLLM
+#: engines and models have grown this process's heap to millions of objects, every
+#: garbage collection walks that heap and a 3 s test took over 300 s (its timeout).
+_RUN_FIRST = ("test_cli_interrupt.py", "test_verl_policy_source.py")
 
 
 def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-untyped-def]
-    first = [it for it in items if it.path.name in _RUN_FIRST]
-    if first:
-        rest = [it for it in items if it.path.name not in _RUN_FIRST]
-        items[:] = [*first, *rest]
+    rank = {name: i for i, name in enumerate(_RUN_FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable: the rest keep order

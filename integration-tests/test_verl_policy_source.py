@@ -410,7 +410,7 @@ def _runs(draw: st.DrawFn) -> tuple[float, list[list[DynamicScheduleContext]]]:
         )
 
     cycles = [[ctx()]]  # the initial activation (step 0): no waits yet
-    for _ in range(draw(st.integers(1, 25))):
+    for _ in range(draw(st.integers(1, 12))):
         kind = draw(st.sampled_from(["none", "zero", "waits", "time-only"]))
         if kind == "none":
             waits: list[tuple[float, int]] = []
