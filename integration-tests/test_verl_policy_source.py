@@ -466,6 +466,8 @@ def _compare(
             assert _rebalances(theirs.request_rebalance(g, after))
             assert _rebalances(ours.request_rebalance(g, after))
             active = True
+        # verl's gap as its activation gate saw it (update_after_step moves the ratio)
+        gap_at_gate = theirs._deactivate_gap(after) if learns else 0.0
         theirs.update_after_step(g, after)
         ours.update_after_step(g, after)
         if not learns:
@@ -490,7 +492,7 @@ def _compare(
         if ours.per_sample_time_s != theirs._last_per_sample_time:
             w, n = after.total_wait_time, after.total_wait_samples
             assert w > 0 and n > 0 and not activate
-            assert theirs._deactivate_gap(after) <= 0
+            assert gap_at_gate <= 0
             assert theirs._last_per_sample_time == pst_before
             assert ours.per_sample_time_s == w / n
             event("difference 5: verl's per-sample time not refreshed (no gap)")
