@@ -86,10 +86,10 @@ def _interrupt(args: list[str], marker: str, *, stream: str, start_timeout: floa
     }
 
 
-def _check(res: dict, command: str) -> str:
+def _check(res: dict, command: str, within_s: float = STOP_WITHIN_S) -> str:
     text = res["stdout"] + res["stderr"]
     assert res["rc"] == 130, f"exit {res['rc']}\n{text}"
-    assert res["took"] <= STOP_WITHIN_S, f"stopped after {res['took']:.1f} s"
+    assert res["took"] <= within_s, f"stopped after {res['took']:.1f} s"
     for bad in NOISE:
         assert bad not in text, f"{bad!r} printed after Ctrl-C:\n{text}"
     mine = [x for x in res["stderr"].splitlines() if x.startswith(f"dynsched {command}: ")]
@@ -167,7 +167,13 @@ def test_ctrl_c_in_run_backend_ray_stops_ray_and_marks_metrics(tmp_path: Path) -
         stream="stdout",
         start_timeout=600,
     )
-    last = _check(res, "run")
+    # A clean stop takes about 2 s; when Ray does not shut down in time the run exits
+    # anyway after the interrupt deadline, saying so (rare: seen in 2 of ~10 CI runs)
+    from dynsched_ray.cli import INTERRUPT_GRACE_S
+
+    last = _check(res, "run", within_s=INTERRUPT_GRACE_S + 5.0)
+    if res["took"] > STOP_WITHIN_S:
+        assert "did not shut down cleanly in time" in last, last
     assert "partial metrics" in last
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1]) == {"partial": True, "interrupted": True}

@@ -11,7 +11,9 @@ import difflib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -365,6 +367,9 @@ def main(args: argparse.Namespace) -> int:
     )
     started = False
     interrupted = False
+    deadline = _InterruptDeadline(
+        _partial_note(metrics_path, args.checkpoint), metrics_path, INTERRUPT_GRACE_S
+    )
     try:
         if not ray.is_initialized():
             try:
@@ -382,9 +387,10 @@ def main(args: argparse.Namespace) -> int:
                 return 1
             started = True
         runner = RayRunner(config, options, policy=policy, progress=printer)
-        result = _run_quietly_on_interrupt(runner.run())
+        result = _run_quietly_on_interrupt(_armed(runner.run(), deadline))
     except KeyboardInterrupt:
         interrupted = True
+        deadline.arm()  # Ctrl-C before the loop ran (e.g. while Ray started)
         raise KeyboardInterrupt(_partial_note(metrics_path, args.checkpoint)) from None
     except DynschedError as exc:
         print(f"dynsched run: error: {exc}", file=sys.stderr)
@@ -394,6 +400,9 @@ def main(args: argparse.Namespace) -> int:
             _shutdown_ray(ray)
         if interrupted and metrics_path:
             _mark_partial(metrics_path)
+        deadline.cancel()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     loop = result.loop
     print(
         f"finished: {loop.steps} step(s) from step {result.first_step}, version "
@@ -411,6 +420,68 @@ def main(args: argparse.Namespace) -> int:
     if options.metrics_path:
         print(f"metrics: {options.metrics_path}")
     return 0
+
+
+#: Seconds a Ctrl-C'd run may take to release its actors and stop Ray before the process
+#: exits anyway (judgement: a clean stop takes about 2 s on 2 cores; Ray's own shutdown
+#: can wait much longer for a process that does not answer).
+INTERRUPT_GRACE_S = 15.0
+
+
+class _InterruptDeadline:
+    """Armed by the first Ctrl-C: if the run has not stopped ``grace_s`` later, the
+    metrics file is marked partial, one line says so and the process exits with status
+    130 (Ray's processes are reaped with it). `cancel` disarms it after a clean stop."""
+
+    def __init__(self, note: str, metrics_path: str | None, grace_s: float) -> None:
+        self.note = note
+        self.metrics_path = metrics_path
+        self.grace_s = grace_s
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def arm(self) -> None:
+        with self._lock:
+            if self._timer is None:
+                self._timer = threading.Timer(self.grace_s, self._force)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def install(self) -> None:
+        """Wrap the current SIGINT handler (inside ``asyncio.Runner.run``: the runner's,
+        which cancels the main task) so that a Ctrl-C also arms the deadline."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            self.arm()
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, on_sigint)
+
+    def _force(self) -> None:
+        if self.metrics_path:
+            _mark_partial(self.metrics_path)
+        sys.stderr.write(
+            f"dynsched run: interrupted: {self.note} (stopped after {self.grace_s:g} s: "
+            "Ray did not shut down cleanly in time)\n"
+        )
+        sys.stderr.flush()
+        os._exit(130)
+
+
+async def _armed(coro: Any, deadline: _InterruptDeadline) -> Any:
+    deadline.install()  # running inside asyncio.Runner.run: its SIGINT handler is set
+    return await coro
 
 
 def _init_ray(ray: Any, args: argparse.Namespace, config: Any) -> None:

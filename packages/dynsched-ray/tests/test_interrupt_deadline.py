@@ -1,0 +1,55 @@
+"""`dynsched run`'s interrupt deadline: a Ctrl-C'd run whose shutdown hangs still exits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HANGS = r"""
+import sys, time
+from dynsched_ray.cli import _InterruptDeadline
+d = _InterruptDeadline("partial metrics in {m} (last line marked partial)", {m!r}, 0.3)
+d.arm()
+d.arm()  # idempotent
+time.sleep(30)  # a shutdown that never returns
+"""
+
+STOPS = r"""
+import time
+from dynsched_ray.cli import _InterruptDeadline
+d = _InterruptDeadline("nothing written", None, 0.3)
+d.arm()
+d.cancel()  # the clean stop came in time
+time.sleep(0.8)
+print("clean")
+"""
+
+
+def test_a_hung_shutdown_exits_after_the_deadline(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 1}) + "\n")
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", HANGS.format(m=str(metrics))],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    took = time.monotonic() - start
+    assert out.returncode == 130
+    assert took < 10  # the 30 s sleep was cut short
+    assert out.stderr.strip().splitlines() == [
+        f"dynsched run: interrupted: partial metrics in {metrics} (last line marked partial) "
+        "(stopped after 0.3 s: Ray did not shut down cleanly in time)"
+    ]
+    lines = metrics.read_text().splitlines()
+    assert json.loads(lines[-1]) == {"partial": True, "interrupted": True}
+    assert len(lines) == 2
+
+
+def test_a_clean_stop_disarms_the_deadline() -> None:
+    out = subprocess.run([sys.executable, "-c", STOPS], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0 and out.stdout.strip() == "clean", out.stderr
