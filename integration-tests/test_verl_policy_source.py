@@ -505,31 +505,28 @@ def _compare(
         )
 
 
+@pytest.mark.parametrize(
+    ("name", "builtin", "learns"),
+    [
+        ("default", DefaultDynamicSchedulePolicy, True),
+        ("fixed_ratio", FixedRatioDynamicSchedulePolicy, False),
+    ],
+)
 @given(run=_runs())
-def test_verl_default_decides_as_the_builtin_default(
-    verl: VerlPolicies, run: tuple[float, list[list[DynamicScheduleContext]]]
+def test_verl_policy_decides_as_the_builtin(
+    verl: VerlPolicies,
+    name: str,
+    builtin: type,
+    learns: bool,
+    run: tuple[float, list[list[DynamicScheduleContext]]],
 ) -> None:
     ratio, cycles = run
     with contextlib.redirect_stdout(io.StringIO()):
         _compare(
-            verl.default(deactivate_ratio=ratio),
-            DefaultDynamicSchedulePolicy(deactivate_ratio=ratio),
+            getattr(verl, name)(deactivate_ratio=ratio),
+            builtin(deactivate_ratio=ratio),
             cycles,
-            learns=True,
-        )
-
-
-@given(run=_runs())
-def test_verl_fixed_ratio_decides_as_the_builtin(
-    verl: VerlPolicies, run: tuple[float, list[list[DynamicScheduleContext]]]
-) -> None:
-    ratio, cycles = run
-    with contextlib.redirect_stdout(io.StringIO()):
-        _compare(
-            verl.fixed_ratio(deactivate_ratio=ratio),
-            FixedRatioDynamicSchedulePolicy(deactivate_ratio=ratio),
-            cycles,
-            learns=False,
+            learns=learns,
         )
 
 

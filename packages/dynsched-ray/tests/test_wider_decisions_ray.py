@@ -3,6 +3,8 @@ activation (the replica loads the current weights), with in-memory engines in ac
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from dynsched_core import DynamicScheduleConfig
 from dynsched_ray import RayRunner, RayRunOptions
@@ -28,11 +30,11 @@ CONFIG = DynamicScheduleConfig.from_dict(
 STEPS = 6
 
 
-async def test_partial_mid_cycle_lending_over_ray_keeps_every_sample_once() -> None:
-    policy = PartialMidCyclePolicy()
+async def _run(policy: Any, name: str, steps: int) -> RayRunner:
+    """Run ``policy`` over Ray with in-memory engines; check every sample was kept once."""
     opt = RayRunOptions(
-        name="partial-mid-cycle",
-        num_steps=STEPS,
+        name=name,
+        num_steps=steps,
         trainer_workers=1,
         tokens_per_s=2000.0,
         trainer_step_time_s=0.02,
@@ -44,10 +46,16 @@ async def test_partial_mid_cycle_lending_over_ray_keeps_every_sample_once() -> N
     runner = RayRunner(CONFIG, opt, policy=policy, keep_samples=True)
     res = await runner.run()
     loop = res.loop
-    assert loop.steps == STEPS and loop.samples_failed == 0
+    assert loop.steps == steps and loop.samples_failed == 0
     assert loop.samples_produced == loop.samples_consumed + loop.samples_left
     ids = res.consumed_sample_ids
-    assert len(ids) == len(set(ids)) == STEPS * CONFIG.required_samples
+    assert len(ids) == len(set(ids)) == steps * CONFIG.required_samples
+    return runner
+
+
+async def test_partial_mid_cycle_lending_over_ray_keeps_every_sample_once() -> None:
+    policy = PartialMidCyclePolicy()
+    runner = await _run(policy, "partial-mid-cycle", STEPS)
     for sample in runner.consumed_samples:
         for r in sample.responses:  # whole responses, across migrations, in order
             assert r.output_tokens == tuple(range(r.num_tokens))
@@ -63,22 +71,7 @@ async def test_lending_per_node_names_the_ray_node_of_each_hybrid() -> None:
     import ray
 
     policy = OnePerNodePolicy()
-    opt = RayRunOptions(
-        name="one-per-node",
-        num_steps=4,
-        trainer_workers=1,
-        tokens_per_s=2000.0,
-        trainer_step_time_s=0.02,
-        health_check_interval_s=0.2,
-        call_timeout_s=30.0,
-        wait_timeout_s=60.0,
-        no_replica_timeout_s=20.0,
-    )
-    runner = RayRunner(CONFIG, opt, policy=policy, keep_samples=True)
-    res = await runner.run()
-    assert res.loop.steps == 4 and res.loop.samples_failed == 0
-    ids = res.consumed_sample_ids
-    assert len(ids) == len(set(ids)) == 4 * CONFIG.required_samples
+    await _run(policy, "one-per-node", 4)
     # one Ray node here: both hybrid replicas report it, so one per node lends one of two
     node = ray.get_runtime_context().get_node_id()
     assert policy.nodes_seen and set(policy.nodes_seen) == {(node, node)}
