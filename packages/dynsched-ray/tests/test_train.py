@@ -124,6 +124,8 @@ async def test_mid_cycle_lend_loads_weights_from_the_trainer_gpu(
     assert all(src == "trainer" for v, src in loads if v > 0), loads
     group = runner.trainer_group
     assert group is not None and group.synced_version == summary.result.loop.steps // 2
+    # rank 0 (the standalone replicas' weights) and each worker under a hybrid replica
+    assert group._kept_ranks == {0, 1}
 
 
 async def test_fault_standalone_replica_killed_mid_generation(

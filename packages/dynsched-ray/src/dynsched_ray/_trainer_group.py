@@ -266,8 +266,11 @@ class RayTrainerGroup:
         self.step_timeout_s = float(step_timeout_s)
         self._offloaded = dict.fromkeys(self.gpus, False)
         self.reports: list[tuple[Hashable, OffloadReport]] = []
-        #: The version every worker keeps a synced copy of (`keep_synced`), or None.
+        #: The version the workers that host hybrid replicas keep a synced copy of
+        #: (`keep_synced`), or None.
         self.synced_version: int | None = None
+        self._hybrid_gpus: set[Hashable] = set()
+        self._kept_ranks: frozenset[int] = frozenset()
 
     @classmethod
     async def launch(
@@ -441,19 +444,22 @@ class RayTrainerGroup:
         return out
 
     async def keep_synced(self, version: int) -> bytes:
-        """Every worker keeps a host copy of ``version`` (`TrainerActor.keep_synced`), in
-        parallel; returns rank 0's bytes (for the standalone replicas)."""
+        """Rank 0 and every worker whose GPU hosts a hybrid replica keep a host copy of
+        ``version`` (`TrainerActor.keep_synced`), in parallel; returns rank 0's bytes (for
+        the standalone replicas). Workers without a hybrid replica export nothing."""
         self.synced_version = None
+        ranks = sorted({0} | {self.gpus.index(g) for g in self._hybrid_gpus if g in self.gpus})
         outs = await asyncio.gather(
             *(
                 await_ref(
-                    w.keep_synced.remote(version, rank == 0),
+                    self.workers[rank].keep_synced.remote(version, rank == 0),
                     timeout_s=self.call_timeout_s,
                     what="trainer.keep_synced",
                 )
-                for rank, w in enumerate(self.workers)
+                for rank in ranks
             )
         )
+        self._kept_ranks = frozenset(ranks)
         self.synced_version = version
         data: bytes = outs[0]
         return data
@@ -468,7 +474,7 @@ class RayTrainerGroup:
         if self.synced_version != version:
             return None
         for g in gpus:
-            if g in self.gpus:
+            if g in self.gpus and self.gpus.index(g) in self._kept_ranks:
                 return self.workers[self.gpus.index(g)].synced_weights.remote(version)
         return None
 
@@ -496,7 +502,9 @@ class RayTrainerGroup:
     def hybrid(
         self, replica: Any, gpus: Sequence[Hashable], *, awake: bool = False
     ) -> HandOverReplica:
-        """Wrap a hybrid replica on ``gpus``: its ``wake_up`` first offloads those workers."""
+        """Wrap a hybrid replica on ``gpus``: its ``wake_up`` first offloads those workers
+        (and from the next sync on they keep a synced copy of the weights for it)."""
+        self._hybrid_gpus.update(gpus)
         return HandOverReplica(
             replica,
             self.handover,
