@@ -48,17 +48,23 @@ def run(args: argparse.Namespace) -> None:
     results: list[dict[str, object]] = []
     if out_path.exists():
         results = json.loads(out_path.read_text())["runs"]
-    done = {(r["load"], r["workload"], r["scheduler"]) for r in results}
+    done = {
+        (r["load"], r["workload"], r["scheduler"], r.get("seed", 0), r.get("completion", "target"))
+        for r in results
+    }
     for ld, wl, s in tasks:
-        if (ld, wl, s) in done:
+        if (ld, wl, s, args.seed, args.completion) in done:
             continue
         t0 = time.perf_counter()
-        res = run_pollux(wl, s, load=ld, config=SimConfig(seed=args.seed))
+        res = run_pollux(
+            wl, s, load=ld, config=SimConfig(seed=args.seed, completion=args.completion)
+        )
         row = {
             "load": ld,
             "workload": wl,
             "scheduler": s,
             "seed": args.seed,
+            "completion": args.completion,
             "avg_jct_s": res.avg_jct,
             "makespan_s": res.makespan,
             "overhead_share": res.overhead_share,
@@ -70,54 +76,75 @@ def run(args: argparse.Namespace) -> None:
         out_path.write_text(json.dumps({"command": vars(args), "runs": results}, indent=1))
 
 
+def _load_key(ld: str) -> tuple[int, float]:
+    return (1, 0.0) if ld == "realistic" else (0, float(ld))
+
+
 def summary(files: list[str]) -> None:
-    runs: dict[tuple[str, str, str], dict[str, float]] = {}
+    """Tables per (completion rule, load): seed means, spread when several seeds ran."""
+    runs: dict[tuple[str, str, str, str], dict[int, dict[str, float]]] = {}
     for f in files:
         for r in json.loads(Path(f).read_text())["runs"]:
-            runs[(r["load"], r["workload"], r["scheduler"])] = r
-    loads = sorted({k[0] for k in runs})
-    scheds = sorted({k[2] for k in runs})
-    for ld in loads:
-        wls = sorted({k[1] for k in runs if k[0] == ld}, key=lambda w: int(w.split("-")[1]))
-        print(f"\nload {ld}: average JCT s / makespan s\n")
+            key = (r.get("completion", "target"), r["load"], r["workload"], r["scheduler"])
+            runs.setdefault(key, {})[int(r.get("seed", 0))] = r
+    order = ["optimus+", "tiresias", "drf", "optimus", "optimus-oracle", "drf-fixed"]
+    order += ["tetris", "srtf", "fifo"]
+    groups = sorted({k[:2] for k in runs}, key=lambda g: (g[0] != "target", _load_key(g[1])))
+    for comp, ld in groups:
+        keys = [k for k in runs if k[:2] == (comp, ld)]
+        wls = sorted({k[2] for k in keys}, key=lambda w: int(w.split("-")[1]))
+        scheds = sorted({k[3] for k in keys}, key=lambda x: order.index(x) if x in order else 99)
+        nseeds = max(len(runs[k]) for k in keys)
+        print(f"\ncompletion {comp}, load {ld}: average JCT s / makespan h", end="")
+        print(f" (mean over {nseeds} seeds, JCT spread max-min)\n" if nseeds > 1 else "\n")
         print(
             "| scheduler | "
             + " | ".join(w.split("-")[1] for w in wls)
             + " | mean JCT | mean makespan |"
         )
         print("|---" * (len(wls) + 3) + "|")
-        for s in scheds:
-            row = [runs.get((ld, w, s)) for w in wls]
-            if not any(row):
-                continue
-            cells = [
-                f"{r['avg_jct_s']:.0f} / {r['makespan_s'] / 3600:.1f}h" if r else "-" for r in row
-            ]
-            jcts = [r["avg_jct_s"] for r in row if r]
-            mks = [r["makespan_s"] for r in row if r]
-            full = len(jcts) == len(wls)
-            mean_j = f"{statistics.mean(jcts):.0f}" + ("" if full else "*")
-            mean_m = f"{statistics.mean(mks) / 3600:.2f}h" + ("" if full else "*")
-            print(f"| {s} | " + " | ".join(cells) + f" | {mean_j} | {mean_m} |")
-        if "optimus+" in scheds:
-            print()
-            for s in scheds:
-                if s == "optimus+":
+        means: dict[tuple[str, str], tuple[float, float, float]] = {}
+        for sc in scheds:
+            cells = []
+            for w in wls:
+                by_seed = runs.get((comp, ld, w, sc))
+                if not by_seed:
+                    cells.append("-")
                     continue
-                pairs = [
-                    (runs[(ld, w, "optimus+")]["avg_jct_s"], runs[(ld, w, s)]["avg_jct_s"])
-                    for w in wls
-                    if (ld, w, "optimus+") in runs and (ld, w, s) in runs
-                ]
-                if pairs:
-                    wins = sum(a < b for a, b in pairs)
-                    ratio = statistics.mean(a for a, _ in pairs) / statistics.mean(
-                        b for _, b in pairs
-                    )
-                    print(
-                        f"optimus+ vs {s}: lower JCT on {wins}/{len(pairs)} workloads, "
-                        f"mean ratio {ratio:.3f} (over the workloads both finished)"
-                    )
+                j = [r["avg_jct_s"] for r in by_seed.values()]
+                m = [r["makespan_s"] for r in by_seed.values()]
+                means[(sc, w)] = (statistics.mean(j), statistics.mean(m), max(j) - min(j))
+                spread = f" ±{(max(j) - min(j)) / 2:.0f}" if len(j) > 1 else ""
+                cells.append(f"{statistics.mean(j):.0f}{spread} / {statistics.mean(m) / 3600:.1f}")
+            got = [means[(sc, w)] for w in wls if (sc, w) in means]
+            full = len(got) == len(wls)
+            mj = f"{statistics.mean(g[0] for g in got):.0f}" + ("" if full else "*")
+            mm = f"{statistics.mean(g[1] for g in got) / 3600:.2f}h" + ("" if full else "*")
+            print(f"| {sc} | " + " | ".join(cells) + f" | {mj} | {mm} |")
+        if "optimus+" not in scheds:
+            continue
+        print()
+        for sc in scheds:
+            if sc == "optimus+":
+                continue
+            pairs = [
+                (means[("optimus+", w)], means[(sc, w)])
+                for w in wls
+                if ("optimus+", w) in means and (sc, w) in means
+            ]
+            if not pairs:
+                continue
+            wins = sum(a[0] < b[0] for a, b in pairs)
+            ties = sum(abs(a[0] - b[0]) <= max(a[2], b[2]) for a, b in pairs) if nseeds > 1 else 0
+            ratio = statistics.mean(a[0] for a, _ in pairs) / statistics.mean(
+                b[0] for _, b in pairs
+            )
+            mk = statistics.mean(a[1] for a, _ in pairs) / statistics.mean(b[1] for _, b in pairs)
+            tie_txt = f", {ties} inside the seed spread" if nseeds > 1 else ""
+            print(
+                f"optimus+ vs {sc}: lower JCT on {wins}/{len(pairs)} workloads{tie_txt}; "
+                f"mean JCT ratio {ratio:.3f}, mean makespan ratio {mk:.3f}"
+            )
 
 
 def main() -> int:
@@ -128,6 +155,13 @@ def main() -> int:
     p.add_argument("--workloads", default="1-8")
     p.add_argument("--schedulers", default="tiresias,optimus+")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--completion",
+        default="target",
+        choices=("target", "epochs"),
+        help="job completion rule: the model's target metric (default) or the profiled "
+        "epochs (the Pollux artifact's rule, the one its published JCTs use)",
+    )
     p.add_argument("--shard", default="0/1")
     p.add_argument("--out", default="optimus_pollux_eval.json")
     p.add_argument("--summary", nargs="*", default=None)

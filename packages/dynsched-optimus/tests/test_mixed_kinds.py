@@ -189,3 +189,67 @@ def test_fill_placement_fast_equals_reference(case, shrink) -> None:  # type: ig
     assert a.placements == b.placements
     assert a.unplaced == b.unplaced and dict(a.shrunk) == dict(b.shrunk)
     assert np.allclose(a.free, b.free) and np.all(a.free >= -1e-6)
+
+
+def _benchmark_like(n_nodes: int, n_jobs: int, seed: int) -> tuple[list[AllocationJob], np.ndarray]:
+    """The scale benchmark's instance generator (benchmarks/optimus_allocation_placement.py)."""
+    workers = ((4.0, 8.0, 1.0), (5.0, 12.0, 1.0), (6.0, 16.0, 2.0))
+    pss = ((4.0, 8.0, 2.0), (5.0, 8.0, 2.0), (6.0, 12.0, 2.0))
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for i in range(n_jobs):
+        model = StepTimeModel.random(rng, "sync" if i % 2 == 0 else "async").as_speed_model()
+        c = int(rng.integers(0, 3))
+        jobs.append(
+            AllocationJob(
+                f"job{i:06d}",
+                float(rng.uniform(1e3, 1e5)),
+                model,
+                pss[c],
+                workers[c],
+                damped=bool(rng.random() < 0.3),
+            )
+        )
+    return jobs, np.tile(np.array((32.0, 128.0, 10.0)), (n_nodes, 1))
+
+
+@pytest.mark.parametrize(("n_nodes", "n_jobs", "seed"), [(12, 4, 28), (16, 6, 2), (24, 8, 1)])
+def test_no_job_is_cut_to_nothing_a_donor_makes_room(n_nodes: int, n_jobs: int, seed: int) -> None:
+    # these instances leave the last job placed without a server for even 1 PS + 1 worker
+    # (every server's network is down to < 2 Gbit/s): the job with the most workers gives
+    # up the fewest workers on one server so that the starter bundle fits there
+    jobs, nodes = _benchmark_like(n_nodes, n_jobs, seed)
+    agg = allocate(jobs, tuple(nodes.sum(axis=0)))
+    bare = place(
+        [
+            PlacementRequest(j.job_id, *agg.tasks[j.job_id], j.ps_demand, j.worker_demand)
+            for j in jobs
+            if sum(agg.tasks[j.job_id])
+        ],
+        nodes,
+        shrink=True,
+        fill=True,
+    )
+    assert bare.unplaced  # the instance really drops a job without the repair
+    res = allocate(jobs, node_capacity=nodes)
+    assert res.placement is not None
+    assert not res.placement.unplaced
+    by_id = {j.job_id: j for j in jobs}
+    used = np.zeros_like(nodes)
+    for jid, (p, w) in res.tasks.items():
+        if sum(agg.tasks[jid]):
+            assert p >= 1 and w >= 1  # nobody the aggregate allocation served is left out
+        pl = res.placement.placements[jid]
+        assert (pl.ps, pl.workers) == (p, w)
+        for nd, pp, ww in zip(pl.nodes, pl.ps_per_node, pl.workers_per_node, strict=True):
+            used[nd] += pp * np.asarray(by_id[jid].ps_demand) + ww * np.asarray(
+                by_id[jid].worker_demand
+            )
+    assert np.all(used <= nodes + 1e-6)
+    assert np.allclose(res.placement.free, nodes - used)
+    for jid in bare.unplaced:
+        assert res.tasks[jid] == (1, 1) and res.trimmed[jid] == agg.tasks[jid]
+    donors = [k for k in res.trimmed if k not in bare.unplaced and k not in bare.shrunk]
+    assert donors  # someone gave up workers, and it is recorded
+    for k in donors:
+        assert res.tasks[k][1] < res.trimmed[k][1] and res.tasks[k][0] == res.trimmed[k][0]

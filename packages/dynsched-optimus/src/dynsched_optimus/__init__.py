@@ -39,6 +39,7 @@ from dynsched_optimus._paa import (
     assign_round_robin,
 )
 from dynsched_optimus._placement import (
+    STRATEGIES,
     JobPlacement,
     PlacementRequest,
     PlacementResult,
@@ -60,6 +61,7 @@ __all__ = [
     "MODEL_ZOO",
     "PARAMETER_ASSIGNMENTS",
     "RESOURCES",
+    "STRATEGIES",
     "AllReduceSpeedModel",
     "Allocation",
     "AllocationJob",

@@ -49,6 +49,7 @@ import numpy.typing as npt
 from dynsched_optimus._errors import OptimusError
 
 __all__ = [
+    "STRATEGIES",
     "JobPlacement",
     "PlacementRequest",
     "PlacementResult",
@@ -64,6 +65,12 @@ _TOL = 1e-9
 _IDX_BITS = 22  # up to ~4 million nodes
 _SMALL_K = 8
 
+#: Placement strategies of :func:`place`: ``"fewest"`` (Theorem 1 of the Optimus paper),
+#: ``"spread"`` (load balancing, each task on the server with the largest smallest free
+#: share) and ``"align"`` (Tetris' packing: each task on the server whose free resources
+#: align best with its demand).
+STRATEGIES = ("fewest", "spread", "align")
+
 
 def _key_scale(nr: int) -> float:
     # keys stay below 2**38 so that (key << _IDX_BITS) | index fits in an int64
@@ -71,7 +78,7 @@ def _key_scale(nr: int) -> float:
 
 
 def _vec(value: Sequence[float]) -> tuple[float, ...]:
-    return tuple(float(x) for x in value)
+    return tuple(map(float, value))
 
 
 @attrs.frozen
@@ -97,7 +104,8 @@ class PlacementRequest:
             raise OptimusError(f"job {self.job_id!r}: ps and workers must be >= 0")
         if len(self.ps_demand) != len(self.worker_demand):
             raise OptimusError(f"job {self.job_id!r}: demand vectors differ in length")
-        if any(x < 0 or not math.isfinite(x) for x in self.ps_demand + self.worker_demand):
+        both = self.ps_demand + self.worker_demand
+        if both and not (min(both) >= 0 and all(map(math.isfinite, both))):
             raise OptimusError(f"job {self.job_id!r}: demands must be finite and >= 0")
 
 
@@ -223,7 +231,11 @@ def _prepare(
     jobs: Sequence[PlacementRequest],
     node_capacity: npt.ArrayLike,
     previous: Mapping[str, JobPlacement] | None,
+    priority: Sequence[str] | None = None,
+    strategy: str = "fewest",
 ) -> tuple[FloatArray, FloatArray, FloatArray, list[int], list[int], dict[str, int]]:
+    if strategy not in STRATEGIES:
+        raise OptimusError(f"strategy={strategy!r}: allowed values are {list(STRATEGIES)}")
     cap = _check_nodes(node_capacity)
     nr = cap.shape[1]
     seen: dict[str, int] = {}
@@ -252,6 +264,15 @@ def _prepare(
             ):
                 kept_ids.append(i)
     order = _job_order(jobs, cap.sum(axis=0))
+    if priority is not None:
+        rank: dict[str, int] = {}
+        for jid in priority:
+            if jid not in seen:
+                raise OptimusError(f"order: job_id {jid!r} is not among the jobs to place")
+            rank.setdefault(jid, len(rank))
+        # listed jobs first, in the given order; the others after, in the default order
+        pos = {i: p for p, i in enumerate(order)}
+        order = sorted(order, key=lambda i: (rank.get(jobs[i].job_id, len(rank)), pos[i]))
     return cap, norm, cap.sum(axis=0), kept_ids, order, seen
 
 
@@ -293,6 +314,8 @@ def place_reference(
     previous: Mapping[str, JobPlacement] | None = None,
     shrink: bool = False,
     fill: bool = False,
+    strategy: str = "fewest",
+    order: Sequence[str] | None = None,
 ) -> PlacementResult:
     """Straightforward pure-Python placement (the specification of :func:`place`).
 
@@ -305,14 +328,21 @@ def place_reference(
         previous: last round's placements; a job with unchanged counts keeps its own.
         shrink: see :func:`place`.
         fill: see :func:`place`.
+        strategy: see :func:`place`.
+        order: see :func:`place`.
 
     Returns:
         The placement result.
     """
-    cap, norm_a, _total, kept_ids, order, _seen = _prepare(jobs, node_capacity, previous)
+    cap, norm_a, _total, kept_ids, job_order, _seen = _prepare(
+        jobs, node_capacity, previous, order, strategy
+    )
     n_nodes, nr = cap.shape
     free_a = cap.copy()
     placements, kept = _reserve_kept(jobs, previous or {}, kept_ids, free_a, cap)
+    if strategy != "fewest":
+        return _place_greedy(jobs, cap, job_order, free_a, placements, kept, shrink, strategy)
+    order = job_order
     free = free_a.tolist()
     capl = cap.tolist()
     norm = norm_a.tolist()
@@ -517,6 +547,8 @@ def place(
     previous: Mapping[str, JobPlacement] | None = None,
     shrink: bool = False,
     fill: bool = False,
+    strategy: str = "fewest",
+    order: Sequence[str] | None = None,
 ) -> PlacementResult:
     """Place jobs on the fewest servers with an even PS/worker spread (fast path).
 
@@ -541,17 +573,106 @@ def place(
             fit on each); with ``shrink`` a fill that runs out of servers keeps what
             it placed (at least one worker, and one PS for a job with PS).  With both,
             every job is placed unless not even its first tasks fit on any server.
+        strategy: one of :data:`STRATEGIES`.  ``"fewest"`` (default) is the algorithm
+            above.  ``"spread"`` and ``"align"`` place one task at a time, the job's
+            workers first, then its PS: ``"spread"`` on the server with the largest
+            smallest free share ``min_r free_r / capacity_r`` (load balancing, the
+            baselines' placement), ``"align"`` on the server with the largest
+            ``sum_r (free_r / m_r) * (demand_r / m_r)``, ``m_r`` the largest free amount
+            of resource ``r`` when the job starts (Tetris' alignment); ties go to the
+            lower node index.  A job whose next task fits nowhere is unplaced, or with
+            ``shrink`` keeps the tasks placed so far when they hold at least one worker
+            (and one PS for a job with PS).  ``fill`` changes nothing for them.
+        order: job ids in the order their new placements are made (a scheduler's
+            priority, e.g. FIFO or Tiresias' queues); jobs not listed follow in the
+            default order, ascending demand (dominant share of the cluster's total,
+            ties by ``job_id``).  Kept placements are always reserved first.
 
     Returns:
         The placement result; equal to :func:`place_reference`.
+
+    Raises:
+        OptimusError: an unknown ``strategy``, an ``order`` id that is not a job, a
+            duplicate ``job_id`` or inconsistent demands.
     """
-    cap, norm, _total, kept_ids, order, _seen = _prepare(jobs, node_capacity, previous)
+    cap, norm, _total, kept_ids, job_order, _seen = _prepare(
+        jobs, node_capacity, previous, order, strategy
+    )
     free = cap.copy()
     placements, kept = _reserve_kept(jobs, previous or {}, kept_ids, free, cap)
+    if strategy != "fewest":
+        return _place_greedy(jobs, cap, job_order, free, placements, kept, shrink, strategy)
+    order = job_order
     groups = _group_rows(np.hstack([cap, free]), cap.shape[0] // 4)
     if groups is not None:
         return _place_buckets(jobs, cap, norm, order, free, placements, kept, groups, shrink, fill)
     return _place_sorted(jobs, cap, norm, order, free, placements, kept, shrink, fill)
+
+
+def _place_greedy(
+    jobs: Sequence[PlacementRequest],
+    cap: FloatArray,
+    order: list[int],
+    free: FloatArray,
+    placements: dict[str, JobPlacement],
+    kept: set[int],
+    shrink: bool,
+    strategy: str,
+) -> PlacementResult:
+    """``"spread"`` / ``"align"``: one task at a time on the best-scoring server."""
+    n_nodes = cap.shape[0]
+    tolcap = _TOL * cap
+    inv_cap = 1.0 / np.where(cap > 0, cap, 1.0)
+    unplaced: list[str] = []
+    shrunk: dict[str, tuple[int, int]] = {}
+    for i in order:
+        if i in kept:
+            continue
+        j = jobs[i]
+        if j.ps + j.workers == 0:
+            continue
+        trial = free.copy()
+        ws = np.zeros(n_nodes, dtype=np.int64)
+        pss = np.zeros(n_nodes, dtype=np.int64)
+        m = trial.max(axis=0)
+        inv_m = 1.0 / np.where(m > 0, m, 1.0)
+        done = True
+        for count, dem, out in ((j.workers, j.worker_demand, ws), (j.ps, j.ps_demand, pss)):
+            d = np.asarray(dem, dtype=np.float64)
+            for _ in range(count):
+                fit = np.all(trial + tolcap >= d[None, :], axis=1)
+                if not fit.any():
+                    done = False
+                    break
+                if strategy == "spread":
+                    score = (trial * inv_cap).min(axis=1)
+                else:
+                    score = (trial * inv_m) @ (d * inv_m)
+                n = int(np.argmax(np.where(fit, score, -np.inf)))
+                out[n] += 1
+                trial[n] -= d
+            if not done:
+                break
+        if not done and not (shrink and _fill_ok(j, [int(pss.sum())], [int(ws.sum())], False)):
+            unplaced.append(j.job_id)
+            continue
+        free[:, :] = trial
+        nodes = tuple(int(n) for n in np.flatnonzero(ws + pss))
+        placements[j.job_id] = JobPlacement(
+            job_id=j.job_id,
+            nodes=nodes,
+            ps_per_node=tuple(int(pss[n]) for n in nodes),
+            workers_per_node=tuple(int(ws[n]) for n in nodes),
+        )
+        if not done:
+            shrunk[j.job_id] = (int(pss.sum()), int(ws.sum()))
+    return PlacementResult(
+        placements=placements,
+        unplaced=tuple(unplaced),
+        kept=tuple(jobs[i].job_id for i in sorted(kept, key=lambda x: jobs[x].job_id)),
+        free=free,
+        shrunk=shrunk,
+    )
 
 
 def _place_sorted(

@@ -578,51 +578,14 @@ class SpreadPlacement:
         est: Estimator,
         restarts: RestartPlanner,
     ) -> dict[str, JobPlacement]:
-        cap = rnd.node_capacity
-        free = cap.astype(np.float64).copy()
-        norm = np.where(cap > 0, cap, 1.0)
-        out: dict[str, JobPlacement] = {}
-        prev = restarts.previous(rnd)
-        todo = []
-        for jid, (p, w) in sorted(tasks.items()):
-            if p + w == 0:
-                continue
-            pl = prev.get(jid)
-            if pl is not None and (pl.ps, pl.workers) == (p, w):
-                use = _usage(rnd.jobs[jid], pl, cap.shape)
-                if np.all(use <= free + 1e-9):
-                    free -= use
-                    out[jid] = pl
-                    continue
-            todo.append(jid)
-        for jid in todo:
-            p, w = tasks[jid]
-            obs = rnd.jobs[jid]
-            ws = np.zeros(cap.shape[0], dtype=int)
-            pss = np.zeros(cap.shape[0], dtype=int)
-            trial = free.copy()
-            ok = True
-            for d, cnt, tgt in ((obs.worker_demand, w, ws), (obs.ps_demand, p, pss)):
-                dv = np.asarray(d)
-                for _ in range(cnt):
-                    fit = np.all(trial >= dv[None, :] - 1e-9, axis=1)
-                    if not fit.any():
-                        ok = False
-                        break
-                    score = np.where(fit, (trial / norm).min(axis=1), -np.inf)
-                    i = int(np.argmax(score))
-                    tgt[i] += 1
-                    trial[i] -= dv
-                if not ok:
-                    break
-            if not ok:
-                continue
-            free = trial
-            nodes = tuple(int(i) for i in np.flatnonzero(ws + pss))
-            out[jid] = JobPlacement(
-                jid, nodes, tuple(int(pss[i]) for i in nodes), tuple(int(ws[i]) for i in nodes)
-            )
-        return out
+        res = place(
+            _requests(rnd, tasks),
+            rnd.node_capacity,
+            previous=restarts.previous(rnd),
+            strategy="spread",
+            order=sorted(jid for jid, (p, w) in tasks.items() if p + w > 0),
+        )
+        return dict(res.placements)
 
 
 def _usage(obs: JobObservation, pl: JobPlacement, shape: tuple[int, ...]) -> FloatArray:

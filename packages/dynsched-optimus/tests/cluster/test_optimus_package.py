@@ -144,3 +144,50 @@ def test_gpu_jobs_use_the_package_allocate_and_place(
     assert set(out) == {j.name for j in jobs}
     assert all(pl.num_ps == 0 and pl.num_workers >= 1 for pl in out.values())
     assert sum(pl.num_workers for pl in out.values()) <= 8
+
+
+@pytest.mark.parametrize(
+    ("name", "strategy"),
+    [
+        ("fifo", "fewest"),
+        ("drf", "spread"),
+        ("drf-fixed", "spread"),
+        ("tetris", "align"),
+        ("srtf", "fewest"),
+        ("tiresias", "fewest"),
+    ],
+)
+def test_every_baseline_places_through_the_package_place(
+    monkeypatch: pytest.MonkeyPatch,
+    profiles: dict,  # type: ignore[type-arg]
+    name: str,
+    strategy: str,
+) -> None:
+    from dynsched_optimus.cluster import _schedulers as cluster_sched
+    from dynsched_optimus.cluster import make_scheduler
+
+    spec = ClusterSpec.pollux(num_nodes=2)
+    jobs = [
+        GpuJob(
+            GpuJobSpec(f"c{i}", float(i), "cifar10", 2 + i, 512),
+            profiles["cifar10"],
+            np.random.default_rng(i),
+        )
+        for i in range(3)
+    ] + [_job("p0", 0.5, "cnn-rand", 1e4)]
+    spy = _Spy(cluster_sched.place)
+    monkeypatch.setattr(cluster_sched, "place", spy)
+    out = make_scheduler(name).schedule(0.0, jobs, _state(spec))
+    assert out and spy.calls
+    assert {c[1].get("strategy", "fewest") for c in spy.calls} == {strategy}
+    # every placement handed back is one the package's place() made
+    made = {
+        (jid, tuple(sorted(zip(jp.nodes, jp.workers_per_node, jp.ps_per_node, strict=True))))
+        for _a, _k, res in spy.calls
+        for jid, jp in res.placements.items()
+    }
+    for jid, pl in out.items():
+        used = tuple(
+            (i, w, p) for i, (w, p) in enumerate(zip(pl.workers, pl.ps, strict=True)) if w or p
+        )
+        assert (jid, used) in made

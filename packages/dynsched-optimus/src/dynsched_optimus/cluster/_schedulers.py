@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dynsched_optimus import JobPlacement, PlacementRequest, even_split, place
+from dynsched_optimus import STRATEGIES, JobPlacement, PlacementRequest, even_split, place
 from dynsched_optimus.scheduler import (
     CompletionRule,
     JobObservation,
@@ -26,7 +26,6 @@ from dynsched_optimus.scheduler import (
 )
 
 from ._jobs import SimJob
-from ._placement import place_fewest, place_requests, place_spread
 from ._sim import ClusterState
 from ._spec import Placement
 
@@ -42,6 +41,7 @@ __all__ = [
     "empty_placement",
     "make_scheduler",
     "observe",
+    "place_jobs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,57 @@ def _req(job: SimJob) -> tuple[int, int]:
 
 def _demand(job: SimJob, w: int, p: int) -> np.ndarray:
     return w * job.worker_demand + p * job.ps_demand
+
+
+def place_jobs(
+    requests: dict[str, tuple[int, int]],
+    jobs: Sequence[SimJob],
+    capacity: np.ndarray,
+    *,
+    strategy: str = "fewest",
+    order: Sequence[str] | None = None,
+    shrink: bool = False,
+    fill: bool = True,
+) -> dict[str, Placement]:
+    """Place ``(workers, ps)`` per job with :func:`dynsched_optimus.place`.
+
+    A job whose counts did not change keeps its current placement (``previous``) when
+    it still fits; zero counts are skipped.  ``order`` (job names) is the order new
+    placements are made in (default: ascending demand); ``strategy``, ``shrink`` and
+    ``fill`` are :func:`~dynsched_optimus.place`'s.
+
+    Returns:
+        The placements of the jobs that could be placed (with ``shrink``, possibly with
+        fewer tasks than requested).
+    """
+    by_name = {j.name: j for j in jobs}
+    reqs = []
+    previous: dict[str, JobPlacement] = {}
+    for name, (w, p) in requests.items():
+        if w + p <= 0:
+            continue
+        job = by_name[name]
+        reqs.append(PlacementRequest(name, p, w, tuple(job.ps_demand), tuple(job.worker_demand)))
+        if job.placement is not None:
+            previous[name] = _to_job_placement(name, job.placement)
+    ids = {r.job_id for r in reqs}
+    listed = None if order is None else list(dict.fromkeys(n for n in order if n in ids))
+    res = place(
+        reqs,
+        np.maximum(capacity, 0.0),
+        previous=previous,
+        strategy=strategy,
+        order=listed,
+        shrink=shrink,
+        fill=fill,
+    )
+    n_nodes = capacity.shape[0]
+    out: dict[str, Placement] = {}
+    for name, jp in res.placements.items():
+        cur = by_name[name].placement
+        pl = _to_placement(jp, n_nodes)
+        out[name] = cur if cur is not None and cur.same_tasks(pl) else pl
+    return out
 
 
 class _Base:
@@ -88,7 +139,7 @@ class FIFOScheduler(_Base):
                 free = free - need
             elif job.placement is None:
                 break
-        placed = place_requests(requests, jobs, cluster.capacity, order=[j.name for j in order])
+        placed = place_jobs(requests, jobs, cluster.capacity, order=[j.name for j in order])
         # strict FIFO: stop at the first job that could not be placed
         out = {}
         for job in order:
@@ -111,6 +162,8 @@ class DRFScheduler(_Base):
     name = "drf"
 
     def __init__(self, placement: str = "spread") -> None:
+        if placement not in STRATEGIES:
+            raise ValueError(f"placement={placement!r}: allowed values are {list(STRATEGIES)}")
         self.placement_mode = placement
 
     def allocate(self, jobs: Sequence[SimJob], capacity: np.ndarray) -> dict[str, tuple[int, int]]:
@@ -150,8 +203,8 @@ class DRFScheduler(_Base):
         self, now: float, jobs: Sequence[SimJob], cluster: ClusterState
     ) -> dict[str, Placement]:
         counts = self.allocate(jobs, cluster.capacity)
-        out = place_requests(counts, jobs, cluster.capacity, mode=self.placement_mode)
-        return _shrink_unplaced(counts, out, jobs, cluster, self.placement_mode)
+        # fragmentation: a job whose tasks do not all fit keeps those that do (shrink)
+        return place_jobs(counts, jobs, cluster.capacity, strategy=self.placement_mode, shrink=True)
 
 
 class FixedDRFScheduler(DRFScheduler):
@@ -168,73 +221,20 @@ class FixedDRFScheduler(DRFScheduler):
     def schedule(
         self, now: float, jobs: Sequence[SimJob], cluster: ClusterState
     ) -> dict[str, Placement]:
-        out: dict[str, Placement] = {}
-        used = np.zeros_like(cluster.capacity, dtype=float)
-        for job in jobs:
-            if job.placement is not None:
-                out[job.name] = job.placement
-                used += job.placement.usage(job.worker_demand, job.ps_demand)
+        running = [j for j in jobs if j.placement is not None]
         waiting = [j for j in jobs if j.placement is None]
         if not waiting:
-            return out
-        free = cluster.capacity - used
-        counts = self.allocate(waiting, free)
-        placed = place_requests(
-            counts, waiting, cluster.capacity, mode=self.placement_mode, free=free
-        )
-        view = _FreeView(cluster, free)
-        new = _shrink_unplaced(counts, placed, waiting, view, self.placement_mode)  # type: ignore[arg-type]
-        out.update(new)
-        return out
-
-
-class _FreeView:
-    """A :class:`ClusterState` look-alike whose capacity is what is still free."""
-
-    def __init__(self, cluster: ClusterState, free: np.ndarray) -> None:
-        self.capacity = free
-        self.spec = cluster.spec
-
-
-def _shrink_unplaced(
-    counts: dict[str, tuple[int, int]],
-    out: dict[str, Placement],
-    jobs: Sequence[SimJob],
-    cluster: ClusterState,
-    mode: str,
-) -> dict[str, Placement]:
-    """Retry jobs that did not fit with fewer workers (fragmentation)."""
-    missing = [n for n in counts if n not in out]
-    if not missing:
-        return out
-    by_name = {j.name: j for j in jobs}
-    used = sum(
-        (pl.usage(by_name[n].worker_demand, by_name[n].ps_demand) for n, pl in out.items()),
-        np.zeros_like(cluster.capacity),
-    )
-    free = cluster.capacity - used
-    for name in missing:
-        job = by_name[name]
-        w, p = counts[name]
-        while w > 1:
-            w -= 1
-            if mode == "spread":
-                pl = place_spread(w, p, job.worker_demand, job.ps_demand, free, cluster.capacity)
-            else:
-                pl = place_fewest(
-                    w,
-                    p,
-                    job.worker_demand,
-                    job.ps_demand,
-                    free,
-                    cluster.capacity,
-                    compact=mode == "compact",
-                )
-            if pl is not None:
-                out[name] = pl
-                free = free - pl.usage(job.worker_demand, job.ps_demand)
-                break
-    return out
+            return {j.name: j.placement for j in running if j.placement is not None}
+        used = np.zeros_like(cluster.capacity, dtype=float)
+        for job in running:
+            assert job.placement is not None
+            used += job.placement.usage(job.worker_demand, job.ps_demand)
+        counts = self.allocate(waiting, cluster.capacity - used)
+        # running jobs keep their tasks (reserved first as unchanged placements)
+        for job in running:
+            assert job.placement is not None
+            counts[job.name] = (job.placement.num_workers, job.placement.num_ps)
+        return place_jobs(counts, jobs, cluster.capacity, strategy=self.placement_mode, shrink=True)
 
 
 class TetrisScheduler(_Base):
@@ -284,31 +284,20 @@ class TetrisScheduler(_Base):
                 ),
             )
             job = waiting.pop(best)
-            pl = self._pack(job, free)
-            if pl is None:
+            w, p = _req(job)
+            # Tetris' packing on what is still free: each task to the best-aligned server
+            res = place(
+                [PlacementRequest(job.name, p, w, tuple(job.ps_demand), tuple(job.worker_demand))],
+                np.maximum(free, 0.0),
+                strategy="align",
+            )
+            jp = res.placements.get(job.name)
+            if jp is None:
                 continue
+            pl = _to_placement(jp, len(cap))
             out[job.name] = pl
             free -= pl.usage(job.worker_demand, job.ps_demand)
         return out
-
-    @staticmethod
-    def _pack(job: SimJob, free: np.ndarray) -> Placement | None:
-        free = free.copy()
-        n = len(free)
-        w, p = _req(job)
-        ws = np.zeros(n, dtype=int)
-        ps = np.zeros(n, dtype=int)
-        norm = np.where(free.max(axis=0) > 0, free.max(axis=0), 1.0)
-        for d, out, cnt in ((job.worker_demand, ws, w), (job.ps_demand, ps, p)):
-            for _ in range(cnt):
-                ok = np.all(free >= d[None, :] - 1e-9, axis=1)
-                if not ok.any():
-                    return None
-                score = np.where(ok, (free / norm) @ (d / norm), -np.inf)
-                i = int(np.argmax(score))
-                out[i] += 1
-                free[i] -= d
-        return Placement(ws, ps)
 
 
 class SRTFScheduler(_Base):
@@ -340,7 +329,7 @@ def _gang(order: Sequence[SimJob], cluster: ClusterState) -> dict[str, Placement
         if np.all(need <= free + 1e-9):
             requests[job.name] = (w, p)
             free -= need
-    return place_requests(requests, order, cluster.capacity, order=[j.name for j in order])
+    return place_jobs(requests, order, cluster.capacity, order=[j.name for j in order])
 
 
 class TiresiasScheduler(_Base):
