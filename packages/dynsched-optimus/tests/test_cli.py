@@ -131,6 +131,17 @@ def test_place_shrink(tmp_path: Path, capsys) -> None:
     assert rc == 0 and "unplaced: b" in out
     rc, out, _ = _run(capsys, "place", str(path), "--shrink", "--json")
     assert rc == 0 and json.loads(out)["shrunk"] == {"b": [1, 7]}
+    # the fill fallback places all 9 tasks: 4 + 4 workers, the PS on the 1-CPU server
+    rc, out, _ = _run(capsys, "place", str(path), "--fill", "--json")
+    res = json.loads(out)
+    assert rc == 0 and not res["unplaced"]
+    assert res["placements"]["b"]["nodes"] == [0, 1, 2]
+    assert res["placements"]["b"]["workers_per_node"] == [4, 4, 0]
+    assert res["placements"]["b"]["ps_per_node"] == [0, 0, 1]
+    rc, out, _ = _run(capsys, "place", str(path), "--strategy", "spread", "--json")
+    res = json.loads(out)
+    assert rc == 0 and not res["unplaced"]
+    assert sum(res["placements"]["b"]["workers_per_node"]) == 8
 
 
 def test_paa(tmp_path: Path, capsys) -> None:

@@ -694,7 +694,9 @@ def _make_room(
     placements = dict(res.placements)
     free = res.free.copy()
     tol = _TOL * node_cap
-    heap = [(-jp.workers, jid) for jid, jp in placements.items() if jp.workers > 1]
+    # donors: most workers first; among equals the later arrival (then job_id) gives
+    rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
+    heap = [(-jp.workers, -rank[jid], jid) for jid, jp in placements.items() if jp.workers > 1]
     heapq.heapify(heap)
     unplaced: list[str] = []
     shrunk = dict(res.shrunk)
@@ -704,13 +706,11 @@ def _make_room(
         p0 = 0 if job.kind == "allreduce" else 1
         need = np.asarray(job.worker_demand) + p0 * np.asarray(job.ps_demand)
         done = False
-        skipped: list[tuple[int, str]] = []
+        skipped: list[tuple[int, int, str]] = []
         while heap and not done:
-            neg_w, did = heapq.heappop(heap)
+            neg_w, neg_r, did = heapq.heappop(heap)
             jp = placements[did]
-            if -neg_w != jp.workers or jp.workers <= 1:  # stale entry
-                if jp.workers > 1:
-                    heapq.heappush(heap, (-jp.workers, did))
+            if -neg_w != jp.workers:  # stale: re-queued with its current count below
                 continue
             wd = np.asarray(by_id[did].worker_demand)
             nodes = np.asarray(jp.nodes)
@@ -746,10 +746,11 @@ def _make_room(
                 shrunk[jid] = (p0, 1)
                 done = True
             if placements[did].workers > 1:
+                entry = (-placements[did].workers, neg_r, did)
                 if done:
-                    heapq.heappush(heap, (-placements[did].workers, did))
+                    heapq.heappush(heap, entry)
                 else:
-                    skipped.append((-placements[did].workers, did))
+                    skipped.append(entry)
         for item in skipped:
             heapq.heappush(heap, item)
         if not done:

@@ -6,7 +6,7 @@ Sub-commands (file formats in :mod:`dynsched_optimus._io` and the package README
     dynsched optimus fit async|sync SPEEDS.csv [--global-batch M]
     dynsched optimus fit allreduce PROFILE.csv
     dynsched optimus allocate JOBS.json [--damping 0.95]
-    dynsched optimus place PLACEMENT.json [--shrink]
+    dynsched optimus place PLACEMENT.json [--shrink] [--fill] [--strategy fewest|spread|align]
     dynsched optimus paa (--model resnet50 | --blocks BLOCKS.csv) --ps N [--method all]
 
 Every command accepts ``--json`` for machine-readable output.  Malformed input gives exit
@@ -44,7 +44,7 @@ from dynsched_optimus._io import (
 )
 from dynsched_optimus._models_zoo import MODEL_ZOO, model_blocks
 from dynsched_optimus._paa import PARAMETER_ASSIGNMENTS
-from dynsched_optimus._placement import place
+from dynsched_optimus._placement import STRATEGIES, place
 from dynsched_optimus._speed import AllReduceSpeedModel, fit_speed
 
 __all__ = ["build_parser", "main", "register"]
@@ -194,7 +194,9 @@ def _allocate(args: argparse.Namespace) -> int:
 
 def _place(args: argparse.Namespace) -> int:
     jobs, cap, previous, _res = read_placement_file(args.file)
-    result = place(jobs, cap, previous=previous, shrink=args.shrink)
+    result = place(
+        jobs, cap, previous=previous, shrink=args.shrink, fill=args.fill, strategy=args.strategy
+    )
     payload = {
         "placements": {
             k: {
@@ -289,6 +291,17 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "file", help="JSON file: jobs (id, ps, workers, demands), node capacities, previous"
     )
     pl.add_argument("--shrink", action="store_true", help="retry unplaceable jobs with fewer tasks")
+    pl.add_argument(
+        "--fill",
+        action="store_true",
+        help="fill the servers in order when no even spread fits (fragmented capacity)",
+    )
+    pl.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="fewest",
+        help="fewest servers (Optimus, default), spread (load balancing) or align (Tetris)",
+    )
     pl.add_argument("--json", action="store_true", help="JSON output")
     pl.set_defaults(func=_guard(_place))
 
