@@ -96,7 +96,11 @@ def summary(files: list[str]) -> None:
         scheds = sorted({k[3] for k in keys}, key=lambda x: order.index(x) if x in order else 99)
         nseeds = max(len(runs[k]) for k in keys)
         print(f"\ncompletion {comp}, load {ld}: average JCT s / makespan h", end="")
-        print(f" (mean over {nseeds} seeds, JCT spread max-min)\n" if nseeds > 1 else "\n")
+        print(
+            f" (means over up to {nseeds} seeds; ±: half the JCT range over seeds)\n"
+            if nseeds > 1
+            else "\n"
+        )
         print(
             "| scheduler | "
             + " | ".join(w.split("-")[1] for w in wls)
@@ -140,7 +144,7 @@ def summary(files: list[str]) -> None:
                 b[0] for _, b in pairs
             )
             mk = statistics.mean(a[1] for a, _ in pairs) / statistics.mean(b[1] for _, b in pairs)
-            tie_txt = f", {ties} inside the seed spread" if nseeds > 1 else ""
+            tie_txt = f" ({ties} differences inside the seed range: ties)" if nseeds > 1 else ""
             print(
                 f"optimus+ vs {sc}: lower JCT on {wins}/{len(pairs)} workloads{tie_txt}; "
                 f"mean JCT ratio {ratio:.3f}, mean makespan ratio {mk:.3f}"

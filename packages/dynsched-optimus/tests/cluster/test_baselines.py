@@ -175,3 +175,23 @@ def test_fixed_drf_is_registered() -> None:
     from dynsched_optimus.cluster import make_scheduler
 
     assert make_scheduler("drf-fixed").name == "drf-fixed"
+
+
+@pytest.mark.parametrize("name", ["drf-fixed", "tetris-fixed"])
+def test_fixed_at_submission_baselines_never_change_a_running_job(name: str) -> None:
+    # a whole run of the paper-like PS workload (30 jobs): every job is given its tasks
+    # once, when it starts, and keeps them to the end (the paper's DRF / Tetris setting)
+    from dynsched_optimus.cluster import SimConfig, make_scheduler, run_ps
+
+    res = run_ps(name, num_jobs=30, config=SimConfig(seed=1))
+    assert not res.unfinished and len(res.jct) == 30
+    for job, changes in res.allocations.items():
+        started = [(w, p) for _t, w, p in changes if w + p > 0]
+        assert len(started) == 1, (job, changes)  # one allocation, never re-filled
+        assert res.restarts[job] == 0
+    assert make_scheduler(name).name in ("drf-fixed", "tetris")
+    # the elastic DRF re-fills the same workload: some job's tasks change
+    elastic = run_ps("drf", num_jobs=30, config=SimConfig(seed=1))
+    assert any(
+        len({(w, p) for _t, w, p in c if w + p > 0}) > 1 for c in elastic.allocations.values()
+    )

@@ -602,6 +602,9 @@ SCHEDULERS: dict[str, Callable[..., _Base]] = {
     "drf": DRFScheduler,
     "drf-fixed": FixedDRFScheduler,
     "tetris": TetrisScheduler,
+    # the paper's Tetris baseline: each job's allocation is fixed when it starts, which
+    # is what ``tetris`` does (running jobs keep their tasks); named beside ``drf-fixed``
+    "tetris-fixed": TetrisScheduler,
     "srtf": SRTFScheduler,
     "tiresias": TiresiasScheduler,
     "optimus": lambda **kw: OptimusScheduler(**kw),
