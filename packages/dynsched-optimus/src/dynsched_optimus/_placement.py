@@ -415,11 +415,30 @@ def place_reference(
             ps_per_node=tuple(ps_s),
             workers_per_node=tuple(w_s),
         )
+    return _result(
+        jobs,
+        placements,
+        unplaced,
+        kept,
+        np.array(free, dtype=np.float64).reshape(n_nodes, nr),
+        shrunk,
+    )
+
+
+def _result(
+    jobs: Sequence[PlacementRequest],
+    placements: dict[str, JobPlacement],
+    unplaced: list[str],
+    kept: set[int],
+    free: FloatArray,
+    shrunk: dict[str, tuple[int, int]],
+) -> PlacementResult:
+    """The result of one placement run (kept jobs listed by ``job_id``)."""
     return PlacementResult(
         placements=placements,
         unplaced=tuple(unplaced),
         kept=tuple(jobs[i].job_id for i in sorted(kept, key=lambda x: jobs[x].job_id)),
-        free=np.array(free, dtype=np.float64).reshape(n_nodes, nr),
+        free=free,
         shrunk=shrunk,
     )
 
@@ -666,13 +685,7 @@ def _place_greedy(
         )
         if not done:
             shrunk[j.job_id] = (int(pss.sum()), int(ws.sum()))
-    return PlacementResult(
-        placements=placements,
-        unplaced=tuple(unplaced),
-        kept=tuple(jobs[i].job_id for i in sorted(kept, key=lambda x: jobs[x].job_id)),
-        free=free,
-        shrunk=shrunk,
-    )
+    return _result(jobs, placements, unplaced, kept, free, shrunk)
 
 
 def _place_sorted(
@@ -860,12 +873,13 @@ def _place_sorted(
         placements[j.job_id] = JobPlacement(
             job_id=j.job_id, nodes=tuple(nl), ps_per_node=spl[0], workers_per_node=spl[1]
         )
-    return PlacementResult(
-        placements=placements,
-        unplaced=tuple(unplaced),
-        kept=tuple(jobs[i].job_id for i in sorted(kept, key=lambda x: jobs[x].job_id)),
-        free=np.array(free_l, dtype=np.float64).reshape(n_nodes, nr),
-        shrunk=shrunk,
+    return _result(
+        jobs,
+        placements,
+        unplaced,
+        kept,
+        np.array(free_l, dtype=np.float64).reshape(n_nodes, nr),
+        shrunk,
     )
 
 
@@ -1262,10 +1276,4 @@ def _place_buckets(
     for b, lst in enumerate(b_nodes):
         if lst:
             out_free[lst] = b_free[b]
-    return PlacementResult(
-        placements=placements,
-        unplaced=tuple(unplaced),
-        kept=tuple(jobs[i].job_id for i in sorted(kept, key=lambda x: jobs[x].job_id)),
-        free=out_free,
-        shrunk=shrunk,
-    )
+    return _result(jobs, placements, unplaced, kept, out_free, shrunk)
