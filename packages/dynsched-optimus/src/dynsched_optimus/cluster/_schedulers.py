@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,9 +101,15 @@ def place_jobs(
         shrink=shrink,
         fill=fill,
     )
-    n_nodes = capacity.shape[0]
+    return _as_placements(res.placements, by_name, capacity.shape[0])
+
+
+def _as_placements(
+    placed: Mapping[str, JobPlacement], by_name: Mapping[str, SimJob], n_nodes: int
+) -> dict[str, Placement]:
+    """The simulator's placements; a job placed where it already runs keeps its object."""
     out: dict[str, Placement] = {}
-    for name, jp in res.placements.items():
+    for name, jp in placed.items():
         cur = by_name[name].placement
         pl = _to_placement(jp, n_nodes)
         out[name] = cur if cur is not None and cur.same_tasks(pl) else pl
@@ -567,12 +573,7 @@ class OptimusScheduler(_Base):
         )
         self.last_decision = dec
         by_name = {j.name: j for j in jobs}
-        out: dict[str, Placement] = {}
-        for name, jp in dec.placements.items():
-            cur = by_name[name].placement
-            pl = _to_placement(jp, cap.shape[0])
-            out[name] = cur if cur is not None and cur.same_tasks(pl) else pl
-        return out
+        return _as_placements(dec.placements, by_name, cap.shape[0])
 
     def prediction_report(self, now: float, jobs: Sequence[SimJob]) -> tuple[float, float] | None:
         """Median relative speed and remaining-steps errors over running jobs."""
