@@ -53,3 +53,37 @@ def test_a_hung_shutdown_exits_after_the_deadline(tmp_path: Path) -> None:
 def test_a_clean_stop_disarms_the_deadline() -> None:
     out = subprocess.run([sys.executable, "-c", STOPS], capture_output=True, text=True, timeout=20)
     assert out.returncode == 0 and out.stdout.strip() == "clean", out.stderr
+
+
+HANGS_WITH_CHILD = r"""
+import subprocess, sys, time
+from dynsched_ray.cli import _InterruptDeadline
+# a child that would outlive a bare os._exit (like a local Ray cluster's processes)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+d = _InterruptDeadline("nothing written", None, 0.3)
+d.arm()
+time.sleep(30)
+"""
+
+
+def test_the_forced_exit_leaves_no_child_process_behind() -> None:
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-c", HANGS_WITH_CHILD], capture_output=True, text=True, timeout=20
+    )
+    assert out.returncode == 130, out.stderr
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except OSError:
+            break  # gone
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError(f"child {pid} still running after the forced exit")

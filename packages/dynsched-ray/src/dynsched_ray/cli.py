@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import difflib
 import json
 import logging
@@ -14,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -431,7 +433,8 @@ INTERRUPT_GRACE_S = 15.0
 class _InterruptDeadline:
     """Armed by the first Ctrl-C: if the run has not stopped ``grace_s`` later, the
     metrics file is marked partial, one line says so and the process exits with status
-    130 (Ray's processes are reaped with it). `cancel` disarms it after a clean stop."""
+    130, after terminating its own child processes (the local Ray cluster). `cancel`
+    disarms it after a clean stop."""
 
     def __init__(self, note: str, metrics_path: str | None, grace_s: float) -> None:
         self.note = note
@@ -476,7 +479,58 @@ class _InterruptDeadline:
             "Ray did not shut down cleanly in time)\n"
         )
         sys.stderr.flush()
+        _stop_children()
         os._exit(130)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(name))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _stop_children(wait_s: float = 2.0) -> None:
+    """Terminate this process's own children (the local Ray cluster it started) before a
+    forced exit: ``os._exit`` alone leaves them running."""
+    kids = _descendants(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in kids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        end = time.monotonic() + wait_s
+        while kids and time.monotonic() < end:
+            kids = [k for k in kids if _alive(k)]
+            time.sleep(0.05)
+        if not kids:
+            return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 async def _armed(coro: Any, deadline: _InterruptDeadline) -> Any:
