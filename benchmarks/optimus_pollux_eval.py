@@ -24,7 +24,11 @@ import statistics
 import time
 from pathlib import Path
 
-from dynsched_optimus.cluster import SimConfig, run_pollux
+from dynsched_optimus.cluster import SimConfig, find_pollux_data, run_pollux
+
+#: the Pollux authors' published simulator results (``results-jobload/<policy>-<load>.json``
+#: under the vendored data), shown beside ours for the artifact's completion rule
+PUBLISHED = {"pollux": "pollux", "tiresias": "tiresias", "optimus-oracle": "optimus"}
 
 
 def _workloads(spec: str) -> list[str]:
@@ -80,6 +84,24 @@ def _load_key(ld: str) -> tuple[int, float]:
     return (1, 0.0) if ld == "realistic" else (0, float(ld))
 
 
+def _published(runs: dict[tuple[str, str, str, str], dict[int, dict[str, float]]]) -> None:
+    """Add the published per-workload average JCTs as ``<policy> (published)`` rows of the
+    ``epochs`` groups (no makespan is published)."""
+    try:
+        root = find_pollux_data() / "results-jobload"
+    except Exception:  # pragma: no cover - data is vendored next to the repository
+        return
+    loads = {k[1] for k in runs if k[0] == "epochs"}
+    for ld in loads:
+        for ours, theirs in PUBLISHED.items():
+            path = root / f"{theirs}-{ld}.json"
+            if not path.is_file():
+                continue
+            for wl, jct in json.loads(path.read_text())["avgs"].items():
+                row = {"avg_jct_s": float(jct), "makespan_s": float("nan")}
+                runs[("epochs", ld, wl, f"{ours} (published)")] = {0: row}
+
+
 def summary(files: list[str]) -> None:
     """Tables per (completion rule, load): seed means, spread when several seeds ran."""
     runs: dict[tuple[str, str, str, str], dict[int, dict[str, float]]] = {}
@@ -87,8 +109,10 @@ def summary(files: list[str]) -> None:
         for r in json.loads(Path(f).read_text())["runs"]:
             key = (r.get("completion", "target"), r["load"], r["workload"], r["scheduler"])
             runs.setdefault(key, {})[int(r.get("seed", 0))] = r
-    order = ["optimus+", "tiresias", "drf", "optimus", "optimus-oracle", "drf-fixed"]
-    order += ["tetris", "srtf", "fifo"]
+    _published(runs)
+    order = ["optimus+", "optimus+fixed-batch", "pollux (published)", "tiresias"]
+    order += ["tiresias (published)", "drf", "optimus", "optimus-oracle"]
+    order += ["optimus-oracle (published)", "drf-fixed", "tetris", "srtf", "fifo"]
     groups = sorted({k[:2] for k in runs}, key=lambda g: (g[0] != "target", _load_key(g[1])))
     for comp, ld in groups:
         keys = [k for k in runs if k[:2] == (comp, ld)]
@@ -119,11 +143,14 @@ def summary(files: list[str]) -> None:
                 m = [r["makespan_s"] for r in by_seed.values()]
                 means[(sc, w)] = (statistics.mean(j), statistics.mean(m), max(j) - min(j))
                 spread = f" ±{(max(j) - min(j)) / 2:.0f}" if len(j) > 1 else ""
-                cells.append(f"{statistics.mean(j):.0f}{spread} / {statistics.mean(m) / 3600:.1f}")
+                mk = statistics.mean(m)
+                mk_txt = f" / {mk / 3600:.1f}" if mk == mk else ""
+                cells.append(f"{statistics.mean(j):.0f}{spread}{mk_txt}")
             got = [means[(sc, w)] for w in wls if (sc, w) in means]
             full = len(got) == len(wls)
             mj = f"{statistics.mean(g[0] for g in got):.0f}" + ("" if full else "*")
-            mm = f"{statistics.mean(g[1] for g in got) / 3600:.2f}h" + ("" if full else "*")
+            mkm = statistics.mean(g[1] for g in got)
+            mm = (f"{mkm / 3600:.2f}h" if mkm == mkm else "-") + ("" if full else "*")
             print(f"| {sc} | " + " | ".join(cells) + f" | {mj} | {mm} |")
         if "optimus+" not in scheds:
             continue
@@ -145,9 +172,10 @@ def summary(files: list[str]) -> None:
             )
             mk = statistics.mean(a[1] for a, _ in pairs) / statistics.mean(b[1] for _, b in pairs)
             tie_txt = f" ({ties} differences inside the seed range: ties)" if nseeds > 1 else ""
+            mk_txt = f", mean makespan ratio {mk:.3f}" if mk == mk else ""
             print(
                 f"optimus+ vs {sc}: lower JCT on {wins}/{len(pairs)} workloads{tie_txt}; "
-                f"mean JCT ratio {ratio:.3f}, mean makespan ratio {mk:.3f}"
+                f"mean JCT ratio {ratio:.3f}{mk_txt}"
             )
 
 

@@ -647,8 +647,9 @@ def allocate(
         )
     if node_capacity is None:
         return agg
+    # the demands were validated by AllocationJob: the requests skip re-validation
     reqs = [
-        PlacementRequest(j.job_id, *agg.tasks[j.job_id], j.ps_demand, j.worker_demand)
+        PlacementRequest._trusted(j.job_id, *agg.tasks[j.job_id], j.ps_demand, j.worker_demand)
         for j in jobs
         if sum(agg.tasks[j.job_id]) > 0
     ]
@@ -663,12 +664,16 @@ def allocate(
     for jid in res.unplaced:
         trimmed.setdefault(jid, tasks[jid])
         tasks[jid] = (0, 0)
-    used = [0.0] * len(agg.capacity)
-    for j in jobs:
-        p, w = tasks[j.job_id]
-        for r in range(len(used)):
-            used[r] += p * j.ps_demand[r] + w * j.worker_demand[r]
-    return attrs.evolve(agg, tasks=tasks, used=tuple(used), placement=res, trimmed=trimmed)
+    nr = len(agg.capacity)
+    used = np.zeros(nr)
+    if jobs:
+        cnt = np.array([tasks[j.job_id] for j in jobs], dtype=np.float64)
+        pd = np.array([j.ps_demand for j in jobs], dtype=np.float64).reshape(len(jobs), nr)
+        wd = np.array([j.worker_demand for j in jobs], dtype=np.float64).reshape(len(jobs), nr)
+        used = cnt[:, 0] @ pd + cnt[:, 1] @ wd
+    return attrs.evolve(
+        agg, tasks=tasks, used=tuple(float(x) for x in used), placement=res, trimmed=trimmed
+    )
 
 
 def _make_room(
@@ -696,8 +701,12 @@ def _make_room(
     tol = _TOL * node_cap
     # donors: most workers first; among equals the later arrival (then job_id) gives
     rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
-    heap = [(-jp.workers, -rank[jid], jid) for jid, jp in placements.items() if jp.workers > 1]
+    n_workers = {jid: jp.workers for jid, jp in placements.items()}
+    heap = [(-w, -rank[jid], jid) for jid, w in n_workers.items() if w > 1]
     heapq.heapify(heap)
+    # per donor: its nodes, workers per node and worker demand as arrays (rebuilt after
+    # it gives workers)
+    arrays: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]] = {}
     unplaced: list[str] = []
     shrunk = dict(res.shrunk)
     donors: set[str] = set()
@@ -709,18 +718,24 @@ def _make_room(
         skipped: list[tuple[int, int, str]] = []
         while heap and not done:
             neg_w, neg_r, did = heapq.heappop(heap)
-            jp = placements[did]
-            if -neg_w != jp.workers:  # stale: re-queued with its current count below
+            if -neg_w != n_workers[did]:  # stale: re-queued with its current count below
                 continue
-            wd = np.asarray(by_id[did].worker_demand)
-            nodes = np.asarray(jp.nodes)
+            jp = placements[did]
+            got = arrays.get(did)
+            if got is None:
+                got = arrays[did] = (
+                    np.asarray(jp.nodes, dtype=np.int64),
+                    np.asarray(jp.workers_per_node, dtype=np.int64),
+                    np.asarray(by_id[did].worker_demand, dtype=np.float64),
+                )
+            nodes, wpn_a, wd = got
             # fewest of the donor's workers to remove on each of its servers
             gap = need[None, :] - free[nodes] - tol[nodes]
             with np.errstate(divide="ignore", invalid="ignore"):
                 per_r = np.where(wd > 0, np.ceil(gap / np.where(wd > 0, wd, 1.0)), 0.0)
             per_r = np.where((wd <= 0) & (gap > 0), np.inf, per_r)
             k_need = np.maximum(per_r.max(axis=1), 1.0)
-            k_max = np.minimum(np.asarray(jp.workers_per_node), jp.workers - 1)
+            k_max = np.minimum(wpn_a, n_workers[did] - 1)
             ok = np.flatnonzero(k_need <= k_max)
             if ok.size:
                 pos = int(ok[np.argmin(k_need[ok])])
@@ -736,17 +751,19 @@ def _make_room(
                     tuple(jp.ps_per_node[q] for q in keep),
                     tuple(wpn[q] for q in keep),
                 )
+                arrays.pop(did)
+                n_workers[did] -= k
                 trimmed.setdefault(did, tasks[did])
                 donors.add(did)
-                tasks[did] = (jp.ps, jp.workers - k)
+                tasks[did] = (jp.ps, n_workers[did])
                 shrunk[did] = tasks[did]
                 placements[jid] = JobPlacement(jid, (nd,), (p0,), (1,))
                 trimmed[jid] = tasks[jid]
                 tasks[jid] = (p0, 1)
                 shrunk[jid] = (p0, 1)
                 done = True
-            if placements[did].workers > 1:
-                entry = (-placements[did].workers, neg_r, did)
+            if n_workers[did] > 1:
+                entry = (-n_workers[did], neg_r, did)
                 if done:
                     heapq.heappush(heap, entry)
                 else:

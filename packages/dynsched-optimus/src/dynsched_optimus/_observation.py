@@ -14,9 +14,20 @@ import attrs
 
 from dynsched_optimus._allocation import JOB_KINDS
 from dynsched_optimus._errors import OptimusError
+from dynsched_optimus._goodput import AdaptiveBatch
 from dynsched_optimus._placement import JobPlacement
 
-__all__ = ["COMPLETION_KINDS", "CompletionRule", "JobObservation", "PrerunRequest"]
+__all__ = [
+    "COMPLETION_KINDS",
+    "AdaptiveBatch",
+    "CompletionRule",
+    "JobObservation",
+    "PrerunRequest",
+    "ThroughputKey",
+]
+
+#: ``(workers, ps, nodes, global batch)``: one configuration a job ran with
+ThroughputKey = tuple[int, int, int, float]
 
 #: how a job ends: a target value of its loss/metric, N epochs, N steps, or convergence
 #: (the fitted loss improves by less than ``value`` per epoch, the Optimus paper's rule)
@@ -57,18 +68,26 @@ class CompletionRule:
             raise OptimusError(f"field 'completion.value' must be > 0 for {self.kind!r}")
 
 
-def _throughput(value: Mapping[object, object]) -> dict[tuple[int, int, int], tuple[float, ...]]:
-    out: dict[tuple[int, int, int], tuple[float, ...]] = {}
+def _throughput(value: Mapping[object, object]) -> dict[tuple[float, ...], tuple[float, ...]]:
+    out: dict[tuple[float, ...], tuple[float, ...]] = {}
     for key, samples in value.items():
-        w, p, n = key  # type: ignore[misc]
-        if not (w >= 1 and p >= 0 and n >= 1):
+        try:
+            w, p, n, *rest = key  # type: ignore[misc]
+            ok = len(rest) <= 1 and w >= 1 and p >= 0 and n >= 1 and (not rest or rest[0] >= 0)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
             raise OptimusError(
-                f"field 'throughput': keys are (workers >= 1, ps >= 0, nodes >= 1), got {key!r}"
+                "field 'throughput': keys are (workers >= 1, ps >= 0, nodes >= 1) or "
+                f"(workers, ps, nodes, batch >= 0), got {key!r}"
             )
         vals = tuple(samples)  # type: ignore[call-overload]
         if not vals or not (min(vals) > 0 and math.isfinite(sum(vals))):
             raise OptimusError(f"field 'throughput[{key!r}]': samples must be finite and > 0")
-        out[(int(w), int(p), int(n))] = vals
+        nk: tuple[float, ...] = (int(w), int(p), int(n))
+        if rest:
+            nk = (*nk, float(rest[0]))
+        out[nk] = out.get(nk, ()) + vals
     return out
 
 
@@ -93,12 +112,18 @@ class JobObservation:
         iterations_done: training iterations completed so far.
         epochs_done: epochs completed so far.
         throughput: measured iterations/s per configuration run, keyed by
-            ``(workers, ps, nodes)`` (pre-runs included); several samples per key allowed.
+            ``(workers, ps, nodes)`` (measured at ``batch_size``) or ``(workers, ps,
+            nodes, batch)`` (pre-runs included); several samples per key allowed.
+            :attr:`throughput_by_batch` is the same with every key naming its batch.
         loss_points: ``(iteration, loss)`` points, one per epoch or evaluation.
         completion: when the job ends (``None``: ``converged`` with ``delta = 0.002``).
         restarts: how many times the job was restarted so far.
         placement: where the job runs now (``None``: waiting).
-        batch_size: global batch size (the speed forms of all-reduce jobs use it).
+        batch_size: global batch size the job trains with now (the speed forms of
+            all-reduce jobs use it).
+        adaptive_batch: set when the scheduler may choose the job's batch size: its
+            allowed range, gradient statistics and progress in batch-independent units
+            (:class:`AdaptiveBatch`); ``None``: the batch is fixed.
     """
 
     job_id: str = attrs.field(converter=str)
@@ -112,7 +137,7 @@ class JobObservation:
     max_ps: int | None = None
     iterations_done: float = attrs.field(default=0.0, converter=float)
     epochs_done: int = 0
-    throughput: Mapping[tuple[int, int, int], tuple[float, ...]] = attrs.field(
+    throughput: Mapping[tuple[float, ...], tuple[float, ...]] = attrs.field(
         factory=dict, converter=_throughput
     )
     loss_points: tuple[tuple[float, float], ...] = attrs.field(default=(), converter=_points)
@@ -120,8 +145,25 @@ class JobObservation:
     restarts: int = 0
     placement: JobPlacement | None = None
     batch_size: float = attrs.field(default=0.0, converter=float)
+    adaptive_batch: AdaptiveBatch | None = None
+    #: ``throughput`` with every key ``(workers, ps, nodes, batch)`` (a key without a batch
+    #: was measured at ``batch_size``); derived, not an argument
+    throughput_by_batch: Mapping[ThroughputKey, tuple[float, ...]] = attrs.field(
+        init=False, factory=dict
+    )
 
     def __attrs_post_init__(self) -> None:
+        if not (math.isfinite(self.batch_size) and self.batch_size >= 0):
+            raise OptimusError(f"job {self.job_id!r}: field 'batch_size' must be finite and >= 0")
+        if self.adaptive_batch is not None and not isinstance(self.adaptive_batch, AdaptiveBatch):
+            raise OptimusError(
+                f"job {self.job_id!r}: field 'adaptive_batch' must be an AdaptiveBatch or None"
+            )
+        merged: dict[ThroughputKey, tuple[float, ...]] = {}
+        for k, v in self.throughput.items():
+            nk = (int(k[0]), int(k[1]), int(k[2]), float(k[3]) if len(k) > 3 else self.batch_size)
+            merged[nk] = merged.get(nk, ()) + v
+        object.__setattr__(self, "throughput_by_batch", merged)
         if self.kind not in JOB_KINDS:
             raise OptimusError(
                 f"job {self.job_id!r}: field 'kind' must be one of {list(JOB_KINDS)}, "
@@ -148,9 +190,13 @@ class JobObservation:
             return None
         return self.iterations_done / self.epochs_done
 
-    def measured(self, workers: int, ps: int, nodes: int) -> float | None:
-        """Mean measured iterations/s of a configuration, if it was run."""
-        s = self.throughput.get((workers, ps, nodes))
+    def measured(
+        self, workers: int, ps: int, nodes: int, batch: float | None = None
+    ) -> float | None:
+        """Mean measured iterations/s of a configuration (at ``batch``, default the
+        job's current batch), if it was run."""
+        b = self.batch_size if batch is None else float(batch)
+        s = self.throughput_by_batch.get((workers, ps, nodes, b))
         return sum(s) / len(s) if s else None
 
 

@@ -1,15 +1,17 @@
 """Online speed form of an all-reduce GPU job (used by the composed Optimus scheduler).
 
-Seconds per iteration for ``n`` GPUs on ``k`` nodes at global batch ``M``::
+Seconds per iteration for ``n`` GPUs on ``k`` nodes at global batch ``M`` trained in
+``m`` micro-batches per GPU (``m = 1`` without gradient accumulation)::
 
-    t(n, k) = th0 + th1 * M / n + th2 * [k > 1] + th3 * (k - 1) + th4 * log2(n)
+    t(n, k, M) = th0 * m + th1 * M / n + th2 * [k > 1] + th3 * (k - 1) + th4 * log2(n)
 
-fitted by NNLS with relative-error rows. Unlike dynsched-optimus'
+fitted by NNLS with relative-error rows: a fixed cost per micro-batch, a cost per
+sample of the local batch, and the synchronisation terms.  Unlike dynsched-optimus'
 ``AllReduceSpeedModel`` (seven coefficients, at least seven measurements, per atomic
 local batch), it is usable from two measured configurations and predicts the time of a
-whole iteration including gradient accumulation (the ``M / n`` term), which is what a
-scheduler that only sees iteration rates can fit. Convergence and PS speed models come
-from dynsched-optimus itself.
+whole iteration including gradient accumulation, which is what a scheduler that only
+sees iteration rates can fit.  Measurements may be taken at different batch sizes (a job
+whose batch the scheduler adapts): each is keyed by the batch it was measured at.
 """
 
 from __future__ import annotations
@@ -17,33 +19,65 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from scipy.optimize import nnls
+
+from dynsched_optimus._goodput import micro_steps
 
 __all__ = ["fit_allreduce_speed", "predict_allreduce_time"]
 
+FloatArray = npt.NDArray[np.float64]
 
-def _features_allreduce(n: np.ndarray, k: np.ndarray, batch: float) -> np.ndarray:
+
+def _features(n: FloatArray, k: FloatArray, batch: FloatArray, micro: FloatArray) -> FloatArray:
     return np.stack(
-        [np.ones_like(n), batch / n, (k > 1).astype(float), k - 1.0, np.log2(n)], axis=1
+        [micro, batch / n, (k > 1).astype(float), k - 1.0, np.log2(n)],
+        axis=-1,
     )
 
 
 def fit_allreduce_speed(
-    samples: Mapping[tuple[int, int, int], Sequence[float]], batch: float
-) -> np.ndarray | None:
-    """Fit iteration-time coefficients from ``{(gpus, 0, nodes): [iterations/s]}``."""
+    samples: Mapping[tuple[int, ...], Sequence[float]],
+    batch: float,
+    max_local: float | None = None,
+) -> FloatArray | None:
+    """Fit iteration-time coefficients.
+
+    Args:
+        samples: ``{(gpus, 0, nodes): [iterations/s]}`` or ``{(gpus, 0, nodes, batch):
+            [...]}`` (a key without a batch was measured at ``batch``).
+        batch: the global batch of keys that do not name one.
+        max_local: largest per-GPU micro-batch (``None``: no gradient accumulation).
+
+    Returns:
+        The five coefficients, or ``None`` with fewer than two configurations.
+    """
     if len(samples) < 2:
         return None
     keys = list(samples)
     n = np.array([kk[0] for kk in keys], dtype=float)
     k = np.array([kk[2] for kk in keys], dtype=float)
+    b = np.array([kk[3] if len(kk) > 3 else batch for kk in keys], dtype=float)
+    m = np.array([micro_steps(bb, int(nn), max_local) for bb, nn in zip(b, n, strict=True)])
     t = np.array([1.0 / float(np.mean(samples[kk])) for kk in keys])
-    a = _features_allreduce(n, k, batch) / t[:, None]
+    a = _features(n, k, b, m) / t[:, None]
     coef, _ = nnls(a, np.ones_like(t))
     return coef
 
 
-def predict_allreduce_time(coef: np.ndarray, n: int, k: int, batch: float) -> float:
-    """Predicted seconds per iteration."""
-    f = _features_allreduce(np.array([float(n)]), np.array([float(k)]), batch)[0]
-    return float(max(f @ coef, 1e-6))
+def predict_allreduce_time(
+    coef: FloatArray,
+    n: int,
+    k: int,
+    batch: float | FloatArray,
+    micro: float | FloatArray = 1.0,
+) -> FloatArray:
+    """Predicted seconds per iteration (an array when ``batch`` is one)."""
+    b = np.asarray(batch, dtype=float)
+    f = _features(
+        np.full(b.shape, float(n)),
+        np.full(b.shape, float(k)),
+        b,
+        np.broadcast_to(np.asarray(micro, dtype=float), b.shape),
+    )
+    return np.maximum(f @ coef, 1e-6)

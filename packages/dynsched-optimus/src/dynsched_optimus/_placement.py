@@ -108,6 +108,28 @@ class PlacementRequest:
         if both and not (min(both) >= 0 and all(map(math.isfinite, both))):
             raise OptimusError(f"job {self.job_id!r}: demands must be finite and >= 0")
 
+    @classmethod
+    def _trusted(
+        cls,
+        job_id: str,
+        ps: int,
+        workers: int,
+        ps_demand: tuple[float, ...],
+        worker_demand: tuple[float, ...],
+    ) -> PlacementRequest:
+        """A request from values already validated (tuples of floats, counts >= 0), built
+        without converters or checks (the allocator's hot path)."""
+        obj = object.__new__(cls)
+        for name, value in (
+            ("job_id", job_id),
+            ("ps", ps),
+            ("workers", workers),
+            ("ps_demand", ps_demand),
+            ("worker_demand", worker_demand),
+        ):
+            object.__setattr__(obj, name, value)
+        return obj
+
 
 @attrs.frozen
 class JobPlacement:

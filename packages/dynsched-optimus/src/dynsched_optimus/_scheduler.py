@@ -8,18 +8,22 @@ configurations the policy would like measured.  The policy never reads anything 
 about a job.  ``optimus``, ``optimus-oracle`` and ``optimus+`` are compositions
 (:func:`make_optimus`):
 
-========================  ==================  ===================  =====================  ==============
-variant                   estimation          allocation           placement              pre-runs
-========================  ==================  ===================  =====================  ==============
-``optimus``               ``FittedEstimator``  ``GreedyAllocation``  ``FewestServers``     ``SampledPreruns``
-``optimus-oracle``        ``OracleEstimator``  ``GreedyAllocation``  ``FewestServers``     none
-``optimus+``              ``FittedEstimator``  ``IncrementalAllocation``  ``SpeedAwarePlacement``  none
-                          (hedged, plus prior)
-========================  ==================  ===================  =====================  ==============
+==================  =====================  =========================  ========================  ==================  ===============
+variant             estimation             allocation                 placement                 pre-runs            batch size
+==================  =====================  =========================  ========================  ==================  ===============
+``optimus``         ``FittedEstimator``    ``GreedyAllocation``       ``FewestServers``         ``SampledPreruns``  ``FixedBatch``
+``optimus-oracle``  ``OracleEstimator``    ``GreedyAllocation``       ``FewestServers``         none                ``FixedBatch``
+``optimus+``        ``FittedEstimator``    ``IncrementalAllocation``  ``SpeedAwarePlacement``   PS jobs only        ``GoodputBatch``
+                    (hedged, prior,
+                    goodput)
+==================  =====================  =========================  ========================  ==================  ===============
 
 Every allocation goes through :func:`~dynsched_optimus.allocate` and every placement
 through :func:`~dynsched_optimus.place` (fill fallback, shrink), for parameter-server
-and all-reduce jobs alike.
+and all-reduce jobs alike.  A job that lets the scheduler choose its batch size
+(:class:`~dynsched_optimus.scheduler.AdaptiveBatch`) is counted in progress and goodput
+by ``optimus+`` (see :mod:`dynsched_optimus._goodput`), and the batch strategy returns its
+batch with the placement.
 
 Constants (each named, with where it comes from):
 
@@ -42,6 +46,11 @@ Constants (each named, with where it comes from):
 * :data:`SPEED_REFIT_ROUNDS` 10 - a speed fit is redone when a configuration is added or
   every 10 rounds (measurements of known configurations keep arriving); the cache key is
   the tuple ``(configurations, round // 10)``, which cannot collide.
+* :data:`BATCH_FIXED_SHARE` 0.5 - before an adaptive job's speed form can be fitted,
+  half of a measured iteration time is a cost per micro-batch and half proportional to
+  the local batch (Pollux's own prior, adaptdl ``fit_perf_params``: public configuration).
+* :data:`~dynsched_optimus.scheduler.BATCH_CANDIDATES` 32 - batches tried per GPU count
+  (geometric; judgement, Pollux tries 50).
 * GPUs per node are not assumed: the number of workers of a job one server holds is
   computed from the node capacities and the worker demand.
 """
@@ -61,12 +70,15 @@ from dynsched_optimus._allocation import Allocation, AllocationJob, allocate
 from dynsched_optimus._convergence import ConvergenceConfig, fit_convergence
 from dynsched_optimus._convergence import remaining_steps_interval as _interval
 from dynsched_optimus._errors import OptimusError
+from dynsched_optimus._goodput import AdaptiveBatch, best_goodput, micro_steps
 from dynsched_optimus._observation import CompletionRule, JobObservation, PrerunRequest
 from dynsched_optimus._online_speed import fit_allreduce_speed, predict_allreduce_time
 from dynsched_optimus._placement import JobPlacement, PlacementRequest, place
 from dynsched_optimus._speed import PSSpeedModel, fit_speed, plan_sampling
 
 __all__ = [
+    "BATCH_FIXED_SHARE",
+    "BATCH_MODES",
     "CROSS_NODE_SLOWDOWN",
     "DAMPING",
     "HEDGE_CONFIDENCE",
@@ -75,9 +87,12 @@ __all__ = [
     "PRIOR_SCALING_EXPONENT",
     "SPEED_REFIT_ROUNDS",
     "AllocationStrategy",
+    "BatchStrategy",
     "Estimator",
     "FewestServersPlacement",
     "FittedEstimator",
+    "FixedBatch",
+    "GoodputBatch",
     "GreedyAllocation",
     "IncrementalAllocation",
     "NoPreruns",
@@ -105,6 +120,12 @@ CROSS_NODE_SLOWDOWN = 0.8
 HEDGE_CONFIDENCE = 0.6
 MAX_REMAINING_FACTOR = 50.0
 SPEED_REFIT_ROUNDS = 10
+#: share of a measured iteration time taken as a fixed cost per micro-batch (the rest
+#: proportional to the local batch) before an adaptive job's speed form can be fitted:
+#: Pollux's fit fixes its compute-time constant to half the measured time when only one
+#: local batch was observed (adaptdl ``fit_perf_params``; public configuration), which is
+#: optimistic about larger batches, so that they get tried
+BATCH_FIXED_SHARE = 0.5
 #: the convergence rule of a job without a completion rule (normalised loss per epoch)
 DEFAULT_DELTA = 0.002
 #: loss points needed before the convergence fit is used
@@ -146,6 +167,14 @@ class Estimator(Protocol):
         """The fitted PS speed model, when there is one (the allocator's fast path)."""
         ...
 
+    def max_workers(self, obs: JobObservation) -> int | None:
+        """Most workers worth allocating to the job (``None``: no limit)."""
+        ...
+
+    def batch_size(self, obs: JobObservation, workers: int, nodes: int, rnd: Round) -> float | None:
+        """The global batch to train with on a placement (``None``: keep the job's)."""
+        ...
+
 
 @attrs.define
 class Round:
@@ -184,6 +213,16 @@ def workers_per_node(obs: JobObservation, node_capacity: FloatArray) -> int:
 # ------------------------------------------------------------------------- estimation
 
 
+@attrs.frozen
+class _Units:
+    """The unit a job's remaining work and speed are counted in for one estimate."""
+
+    done: float
+    per_epoch: float | None
+    points: tuple[tuple[float, float], ...]
+    adaptive: AdaptiveBatch | None
+
+
 @attrs.define
 class FittedEstimator:
     """Estimates from the job's own measurements (Optimus' online fitting).
@@ -198,6 +237,10 @@ class FittedEstimator:
             convergence fit exists.
         extrapolation: all-reduce speeds beyond this factor of the largest measured GPU
             count are taken as flat (``None``: trust the fit).
+        goodput: for a job that reports :class:`~dynsched_optimus.scheduler.AdaptiveBatch`
+            (and does not end after N steps), count work in progress units and speed as
+            goodput, ``max_M gain(M) / t(workers, nodes, M)`` over the allowed batches
+            (Pollux' model); :meth:`batch_size` then names the batch to train with.
     """
 
     hedged: bool = False
@@ -206,18 +249,37 @@ class FittedEstimator:
     )
     prior_s: float = 3600.0
     extrapolation: float | None = None
-    _conv: dict[str, tuple[tuple[int, str, float], RemainingEstimate | None]] = attrs.field(
+    goodput: bool = False
+    _conv: dict[str, tuple[tuple[object, ...], RemainingEstimate | None]] = attrs.field(
         factory=dict, init=False, repr=False
     )
     _fits: dict[str, tuple[tuple[int, int], object]] = attrs.field(
         factory=dict, init=False, repr=False
     )
 
+    def adaptive(self, obs: JobObservation) -> AdaptiveBatch | None:
+        """The job's batch range when this estimator works in goodput for it."""
+        ab = obs.adaptive_batch
+        if not self.goodput or ab is None or obs.kind != "allreduce":
+            return None
+        if obs.completion is not None and obs.completion.kind == "steps":
+            return None  # N iterations: the unit is the iteration, whatever the batch
+        return ab
+
+    def _units(self, obs: JobObservation) -> _Units:
+        ab = self.adaptive(obs)
+        if ab is None:
+            return _Units(obs.iterations_done, obs.steps_per_epoch, obs.loss_points, None)
+        per = ab.progress_per_epoch
+        if per is None and obs.epochs_done > 0:
+            per = ab.progress / obs.epochs_done
+        return _Units(ab.progress, per, ab.progress_points, ab)
+
     # -- remaining work
     def remaining(self, obs: JobObservation, rnd: Round) -> RemainingEstimate:
         rule = obs.completion or CompletionRule("converged", DEFAULT_DELTA)
-        done = obs.iterations_done
-        spe = obs.steps_per_epoch
+        u = self._units(obs)
+        done, spe = u.done, u.per_epoch
         if rule.kind == "steps":
             r = max(rule.value - done, 0.0)
             return RemainingEstimate(r, r, r, True)
@@ -227,17 +289,17 @@ class FittedEstimator:
             return RemainingEstimate(r, r, r, True)
         # the fit changes only with a new loss point: it is cached as the absolute step
         # the job completes at, and the remaining steps are taken from the current step
-        key = (len(obs.loss_points), rule.kind, rule.value)
+        key = (len(u.points), rule.kind, rule.value, u.adaptive is not None)
         hit = self._conv.get(obs.job_id)
         if hit is None or hit[0] != key:
             est = None
-            if rule.kind != "epochs" and len(obs.loss_points) >= MIN_LOSS_POINTS:
-                est = self._fit_remaining(obs, rule)
+            if rule.kind != "epochs" and len(u.points) >= MIN_LOSS_POINTS:
+                est = self._fit_remaining(u, rule)
             hit = (key, est)
             self._conv[obs.job_id] = hit
         if hit[1] is not None:
             end = hit[1]
-            cap = MAX_REMAINING_FACTOR * max(done, obs.steps_per_epoch or 1.0)
+            cap = MAX_REMAINING_FACTOR * max(done, spe or 1.0)
             e, lo, hi = (min(max(v - done, 0.0), cap) for v in (end.estimate, end.low, end.high))
             return RemainingEstimate(e, min(lo, e), max(hi, e), True)
         ps = 1 if obs.kind == "ps" else 0
@@ -247,12 +309,12 @@ class FittedEstimator:
             prior = max(prior, rule.value * max(done, 1.0))  # one epoch at least this long
         return RemainingEstimate(prior, prior, prior, False)
 
-    def _fit_remaining(self, obs: JobObservation, rule: CompletionRule) -> RemainingEstimate | None:
-        steps = [p[0] for p in obs.loss_points]
-        losses = [max(p[1], 1e-9) for p in obs.loss_points]
+    def _fit_remaining(self, u: _Units, rule: CompletionRule) -> RemainingEstimate | None:
+        steps = [p[0] for p in u.points]
+        losses = [max(p[1], 1e-9) for p in u.points]
         epochs = list(range(1, len(steps) + 1))
-        done = obs.iterations_done
-        spe = max(obs.steps_per_epoch or 1.0, 1.0)
+        done = u.done
+        spe = max(u.per_epoch or 1.0, 1.0)
         delta = rule.value if rule.kind == "converged" else DEFAULT_DELTA
         cfg = ConvergenceConfig(
             delta=delta,
@@ -295,16 +357,19 @@ class FittedEstimator:
 
     # -- speed
     def _fit(self, obs: JobObservation, rnd: Round) -> object:
-        key = (len(obs.throughput), rnd.index // SPEED_REFIT_ROUNDS)
+        key = (len(obs.throughput_by_batch), rnd.index // SPEED_REFIT_ROUNDS)
         hit = self._fits.get(obs.job_id)
         if hit is None or hit[0] != key:
             model: object = None
             if obs.kind == "allreduce":
-                if len(obs.throughput) >= MIN_ALLREDUCE_CONFIGS:
-                    samples = {k: list(v) for k, v in obs.throughput.items()}
-                    model = fit_allreduce_speed(samples, obs.batch_size)
-            elif len(obs.throughput) >= MIN_PS_CONFIGS:
-                keys = list(obs.throughput)
+                if len(obs.throughput_by_batch) >= MIN_ALLREDUCE_CONFIGS:
+                    samples = {k: list(v) for k, v in obs.throughput_by_batch.items()}
+                    ab = self.adaptive(obs)
+                    model = fit_allreduce_speed(
+                        samples, obs.batch_size, ab.max_local if ab is not None else None
+                    )
+            elif len(obs.throughput_by_batch) >= MIN_PS_CONFIGS:
+                keys = list(obs.throughput_by_batch)
                 try:
                     model = fit_speed(
                         "sync",
@@ -325,6 +390,13 @@ class FittedEstimator:
         m = self._fit(obs, rnd)
         return m if isinstance(m, PSSpeedModel) else None
 
+    def max_workers(self, obs: JobObservation) -> int | None:
+        """Most workers worth allocating: the adaptive range once goodput is known."""
+        ab = self.adaptive(obs)
+        if ab is not None and ab.has_stats:
+            return ab.max_workers
+        return obs.max_workers
+
     def _prior_shape(self, obs: JobObservation, n: int) -> float:
         if self.prior == "linear":
             return float(n)
@@ -343,16 +415,32 @@ class FittedEstimator:
             if isinstance(model, PSSpeedModel):
                 return float(model.predict(max(ps, 1), workers))
             ms = [
-                sum(v) / len(v) for k, v in obs.throughput.items() if k[0] == workers and k[1] == ps
+                sum(v) / len(v)
+                for k, v in obs.throughput_by_batch.items()
+                if k[0] == workers and k[1] == ps and k[3] == obs.batch_size
             ]
             return ms[0] if ms else 1e-9
-        per = rnd.per_node.get(obs.job_id, 1)
+        ab = self.adaptive(obs)
+        if ab is not None:
+            if ab.has_stats:
+                return self._goodput(obs, ab, workers, nodes, rnd, capped=True)[0]
+            # no gradient statistics yet: the job keeps its batch, taken as efficient
+            return self._iter_speed(obs, workers, nodes, rnd) * obs.batch_size / ab.init_batch
+        return self._iter_speed(obs, workers, nodes, rnd)
+
+    def _capped(self, obs: JobObservation, workers: int, limit: int | None) -> int:
         w = workers
-        if self.extrapolation and obs.throughput:
-            top = max(k[0] for k in obs.throughput)
+        if self.extrapolation and obs.throughput_by_batch:
+            top = max(k[0] for k in obs.throughput_by_batch)
             w = min(w, max(int(self.extrapolation * top), 1))
-            if obs.max_workers is not None:
-                w = min(w, obs.max_workers)
+            if limit is not None:
+                w = min(w, limit)
+        return w
+
+    def _iter_speed(self, obs: JobObservation, workers: int, nodes: int, rnd: Round) -> float:
+        """Iterations/s at the job's current batch."""
+        per = rnd.per_node.get(obs.job_id, 1)
+        w = self._capped(obs, workers, obs.max_workers)
         k_min = _compact_nodes(w, per)
         k = max(nodes, k_min) if w == workers else k_min
         m = obs.measured(w, 0, k)
@@ -360,13 +448,83 @@ class FittedEstimator:
             return m
         coef = self._fit(obs, rnd)
         if coef is not None:
-            return 1.0 / predict_allreduce_time(coef, w, k, obs.batch_size)  # type: ignore[arg-type]
+            t = predict_allreduce_time(coef, w, k, obs.batch_size)  # type: ignore[arg-type]
+            return 1.0 / float(t)
         # too few configurations: a prior shape anchored on the best-known measurement
-        anchor = max(obs.throughput.items(), key=lambda kv: (len(kv[1]), kv[0]), default=None)
+        # at the current batch
+        here = {k: v for k, v in obs.throughput_by_batch.items() if k[3] == obs.batch_size}
+        anchor = max(here.items(), key=lambda kv: (len(kv[1]), kv[0]), default=None)
         n0 = anchor[0][0] if anchor else 1
         m0 = sum(anchor[1]) / len(anchor[1]) if anchor else 1.0
         base = m0 * self._prior_shape(obs, w) / self._prior_shape(obs, n0)
         return base * CROSS_NODE_SLOWDOWN ** max(k - k_min, 0)
+
+    def _goodput(
+        self,
+        obs: JobObservation,
+        ab: AdaptiveBatch,
+        workers: int,
+        nodes: int,
+        rnd: Round,
+        *,
+        capped: bool,
+    ) -> tuple[float, float]:
+        """``(progress/s, batch)`` on ``workers`` GPUs over ``nodes`` servers."""
+        per = rnd.per_node.get(obs.job_id, 1)
+        w = self._capped(obs, workers, ab.max_workers) if capped else workers
+        k_min = _compact_nodes(w, per)
+        k = max(nodes, k_min) if w == workers else k_min
+        coef = self._fit(obs, rnd)
+        if coef is not None:
+
+            def it_time(b: FloatArray, m: FloatArray) -> FloatArray:
+                return predict_allreduce_time(coef, w, k, b, m)  # type: ignore[arg-type]
+
+        else:
+            it_time = self._prior_time(obs, ab, w, k, per)
+        return best_goodput(ab, w, it_time)
+
+    def _prior_time(
+        self, obs: JobObservation, ab: AdaptiveBatch, w: int, k: int, per: int
+    ) -> Callable[[FloatArray, FloatArray], FloatArray]:
+        """Iteration time before the online form can be fitted, anchored on the best-known
+        measurement: :data:`BATCH_FIXED_SHARE` of it is a cost per micro-batch, the rest
+        proportional to the local batch; per-GPU time grows as ``n**(1 -
+        PRIOR_SCALING_EXPONENT)`` with the GPU count and by :data:`CROSS_NODE_SLOWDOWN`
+        per server beyond the fewest."""
+        anchor = max(
+            obs.throughput_by_batch.items(), key=lambda kv: (len(kv[1]), kv[0]), default=None
+        )
+        if anchor is None:
+            w0, k0, b0, t0 = 1, 1, obs.batch_size or ab.init_batch, 1.0
+        else:
+            w0, k0, b0 = anchor[0][0], anchor[0][2], anchor[0][3]
+            t0 = len(anchor[1]) / sum(anchor[1])
+        m0 = float(micro_steps(b0, w0, ab.max_local))
+        extra0 = max(k0 - _compact_nodes(w0, per), 0)
+        comm = (w / w0) ** (1.0 - PRIOR_SCALING_EXPONENT) / CROSS_NODE_SLOWDOWN ** (
+            max(k - _compact_nodes(w, per), 0) - extra0
+        )
+        fixed = BATCH_FIXED_SHARE * t0 / m0
+        per_sample = (1.0 - BATCH_FIXED_SHARE) * t0 / (b0 / w0)
+
+        def it_time(b: FloatArray, m: FloatArray) -> FloatArray:
+            return (fixed * m + per_sample * b / w) * comm
+
+        return it_time
+
+    def batch_size(self, obs: JobObservation, workers: int, nodes: int, rnd: Round) -> float | None:
+        """The batch to train with on ``workers`` GPUs over ``nodes`` servers (``None``:
+        keep the job's batch)."""
+        ab = self.adaptive(obs)
+        if ab is None or workers <= 0:
+            return None
+        if not ab.has_stats:
+            # keep the batch unless it cannot use ``workers`` GPUs
+            low = max(ab.init_batch, ab.min_local * workers)
+            return None if obs.batch_size >= low else min(low, ab.max_batch)
+        good, b = self._goodput(obs, ab, workers, nodes, rnd, capped=False)
+        return b if good > 0 else None
 
 
 class Truth(Protocol):
@@ -395,6 +553,12 @@ class OracleEstimator:
         return float(self.truth.speed(obs.job_id, ps, workers, nodes))
 
     def ps_model(self, obs: JobObservation, rnd: Round) -> PSSpeedModel | None:
+        return None
+
+    def max_workers(self, obs: JobObservation) -> int | None:
+        return obs.max_workers
+
+    def batch_size(self, obs: JobObservation, workers: int, nodes: int, rnd: Round) -> float | None:
         return None
 
 
@@ -462,7 +626,7 @@ def _allocation_jobs(
                 worker_demand=obs.worker_demand,
                 damped=not fitted,
                 max_ps=obs.max_ps if obs.kind == "ps" else None,
-                max_workers=obs.max_workers,
+                max_workers=est.max_workers(obs),
                 kind=obs.kind,
                 arrival=obs.arrival,
             )
@@ -657,6 +821,49 @@ class SpeedAwarePlacement:
         return out
 
 
+# ---------------------------------------------------------------------- batch size
+
+
+class BatchStrategy(Protocol):
+    """The global batch each placed job trains with."""
+
+    def choose(
+        self, rnd: Round, placements: Mapping[str, JobPlacement], est: Estimator
+    ) -> dict[str, int]:
+        """``job_id -> batch`` for the jobs whose batch should change (others keep theirs)."""
+        ...
+
+
+@attrs.frozen
+class FixedBatch:
+    """Every job keeps the batch it was submitted with (Optimus, Tiresias, DRF...)."""
+
+    def choose(
+        self, rnd: Round, placements: Mapping[str, JobPlacement], est: Estimator
+    ) -> dict[str, int]:
+        return {}
+
+
+@attrs.frozen
+class GoodputBatch:
+    """Pollux's batch choice: for each placed job that reports an
+    :class:`~dynsched_optimus.scheduler.AdaptiveBatch`, the batch of the best predicted
+    goodput on its placement (the estimator's :meth:`~Estimator.batch_size`)."""
+
+    def choose(
+        self, rnd: Round, placements: Mapping[str, JobPlacement], est: Estimator
+    ) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for jid, pl in placements.items():
+            obs = rnd.jobs[jid]
+            if obs.adaptive_batch is None or pl.workers <= 0:
+                continue
+            b = est.batch_size(obs, pl.workers, pl.num_servers, rnd)
+            if b is not None and round(b) != round(obs.batch_size):
+                out[jid] = round(b)
+        return out
+
+
 # ------------------------------------------------------------------------- pre-runs
 
 
@@ -710,14 +917,18 @@ class ScheduleDecision:
     Attributes:
         tasks: ``job_id -> (ps, workers)`` placed (jobs absent or ``(0, 0)`` wait).
         placements: ``job_id -> JobPlacement``.
-        remaining: the remaining-iterations estimates used.
+        remaining: the remaining-work estimates used (iterations, or progress for a job
+            whose speed is its goodput).
         allocation: the allocator's result before placement.
+        batch_sizes: ``job_id -> global batch`` for the jobs whose batch changes (the
+            others keep theirs).
     """
 
     tasks: Mapping[str, tuple[int, int]]
     placements: Mapping[str, JobPlacement]
     remaining: Mapping[str, RemainingEstimate]
     allocation: Allocation
+    batch_sizes: Mapping[str, int] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -730,6 +941,7 @@ class OptimusPolicy:
     placement: PlacementStrategy
     restarts: RestartPlanner = attrs.field(factory=RestartPlanner)
     preruns: PrerunStrategy = attrs.field(factory=NoPreruns)
+    batch: BatchStrategy = attrs.field(factory=FixedBatch)
     _index: int = attrs.field(default=0, init=False)
 
     def prerun_request(self, obs: JobObservation) -> PrerunRequest:
@@ -780,18 +992,21 @@ class OptimusPolicy:
             restart_delay_s: what a change of a running job's tasks costs it.
 
         Returns:
-            Counts and placements; nothing is ever over-committed.
+            Counts, placements and batch sizes; nothing is ever over-committed.
         """
         self._index += 1
         rnd = self.new_round(now, observations, node_capacity, restart_delay_s)
         alloc = self.allocation.allocate(rnd, self.estimator, self.restarts)
         placements = self.placement.place(rnd, alloc.tasks, self.estimator, self.restarts)
         tasks = {k: (v.ps, v.workers) for k, v in placements.items()}
-        return ScheduleDecision(tasks, placements, rnd.remaining, alloc)
+        batches = self.batch.choose(rnd, placements, self.estimator)
+        return ScheduleDecision(tasks, placements, rnd.remaining, alloc, batches)
 
 
 #: the compositions :func:`make_optimus` builds
 OPTIMUS_VARIANTS: tuple[str, ...] = ("optimus", "optimus-oracle", "optimus+")
+#: ``make_optimus(batch=...)``: how ``optimus+`` sets batch sizes
+BATCH_MODES: tuple[str, ...] = ("goodput", "fixed")
 
 
 def make_optimus(
@@ -809,6 +1024,7 @@ def make_optimus(
     extrapolation: float | None = 2.0,
     compact: bool = True,
     spread: bool = False,
+    batch: str = "goodput",
 ) -> OptimusPolicy:
     """Build ``optimus``, ``optimus-oracle`` (needs ``truth``) or ``optimus+``.
 
@@ -823,9 +1039,16 @@ def make_optimus(
             ``optimus+`` (see :class:`IncrementalAllocation`, :class:`RestartPlanner`,
             :class:`FittedEstimator`, :class:`SpeedAwarePlacement`).
         spread: ablation: :class:`SpreadPlacement` instead of Theorem 1.
+        batch: ``optimus+``: ``"goodput"`` (default: jobs that report an
+            :class:`~dynsched_optimus.scheduler.AdaptiveBatch` are allocated on goodput and
+            train with the batch of the best goodput, :class:`GoodputBatch`) or
+            ``"fixed"`` (every job keeps its batch, :class:`FixedBatch`).  ``optimus`` and
+            ``optimus-oracle`` always keep the batch (the paper's setting).
     """
     if variant not in OPTIMUS_VARIANTS:
         raise OptimusError(f"variant={variant!r}: allowed values are {list(OPTIMUS_VARIANTS)}")
+    if batch not in BATCH_MODES:
+        raise OptimusError(f"batch={batch!r}: allowed values are {list(BATCH_MODES)}")
     placement: PlacementStrategy = SpreadPlacement() if spread else FewestServersPlacement()
     if variant == "optimus":
         return OptimusPolicy(
@@ -847,13 +1070,19 @@ def make_optimus(
     # no pre-runs for all-reduce jobs (the requested count is the prior); PS jobs still
     # measure the 5 configurations the synchronous PS form needs
     preruns = SampledPreruns(0 if prerun_limit is None else prerun_limit, prerun_s)
+    goodput = batch == "goodput"
     return OptimusPolicy(
         variant,
         FittedEstimator(
-            hedged=True, prior="requested", prior_s=prior_s, extrapolation=extrapolation
+            hedged=True,
+            prior="requested",
+            prior_s=prior_s,
+            extrapolation=extrapolation,
+            goodput=goodput,
         ),
         IncrementalAllocation(hedge, min_gain, utility_exponent),
         placement,
         RestartPlanner(hysteresis=hysteresis),
         preruns,
+        GoodputBatch() if goodput else FixedBatch(),
     )

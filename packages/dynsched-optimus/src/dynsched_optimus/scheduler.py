@@ -6,6 +6,13 @@ See :mod:`dynsched_optimus._scheduler` for the strategies and their constants, a
 
 from __future__ import annotations
 
+from dynsched_optimus._goodput import (
+    BATCH_CANDIDATES,
+    AdaptiveBatch,
+    best_goodput,
+    efficiency_gain,
+    micro_steps,
+)
 from dynsched_optimus._observation import (
     COMPLETION_KINDS,
     CompletionRule,
@@ -13,6 +20,8 @@ from dynsched_optimus._observation import (
     PrerunRequest,
 )
 from dynsched_optimus._scheduler import (
+    BATCH_FIXED_SHARE,
+    BATCH_MODES,
     CROSS_NODE_SLOWDOWN,
     DAMPING,
     HEDGE_CONFIDENCE,
@@ -21,9 +30,12 @@ from dynsched_optimus._scheduler import (
     PRIOR_SCALING_EXPONENT,
     SPEED_REFIT_ROUNDS,
     AllocationStrategy,
+    BatchStrategy,
     Estimator,
     FewestServersPlacement,
     FittedEstimator,
+    FixedBatch,
+    GoodputBatch,
     GreedyAllocation,
     IncrementalAllocation,
     NoPreruns,
@@ -44,6 +56,9 @@ from dynsched_optimus._scheduler import (
 )
 
 __all__ = [
+    "BATCH_CANDIDATES",
+    "BATCH_FIXED_SHARE",
+    "BATCH_MODES",
     "COMPLETION_KINDS",
     "CROSS_NODE_SLOWDOWN",
     "DAMPING",
@@ -52,11 +67,15 @@ __all__ = [
     "OPTIMUS_VARIANTS",
     "PRIOR_SCALING_EXPONENT",
     "SPEED_REFIT_ROUNDS",
+    "AdaptiveBatch",
     "AllocationStrategy",
+    "BatchStrategy",
     "CompletionRule",
     "Estimator",
     "FewestServersPlacement",
     "FittedEstimator",
+    "FixedBatch",
+    "GoodputBatch",
     "GreedyAllocation",
     "IncrementalAllocation",
     "JobObservation",
@@ -74,6 +93,9 @@ __all__ = [
     "SpeedAwarePlacement",
     "SpreadPlacement",
     "Truth",
+    "best_goodput",
+    "efficiency_gain",
     "make_optimus",
+    "micro_steps",
     "workers_per_node",
 ]

@@ -11,8 +11,10 @@ Schedulers that are not oracles must read only the *observation* attributes:
 ``name``, ``kind``, ``submit_time``, ``requested_workers``, ``requested_ps``,
 ``max_workers``, ``max_ps``, ``worker_demand``, ``ps_demand``, ``batch_size``,
 ``placement``, ``attained_service``, ``steps_done``, ``loss_points``,
-``speed_samples``, ``grad_stats``, ``target_loss``, ``epochs_done``. Oracle schedulers
-may call the ``true_*`` methods.
+``speed_samples``, ``grad_stats``, ``target_loss``, ``epochs_done`` and, for a GPU job
+whose batch the scheduler may choose (``adaptive``), ``batch_limits()``,
+``local_limits()``, ``progress``, ``progress_per_epoch`` and ``progress_points``.
+Oracle schedulers may call the ``true_*`` methods.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class SimJob:
         self.steps_done = 0.0
         self.epochs_done = 0
         self.loss_points: list[tuple[float, float]] = []
-        self.speed_samples: dict[tuple[int, int, int], list[float]] = {}
+        self.speed_samples: dict[tuple[int, ...], list[float]] = {}
         self.grad_stats: tuple[float, float] | None = None
         self.target_loss: float | None = None
         self.speed_noise = 0.0
@@ -73,9 +75,27 @@ class SimJob:
         """Whether the job completed."""
         return self.completion_time is not None
 
-    def config_key(self, placement: Placement) -> tuple[int, int, int]:
+    #: whether a scheduler may change the job's global batch size
+    adaptive = False
+
+    def config_key(self, placement: Placement) -> tuple[int, ...]:
         """Key of a configuration for speed samples: ``(workers, ps, nodes_used)``."""
         return (placement.num_workers, placement.num_ps, placement.nodes_used)
+
+    def max_workers_for(self, batch_size: int | None) -> int:
+        """Most workers the job can use at ``batch_size`` (``None``: its current batch)."""
+        return self.max_workers
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Train with ``batch_size`` from now on.
+
+        Raises:
+            ValueError: the job does not allow that batch.
+        """
+        if batch_size != self.batch_size:
+            raise ValueError(
+                f"job {self.name!r}: the batch size is fixed at {self.batch_size}, got {batch_size}"
+            )
 
     def record_speed(self, placement: Placement, speed: float) -> None:
         """Record a noisy measurement of ``speed`` (steps/s) on ``placement``."""
@@ -85,7 +105,7 @@ class SimJob:
         if len(samples) > 16:  # keep the most recent measurements
             del samples[0]
 
-    def measured_speed(self, key: tuple[int, int, int]) -> float | None:
+    def measured_speed(self, key: tuple[int, ...]) -> float | None:
         """Mean measured speed of a configuration, if any."""
         s = self.speed_samples.get(key)
         return float(np.mean(s)) if s else None
@@ -137,6 +157,12 @@ class GpuJob(SimJob):
     :meth:`ModelProfile.efficiency_gain`); epoch ``e`` ends when progress reaches the
     profile's ``epoch_progress[e]``; the job completes at the end of the epoch whose
     validation metric reaches the target (``completion="target"``) or after all epochs.
+
+    A scheduler may change the batch between the profile's initial and largest batch
+    (``adaptive``), except for ``ncf``, whose batch the Pollux artifact keeps at the
+    submitted one under every policy (its ``max_replicas`` is 1 as well).  Gradient
+    statistics are measured while the job trains (those of the current epoch at the
+    current batch, as Pollux' agent reports them).
     """
 
     kind = "gpu"
@@ -156,10 +182,14 @@ class GpuJob(SimJob):
         self.completion = completion
         self.batch_size = spec.batch_size
         self.requested_workers = spec.num_replicas
-        self.max_workers = profile.max_replicas(spec.batch_size)
-        if profile.name == "ncf":
-            self.max_workers = 1
+        self.adaptive = profile.name != "ncf"
+        self.max_workers = self.max_workers_for(spec.batch_size)
         self.progress = 0.0
+        #: ``(progress, loss)`` at the end of each epoch
+        self.progress_points: list[tuple[float, float]] = []
+        #: progress of one epoch (the profile's last epoch boundary / its epochs; the
+        #: dataset size over the initial batch, which the job knows)
+        self.progress_per_epoch = float(profile.epoch_progress[-1]) / profile.max_epochs
         self.speed_noise = speed_noise
         top = 100.0 if profile.target_metric > 1.0 else 1.0
         self._loss_top = top if profile.higher_is_better else 0.0
@@ -172,11 +202,34 @@ class GpuJob(SimJob):
         """Smallest and largest global batch the profile covers."""
         return self.profile.init_batch_size, self.profile.max_batch_size
 
-    def max_workers_for(self, batch_size: int) -> int:
-        """GPUs usable at ``batch_size``."""
+    def local_limits(self) -> tuple[int, int]:
+        """Smallest per-GPU batch and largest per-GPU micro-batch."""
+        return self.profile.min_local_bsz, self.profile.max_local_bsz
+
+    def max_workers_for(self, batch_size: int | None) -> int:
+        """GPUs usable at ``batch_size`` (``None``: the current batch)."""
         if self.profile.name == "ncf":
             return 1
-        return self.profile.max_replicas(batch_size)
+        return self.profile.max_replicas(batch_size or self.batch_size)
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Train with ``batch_size`` from now on (within :meth:`batch_limits`).
+
+        Raises:
+            ValueError: the job's batch is fixed, or ``batch_size`` is outside the range.
+        """
+        if batch_size == self.batch_size:
+            return
+        lo, hi = self.batch_limits()
+        if not self.adaptive:
+            super().set_batch_size(batch_size)
+        if not lo <= batch_size <= hi:
+            raise ValueError(
+                f"job {self.name!r}: batch_size={batch_size} is outside the allowed range "
+                f"[{lo}, {hi}]"
+            )
+        self.batch_size = int(batch_size)
+        self.max_workers = self.max_workers_for(batch_size)
 
     def true_iter_time(self, shape: tuple[int, ...], batch_size: int | None = None) -> float:
         """True seconds per iteration on a per-node GPU ``shape``."""
@@ -185,6 +238,17 @@ class GpuJob(SimJob):
     def true_speed(self, placement: Placement, batch_size: int | None = None) -> float:
         """True iterations per second."""
         return 1.0 / self.true_iter_time(placement.gpu_shape, batch_size)
+
+    def config_key(self, placement: Placement) -> tuple[int, ...]:
+        """``(workers, ps, nodes_used, batch)``: the batch changes under goodput schedulers."""
+        return (placement.num_workers, placement.num_ps, placement.nodes_used, self.batch_size)
+
+    def true_goodput(self, placement: Placement, batch_size: int | None = None) -> float:
+        """True progress per second now (statistical efficiency of the current epoch)."""
+        b = batch_size or self.batch_size
+        eff_b = self.effective_batch(placement.num_workers, b)
+        e = min(self.epochs_done, self.profile.max_epochs - 1)
+        return self.profile.efficiency_gain(eff_b, e) / self.true_iter_time(placement.gpu_shape, b)
 
     def effective_batch(self, replicas: int, batch_size: int | None = None) -> int:
         """Global batch actually trained with on ``replicas`` GPUs."""
@@ -222,6 +286,7 @@ class GpuJob(SimJob):
         while seconds > 1e-12:
             e = self.epochs_done
             gain = self.profile.efficiency_gain(eff_b, e)
+            self.grad_stats = self.profile.grad_stats(eff_b, e)
             rate = gain / it_time
             end = float(self.profile.epoch_progress[min(e, self.profile.max_epochs - 1)])
             if self.progress + rate * seconds < end:
@@ -236,9 +301,9 @@ class GpuJob(SimJob):
             used += dt
             seconds -= dt
             self.epochs_done += 1
-            self.grad_stats = self.profile.grad_stats(eff_b, e)
             metric = self.profile.metric(eff_b, e)
             self.loss_points.append((self.steps_done, self._as_loss(metric)))
+            self.progress_points.append((self.progress, self._as_loss(metric)))
             if self.epochs_done >= n_ep:
                 self.completion_time = now + used
                 break

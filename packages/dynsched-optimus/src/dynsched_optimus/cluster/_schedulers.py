@@ -13,10 +13,12 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from dynsched_optimus import STRATEGIES, JobPlacement, PlacementRequest, even_split, place
 from dynsched_optimus.scheduler import (
+    AdaptiveBatch,
     CompletionRule,
     JobObservation,
     OptimusPolicy,
@@ -474,6 +476,21 @@ def observe(job: SimJob) -> JobObservation:
             completion = CompletionRule("target_metric", float(job.target_loss or 0.0))
     else:
         completion = CompletionRule("converged", float(getattr(job, "delta_conv", 0.002)))
+    adaptive = None
+    if job.adaptive:
+        (lo, hi), (lmin, lmax) = job.batch_limits(), job.local_limits()  # type: ignore[attr-defined]
+        stats = job.grad_stats
+        adaptive = AdaptiveBatch(
+            init_batch=lo,
+            max_batch=hi,
+            min_local=lmin,
+            max_local=lmax,
+            grad_sqr=None if stats is None else stats[0],
+            grad_var=None if stats is None else stats[1],
+            progress=job.progress,  # type: ignore[attr-defined]
+            progress_per_epoch=job.progress_per_epoch,  # type: ignore[attr-defined]
+            progress_points=tuple(job.progress_points),  # type: ignore[attr-defined]
+        )
     return JobObservation(
         job_id=job.name,
         kind="allreduce" if allreduce else "ps",
@@ -492,6 +509,7 @@ def observe(job: SimJob) -> JobObservation:
         restarts=job.num_restarts,
         placement=None if job.placement is None else _to_job_placement(job.name, job.placement),
         batch_size=float(job.batch_size),
+        adaptive_batch=adaptive,
     )
 
 
@@ -525,10 +543,13 @@ class OptimusScheduler(_Base):
         shortest_weight: float = 1.0,
         **kwargs: Any,
     ) -> None:
-        self.name = "optimus+" if plus else ("optimus-oracle" if oracle else "optimus")
+        variant = "optimus+" if plus else ("optimus-oracle" if oracle else "optimus")
+        self.name = variant
+        if plus and kwargs.get("batch") == "fixed":
+            self.name = "optimus+fixed-batch"
         self.truth = _SimTruth()
         self.policy: OptimusPolicy = make_optimus(
-            self.name,
+            variant,
             truth=self.truth if oracle else None,
             spread=allocation_only,
             hedge=hedge_quantile,
@@ -573,7 +594,11 @@ class OptimusScheduler(_Base):
         )
         self.last_decision = dec
         by_name = {j.name: j for j in jobs}
-        return _as_placements(dec.placements, by_name, cap.shape[0])
+        out = _as_placements(dec.placements, by_name, cap.shape[0])
+        for name, batch in dec.batch_sizes.items():
+            if name in out:
+                out[name] = attrs.evolve(out[name], batch_size=int(batch))
+        return out
 
     def prediction_report(self, now: float, jobs: Sequence[SimJob]) -> tuple[float, float] | None:
         """Median relative speed and remaining-steps errors over running jobs."""
@@ -583,15 +608,18 @@ class OptimusScheduler(_Base):
         if not running:
             return None
         rnd = self._round(now, running, self._capacity)
+        units = getattr(self.policy.estimator, "adaptive", None)
         se, re = [], []
         for job in running:
             pl = job.placement
             assert pl is not None
             obs = rnd.jobs[job.name]
             est = self.policy.estimator.speed(obs, pl.num_ps, pl.num_workers, pl.nodes_used, rnd)
-            true = job.true_speed(pl)
+            goodput = units is not None and units(obs) is not None
+            # a job estimated in goodput: progress per second and progress left
+            true = job.true_goodput(pl) if goodput else job.true_speed(pl)  # type: ignore[attr-defined]
             se.append(abs(est - true) / true)
-            r_true = job.true_remaining_steps()
+            r_true = job.remaining_progress() if goodput else job.true_remaining_steps()  # type: ignore[attr-defined]
             if r_true > 0:
                 re.append(abs(rnd.remaining[job.name].estimate - r_true) / r_true)
         return float(np.median(se)), float(np.median(re)) if re else float("nan")
@@ -611,6 +639,8 @@ SCHEDULERS: dict[str, Callable[..., _Base]] = {
     "optimus": lambda **kw: OptimusScheduler(**kw),
     "optimus-oracle": lambda **kw: OptimusScheduler(oracle=True, **kw),
     "optimus+": lambda **kw: OptimusScheduler(plus=True, **kw),
+    # ablation: optimus+ with every job keeping its submitted batch size
+    "optimus+fixed-batch": lambda **kw: OptimusScheduler(plus=True, batch="fixed", **kw),
 }
 
 

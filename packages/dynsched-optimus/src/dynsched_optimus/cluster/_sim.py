@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 
 class OverCommitError(RuntimeError):
-    """A scheduler returned placements that exceed a node's capacity."""
+    """A scheduler returned placements that exceed a node's capacity or a job's limits
+    (most workers at the batch it trains with, allowed batch sizes)."""
 
 
 @attrs.frozen
@@ -171,10 +172,24 @@ class Simulator:
                 raise OverCommitError(
                     f"job {name!r}: placement has {len(pl.workers)} nodes, not {n}"
                 )
-            if pl.num_workers > job.max_workers or pl.num_ps > max(job.max_ps, 0):
+            if pl.batch_size and pl.batch_size != job.batch_size:
+                if not job.adaptive:
+                    raise OverCommitError(
+                        f"job {name!r}: batch_size={pl.batch_size}, but its batch is fixed "
+                        f"at {job.batch_size}"
+                    )
+                lo, hi = job.batch_limits()  # type: ignore[attr-defined]
+                if not lo <= pl.batch_size <= hi:
+                    raise OverCommitError(
+                        f"job {name!r}: batch_size={pl.batch_size} is outside the allowed "
+                        f"range [{lo}, {hi}]"
+                    )
+            max_w = job.max_workers_for(pl.batch_size)
+            if pl.num_workers > max_w or pl.num_ps > max(job.max_ps, 0):
                 raise OverCommitError(
                     f"job {name!r}: {pl.num_workers} workers / {pl.num_ps} PS exceed the job's "
-                    f"limits {job.max_workers} / {job.max_ps}"
+                    f"limits {max_w} / {job.max_ps} (at batch "
+                    f"{pl.batch_size or job.batch_size})"
                 )
             used += pl.usage(job.worker_demand, job.ps_demand)
         over = used > self.capacity + 1e-9
@@ -233,7 +248,7 @@ class Simulator:
                 new = decisions.get(job.name)
                 old = job.placement
                 if new is not None and new.batch_size:
-                    job.batch_size = int(new.batch_size)
+                    job.set_batch_size(int(new.batch_size))
                 if new is None:
                     if old is not None:
                         job.placement = None
