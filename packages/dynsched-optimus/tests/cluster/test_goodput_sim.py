@@ -127,6 +127,8 @@ def test_the_simulator_applies_a_batch_without_a_restart(profiles) -> None:  # t
     assert job.batch_size == 1024
     assert res.restarts[job.name] == 1  # 2 -> 4 GPUs; the batch change alone is free
     assert {k[3] for k in job.speed_samples} == {256, 1024}
+    # the batch history: the submitted batch, then the change at the second round
+    assert res.batches[job.name] == [(0.0, 256), (60.0, 1024)]
 
 
 @pytest.mark.parametrize("completion", ["epochs", "target"])
@@ -145,6 +147,10 @@ def test_optimus_plus_adapts_batches_and_beats_its_fixed_batch_ablation(completi
         if name == "optimus+":
             assert len(changed) >= 10
             assert all(j.adaptive for j in changed)
+            assert {j.name for j in changed} <= set(res.batches)
+            for j in changed:  # the history starts at the submitted batch, ends at the last
+                assert res.batches[j.name][0] == (j.submit_time, j.spec.batch_size)
+                assert res.batches[j.name][-1][1] == j.batch_size
         else:
-            assert changed == []
+            assert changed == [] and res.batches == {}
     assert results["optimus+"].avg_jct < 0.95 * results["optimus+fixed-batch"].avg_jct

@@ -27,6 +27,7 @@ def result_to_dict(result: SimResult) -> dict[str, object]:
         "timeline": [list(map(float, t)) for t in result.timeline],
         "allocations": {k: [list(map(float, a)) for a in v] for k, v in result.allocations.items()},
         "prediction_errors": [list(map(float, e)) for e in result.prediction_errors],
+        "batches": {k: [[float(t), int(b)] for t, b in v] for k, v in result.batches.items()},
     }
 
 
@@ -108,7 +109,27 @@ def plot_results(
             allocs = results[0].allocations
             job = max(sorted(allocs), key=lambda k: len(allocs[k])) if allocs else None
         if job is not None:
-            fig, ax = plt.subplots(figsize=(6, 4))
+            with_batch = [r for r in results if r.batches.get(job)]
+            color = {id(r): f"C{i}" for i, r in enumerate(results)}
+            if with_batch:
+                fig, (ax, bx) = plt.subplots(2, 1, figsize=(6, 6), sharex=True)
+            else:
+                fig, ax = plt.subplots(figsize=(6, 4))
+            for r in with_batch:
+                b = r.batches[job]
+                t = [x[0] / 3600 for x in b] + [r.makespan / 3600]
+                bx.step(
+                    t,
+                    [x[1] for x in b] + [b[-1][1]],
+                    where="post",
+                    label=r.scheduler,
+                    color=color[id(r)],
+                )
+            if with_batch:
+                bx.set_yscale("log")
+                bx.set_xlabel("time (h)")
+                bx.set_ylabel("global batch size")
+                bx.legend()
             for r in results:
                 a = r.allocations.get(job, [])
                 if not a:
@@ -116,8 +137,9 @@ def plot_results(
                 end = r.makespan
                 t = [x[0] / 3600 for x in a] + [end / 3600]
                 w = [x[1] + x[2] for x in a] + [a[-1][1] + a[-1][2]]
-                ax.step(t, w, where="post", label=r.scheduler)
-            ax.set_xlabel("time (h)")
+                ax.step(t, w, where="post", label=r.scheduler, color=color[id(r)])
+            if not with_batch:
+                ax.set_xlabel("time (h)")
             ax.set_ylabel("tasks (workers + PS)")
             ax.set_title(f"Allocation of {job}")
             ax.legend()

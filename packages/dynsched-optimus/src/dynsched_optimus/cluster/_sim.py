@@ -77,6 +77,8 @@ class SimResult:
         wall_s: wall-clock seconds the simulation took.
         simulated_s: simulated seconds.
         unfinished: jobs that did not complete before ``max_time_s``.
+        batches: per job the list of ``(time, global batch)`` changes (the first entry:
+            the batch it started with), for jobs whose batch a scheduler changed.
     """
 
     scheduler: str
@@ -92,6 +94,7 @@ class SimResult:
     wall_s: float
     simulated_s: float
     unfinished: tuple[str, ...] = ()
+    batches: dict[str, list[tuple[float, int]]] = attrs.field(factory=dict)
 
     @property
     def avg_jct(self) -> float:
@@ -219,6 +222,7 @@ class Simulator:
         timeline: list[tuple[float, int, int, int]] = []
         allocs: dict[str, list[tuple[float, int, int]]] = {j.name: [] for j in jobs}
         pred_err: list[tuple[float, float, float]] = []
+        batches: dict[str, list[tuple[float, int]]] = {}
         gpu_seconds = 0.0
         dom_seconds = 0.0
         cap_tot = self.capacity.sum(axis=0)
@@ -247,8 +251,10 @@ class Simulator:
             for job in runnable:
                 new = decisions.get(job.name)
                 old = job.placement
-                if new is not None and new.batch_size:
+                if new is not None and new.batch_size and new.batch_size != job.batch_size:
+                    hist = batches.setdefault(job.name, [(job.submit_time, job.batch_size)])
                     job.set_batch_size(int(new.batch_size))
+                    hist.append((now, job.batch_size))
                 if new is None:
                     if old is not None:
                         job.placement = None
@@ -311,4 +317,5 @@ class Simulator:
             wall_s=time.perf_counter() - wall0,
             simulated_s=now,
             unfinished=tuple(j.name for j in jobs if j.completion_time is None),
+            batches=batches,
         )
