@@ -72,7 +72,8 @@ CPU: dict[str, float] = {}
 
 
 def timed(fn, *args, repeat: int = 1, **kwargs):  # type: ignore[no-untyped-def]
-    """Median wall time of ``repeat`` calls; the median CPU time goes to ``CPU["last"]``."""
+    """Median wall time of ``repeat`` calls; the median CPU time goes to ``CPU["last"]``,
+    the smallest to ``CPU["min"]`` (deterministic code: noise only adds)."""
     times = []
     cpu = []
     out = None
@@ -82,6 +83,7 @@ def timed(fn, *args, repeat: int = 1, **kwargs):  # type: ignore[no-untyped-def]
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     CPU["last"] = statistics.median(cpu)
+    CPU["min"] = min(cpu)
     return out, statistics.median(times)
 
 
@@ -104,7 +106,7 @@ def main() -> int:
     # placement-aware allocation: allocate(node_capacity=...) places with the fill
     # fallback and shrink, and returns the placed counts (every allocated job placed)
     aware, t_aware = timed(allocate, jobs, node_capacity=nodes, repeat=args.repeat)
-    c_aware = CPU["last"]
+    c_aware, c_aware_min = CPU["last"], CPU["min"]
     agg = allocate(jobs, cap)
     assert aware.placement is not None
     unplaced = [k for k, v in aware.tasks.items() if sum(v) and k not in aware.placement.placements]
@@ -116,7 +118,8 @@ def main() -> int:
         if sum(v)
     )
     print(
-        f"placement-aware allocate: {t_aware:.3f} s wall, {c_aware:.3f} s CPU (target <= 0.2 s); "
+        f"placement-aware allocate: {t_aware:.3f} s wall, {c_aware:.3f} s CPU (best "
+        f"{c_aware_min:.3f} s; target <= 0.2 s); "
         f"{sum(1 for v in aware.tasks.values() if sum(v))} jobs allocated, all placed: "
         f"{placed_ok}; {len(aware.trimmed)} jobs cut by fragmentation ({len(dropped)} to "
         f"nothing: no server has room for their first tasks), {lost} of {agg.total_tasks} "
@@ -125,6 +128,7 @@ def main() -> int:
     result.update(
         aware_s=t_aware,
         aware_cpu_s=c_aware,
+        aware_cpu_min_s=c_aware_min,
         aware_all_placed=placed_ok,
         aware_unplaced=len(unplaced),
         aware_jobs_trimmed=len(aware.trimmed),
@@ -135,12 +139,16 @@ def main() -> int:
     # baseline of the same run: the aggregate allocation alone (what the placement-aware
     # schedule adds to it is placement, fragmentation handling and the donor step)
     _, t_agg = timed(allocate, jobs, cap, repeat=args.repeat)
-    c_agg = CPU["last"]
+    c_agg, c_agg_min = CPU["last"], CPU["min"]
     print(
         f"aggregate allocate alone: {t_agg:.3f} s wall, {c_agg:.3f} s CPU; placement-aware / "
         f"aggregate: {c_aware / c_agg:.2f}x CPU"
     )
-    result.update(aggregate_cpu_s=c_agg, aware_over_aggregate_cpu=c_aware / c_agg)
+    result.update(
+        aggregate_cpu_s=c_agg,
+        aggregate_cpu_min_s=c_agg_min,
+        aware_over_aggregate_cpu=c_aware / c_agg,
+    )
     if args.aware_only:
         if args.out:
             with open(args.out, "w", encoding="utf-8") as fh:

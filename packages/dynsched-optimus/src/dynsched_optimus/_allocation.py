@@ -707,6 +707,10 @@ def _make_room(
     # per donor: its nodes, workers per node and worker demand as arrays (rebuilt after
     # it gives workers)
     arrays: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]] = {}
+    # a donor that could not make room for a demand stays unable to until the free
+    # capacity of one of its servers changes: (donor, demand) -> position in ``changed``
+    failed: dict[tuple[str, tuple[float, ...]], int] = {}
+    changed: list[int] = []
     unplaced: list[str] = []
     shrunk = dict(res.shrunk)
     donors: set[str] = set()
@@ -714,6 +718,7 @@ def _make_room(
         job = by_id[jid]
         p0 = 0 if job.kind == "allreduce" else 1
         need = np.asarray(job.worker_demand) + p0 * np.asarray(job.ps_demand)
+        need_key = tuple(need.tolist())
         done = False
         skipped: list[tuple[int, int, str]] = []
         while heap and not done:
@@ -721,6 +726,10 @@ def _make_room(
             if -neg_w != n_workers[did]:  # stale: re-queued with its current count below
                 continue
             jp = placements[did]
+            seen = failed.get((did, need_key))
+            if seen is not None and not set(changed[seen:]).intersection(jp.nodes):
+                skipped.append((neg_w, neg_r, did))
+                continue
             got = arrays.get(did)
             if got is None:
                 got = arrays[did] = (
@@ -742,6 +751,7 @@ def _make_room(
                 k = int(k_need[pos])
                 nd = int(nodes[pos])
                 free[nd] += k * wd - need
+                changed.append(nd)
                 wpn = list(jp.workers_per_node)
                 wpn[pos] -= k
                 keep = [q for q in range(len(wpn)) if wpn[q] or jp.ps_per_node[q]]
@@ -762,6 +772,8 @@ def _make_room(
                 tasks[jid] = (p0, 1)
                 shrunk[jid] = (p0, 1)
                 done = True
+            else:
+                failed[(did, need_key)] = len(changed)
             if n_workers[did] > 1:
                 entry = (-n_workers[did], neg_r, did)
                 if done:
