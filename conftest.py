@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+
+# torch.utils.cpp_extension (imported by megatron-core and vLLM) imports setuptools, whose
+# distutils override then asserts that `distutils` resolves to setuptools' copy. In one
+# CI run (the first on a fresh machine) that assertion failed mid-session, 24 Megatron and
+# vLLM tests in a row, with stdlib distutils found instead; the same commit passed on the
+# next run and every test passes alone (trigger not found). Importing setuptools once
+# here, in a clean interpreter, makes the override happen before any test runs.
+with contextlib.suppress(ImportError):
+    import setuptools  # noqa: F401
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
