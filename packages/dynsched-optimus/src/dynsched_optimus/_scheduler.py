@@ -428,21 +428,26 @@ class FittedEstimator:
             return self._iter_speed(obs, workers, nodes, rnd) * obs.batch_size / ab.init_batch
         return self._iter_speed(obs, workers, nodes, rnd)
 
-    def _capped(self, obs: JobObservation, workers: int, limit: int | None) -> int:
+    def _shape(
+        self, obs: JobObservation, workers: int, nodes: int, limit: int | None, rnd: Round
+    ) -> tuple[int, int, int]:
+        """``(w, k, per)``: the GPU count the speed is taken at (beyond ``extrapolation``
+        times the largest measured count, or ``limit``, speed is flat), its servers (the
+        fewest when capped) and workers per server."""
+        per = rnd.per_node.get(obs.job_id, 1)
         w = workers
         if self.extrapolation and obs.throughput_by_batch:
             top = max(k[0] for k in obs.throughput_by_batch)
             w = min(w, max(int(self.extrapolation * top), 1))
             if limit is not None:
                 w = min(w, limit)
-        return w
+        k_min = _compact_nodes(w, per)
+        return w, (max(nodes, k_min) if w == workers else k_min), per
 
     def _iter_speed(self, obs: JobObservation, workers: int, nodes: int, rnd: Round) -> float:
         """Iterations/s at the job's current batch."""
-        per = rnd.per_node.get(obs.job_id, 1)
-        w = self._capped(obs, workers, obs.max_workers)
+        w, k, per = self._shape(obs, workers, nodes, obs.max_workers, rnd)
         k_min = _compact_nodes(w, per)
-        k = max(nodes, k_min) if w == workers else k_min
         m = obs.measured(w, 0, k)
         if m is not None:
             return m
@@ -470,10 +475,11 @@ class FittedEstimator:
         capped: bool,
     ) -> tuple[float, float]:
         """``(progress/s, batch)`` on ``workers`` GPUs over ``nodes`` servers."""
-        per = rnd.per_node.get(obs.job_id, 1)
-        w = self._capped(obs, workers, ab.max_workers) if capped else workers
-        k_min = _compact_nodes(w, per)
-        k = max(nodes, k_min) if w == workers else k_min
+        if capped:
+            w, k, per = self._shape(obs, workers, nodes, ab.max_workers, rnd)
+        else:
+            per = rnd.per_node.get(obs.job_id, 1)
+            w, k = workers, max(nodes, _compact_nodes(workers, per))
         coef = self._fit(obs, rnd)
         if coef is not None:
 
