@@ -15,7 +15,6 @@ with contextlib.suppress(ImportError):
     import setuptools  # noqa: F401
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 try:
     from hypothesis import HealthCheck, settings

@@ -5,16 +5,23 @@ actors, 2 standalone + 2 hybrid, a policy that switches every cycle, replica res
 while a seeded schedule injects the nine fault kinds (replica kills mid-generation, all
 standalone replicas at once, kills during activation and deactivation, router and queue
 actor restarts, driver restart from the checkpoint, stragglers, transient actor-call
-delays) at random moments. It checks: every sample produced once per driver and trained
-at most once, staleness within its bound, no wait over its timeout, driver memory and
-live Ray references bounded, the run finishes. The JSON report has the faults by kind,
-recoveries, time lost per kind, samples lost/duplicated/re-generated, the maximum wait
-against its timeout and the memory series.
+delays) at random moments. It checks every sample by id across every driver lifetime
+(each produced id trained exactly once, or re-generated after a driver restart discarded
+it, or still queued at the end; any id lost or trained twice fails the run, naming it),
+staleness within its bound, no wait over its timeout, driver memory and live Ray
+references bounded, the run finishes. The fault schedule is a function of the seed,
+drawn up front and written into the report; a fault that cannot fire when due (e.g. right
+after a driver restart) is deferred, never dropped. The JSON report has the schedule, the
+faults executed (with their deferrals), recoveries, time lost per kind, the per-id
+accounting (produced, consumed, regenerated, left, returned, lost, duplicated), the
+maximum wait against its timeout and the memory series.
 
-Usage: ``hatch run python benchmarks/chaos_soak.py [--seeds 0 1] [--steps 300]
-[--out benchmarks/results/chaos_soak.json]``. Starts a local Ray cluster (4 CPUs, 8
-bookkeeping GPUs). Wall time is dominated by actor restarts (a fresh worker process per
-restarted actor) and grows with the machine's load.
+Usage: ``hatch run python benchmarks/chaos_soak.py [--seed N ...] [--steps 300]
+[--out benchmarks/results/chaos_soak.json]``; without ``--seed`` one seed is drawn at run
+time (``os.urandom``) and printed, so a soak is not limited to the seeds in the
+repository; rerun with ``--seed N`` to replay it. Exit status 1 when a check fails.
+Starts a local Ray cluster (4 CPUs, 8 bookkeeping GPUs). Wall time is dominated by actor
+restarts (a fresh worker process per restarted actor) and grows with the machine's load.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import sys
@@ -29,22 +37,45 @@ import tempfile
 import time
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
 import ray
-from dynsched_ray import FAULT_KINDS, run_chaos_soak
+from dynsched_ray import FAULT_KINDS, ChaosSchedule, run_chaos_soak
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument(
+        "--seed",
+        "--seeds",
+        dest="seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="seed(s) of the fault schedule (default: one drawn at run time and printed)",
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--faults-per-10-steps", type=float, default=1.5)
     parser.add_argument("--out", default=None, help="write the JSON report here")
     args = parser.parse_args()
+    if args.seeds is None:
+        args.seeds = [int.from_bytes(os.urandom(4), "big")]
+        print(f"seed {args.seeds[0]} (drawn at run time; replay with --seed)", flush=True)
+    # bad input: one line, exit 2, before Ray starts
+    rate = args.faults_per_10_steps
+    if not (math.isfinite(rate) and 0 < rate <= 10):
+        print(
+            f"chaos_soak.py: --faults-per-10-steps must be in (0, 10], got {rate}", file=sys.stderr
+        )
+        return 2
+    try:
+        for seed in args.seeds:
+            ChaosSchedule.generate(seed, args.steps, faults_per_10_steps=rate)
+    except ValueError as exc:
+        print(f"chaos_soak.py: --steps: {exc}", file=sys.stderr)
+        return 2
     for attempt in range(3):  # a loaded machine can time out the node's start-up
         try:
             ray.init(
+                address="local",  # a fresh cluster of its own, never one already running
                 num_cpus=4,
                 num_gpus=8,
                 include_dashboard=False,
@@ -76,11 +107,16 @@ def main() -> int:
                 )
             data = report.as_dict()
             runs.append(data)
+            ids = data["samples"]
             print(
                 f"seed {seed}: {data['steps_completed']}/{data['steps_requested']} steps in"
-                f" {time.perf_counter() - t0:.0f} s, {sum(data['faults_by_kind'].values())}"
-                f" faults {dict(data['faults_by_kind'])}, lost {data['samples_lost']},"
-                f" duplicated {data['samples_duplicated']}, max wait {data['max_wait_s']} s"
+                f" {time.perf_counter() - t0:.0f} s, {data['segments']} driver lifetime(s),"
+                f" {sum(data['faults_by_kind'].values())}/{len(data['schedule'])} scheduled"
+                f" faults {dict(data['faults_by_kind'])} ({data['fault_deferrals']} deferral(s));"
+                f" samples by id: produced {ids['produced']}, consumed {ids['consumed']},"
+                f" regenerated {ids['regenerated']}, left {ids['left']}, returned"
+                f" {ids['returned']}, lost {ids['lost']}, duplicated {ids['duplicated']};"
+                f" max wait {data['max_wait_s']} s"
                 f" (timeout {data['wait_timeout_s']} s), rss {data['memory'].get('rss_mb_start')}"
                 f" -> {data['memory'].get('rss_mb_end')} MiB, ok={data['ok']}"
                 + ("" if data["ok"] else f" FAILURES: {list(data['failures'])}"),
@@ -90,6 +126,7 @@ def main() -> int:
         ray.shutdown()
     result = {
         "command": "hatch run python benchmarks/chaos_soak.py " + " ".join(sys.argv[1:]),
+        "seeds": list(args.seeds),
         "fault_kinds": list(FAULT_KINDS),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "runs": runs,

@@ -18,12 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
 from typing import Any
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import ray
 from dynsched_core import (
@@ -152,8 +149,10 @@ def main() -> int:
     parser.add_argument("--address", default=None, help="join this Ray cluster instead")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
-    if args.address:
-        ray.init(address=args.address, log_to_driver=False)
+    if args.address:  # token authentication on, as `dynsched run --address` joins
+        from dynsched_ray._security import init_ray, plan_ray_start
+
+        init_ray(ray, plan_ray_start(args.address), namespace=None, prog="benchmark")
     else:
         ray.init(
             num_cpus=4,

@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 

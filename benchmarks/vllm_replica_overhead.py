@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -32,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 warnings.filterwarnings("ignore")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 BATCH = 16  # judgement: concurrent requests per round
 TOKENS = 64  # judgement: tokens per request

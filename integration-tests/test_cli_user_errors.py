@@ -22,7 +22,7 @@ import pytest
 BIN = Path(sys.executable).parent
 DYNSCHED = shutil.which("dynsched", path=str(BIN)) or shutil.which("dynsched")
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 OTHER_POLICY_CHECKPOINT = {
     "format": 1,
@@ -62,7 +62,28 @@ def _files(tmp: Path) -> dict[str, str]:
     (tmp / "jobs-negative.json").write_text(json.dumps(JOBS_NEGATIVE))
     (tmp / "a-file").write_text("not a folder\n")
     (tmp / "a-dir").mkdir()
+    # hostile configs (issue 27): an alias bomb, huge numbers, deep nesting
+    (tmp / "bomb.yaml").write_text(ALIAS_BOMB)
+    (tmp / "int400.yaml").write_text("async_training:\n  staleness_threshold: " + "9" * 400)
+    (tmp / "int5000.yaml").write_text("async_training:\n  staleness_threshold: " + "9" * 5000)
+    (tmp / "deep.yaml").write_text("trainer: " + "[" * 1000 + "]" * 1000 + "\n")
+    (tmp / "huge-steps.yaml").write_text(
+        "name: huge\nsteps: 1000000000000\nconfigurations:\n"
+        "  - {name: a, trainer_gpus: 8, rollout_gpus: 8, hybrid: false}\n"
+    )
     return {p.name: str(p) for p in tmp.iterdir()}
+
+
+def _alias_bomb(levels: int = 10, fan: int = 9) -> str:
+    """~790 bytes of nested mapping anchors that expand to ``fan ** levels`` values."""
+    keys = "abcdefghi"[:fan]
+    lines = ["l0: &l0 {" + ", ".join(f"{k}: 1" for k in keys) + "}"]
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} {{" + ", ".join(f"{k}: *l{i - 1}" for k in keys) + "}")
+    return "\n".join(lines) + "\n"
+
+
+ALIAS_BOMB = _alias_bomb()
 
 
 # (id, arguments with {name} placeholders for the files above, words the line must hold)
@@ -146,7 +167,74 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("opt-out-is-file", ["optimus", "simulate", "--out", "{a-file}"], ["--out", "not a folder"]),
     ("opt-bad-interval", ["optimus", "compare", "--interval", "-1"], ["--interval", "> 0"]),
     ("opt-missing-file", ["optimus", "place", "{a-dir}/none.json"], ["none.json"]),
+    # issue 27: hostile configs and bounds, all refused before Ray starts
+    ("run-alias-bomb", ["run", "--config", "{bomb.yaml}"], ["bomb.yaml", "more than 100,000"]),
+    ("run-int-400", ["run", "--config", "{int400.yaml}"], ["staleness_threshold", "400-digit"]),
+    ("run-int-5000", ["run", "--config", "{int5000.yaml}"], ["staleness_threshold", "5000-digit"]),
+    ("run-deep-nesting", ["run", "--config", "{deep.yaml}"], ["deep.yaml", "deeper than 64"]),
+    (
+        "run-gpus-absurd",
+        ["run", "--set", "trainer.n_gpus_per_node=1000000000"],
+        ["trainer.n_gpus_per_node", "<= 65,536"],
+    ),
+    (
+        "run-gpus-beyond-machine",
+        ["run", "--set", "trainer.n_gpus_per_node=4096"],
+        ["4098 GPUs", "this machine can host at most", "--address"],
+    ),
+    (
+        "run-batch-1e18",
+        ["run", "--set", "actor_rollout_ref.actor.ppo_mini_batch_size=1000000000000000000"],
+        ["ppo_mini_batch_size", "<= 1,000,000"],
+    ),
+    (
+        "run-steps-absurd",
+        ["run", "--set", "trainer.total_training_steps=100000000"],
+        ["total_training_steps", "<= 10,000,000"],
+    ),
+    ("run-gpus-bool", ["run", "--set", "trainer.n_gpus_per_node=true"], ["n_gpus_per_node", "int"]),
+    ("run-steps-flag-huge", ["run", "--steps", "1000000000000"], ["--steps", "<= 10,000,000"]),
+    ("run-tokens-nan", ["run", "--tokens-per-s", "nan"], ["--tokens-per-s", "got nan"]),
+    ("run-steps-text", ["run", "--set", "trainer.total_training_steps=ten"], ["'ten'", "int"]),
+    ("run-staleness-inf", ["run", "--set", "staleness_threshold=.inf"], ["staleness", "[0, 1000]"]),
+    ("train-alias-bomb", ["train", "--config", "{bomb.yaml}"], ["bomb.yaml", "more than 100,000"]),
+    ("train-int-5000", ["train", "--config", "{int5000.yaml}"], ["5000-digit"]),
+    ("train-deep-nesting", ["train", "--config", "{deep.yaml}"], ["deeper than 64"]),
+    (
+        "train-gpus-beyond-machine",
+        ["train", "--set", "trainer.n_gpus_per_node=4096"],
+        ["4098 GPUs", "--address"],
+    ),
+    ("train-device-bogus", ["train", "--device", "bogus"], ["--device 'bogus'", "cpu, cuda"]),
+    ("train-device-index", ["train", "--device", "cuda:99"], ["--device cuda:99", "CUDA"]),
+    ("train-steps-absurd", ["train", "--steps", "100000000"], ["--steps", "<= 10,000,000"]),
+    ("sim-steps-huge", ["simulate", "--steps", "1000000000000"], ["--steps", "<= 1,000,000"]),
+    ("sim-seeds-huge", ["simulate", "--seeds", "100000000"], ["--seeds", "<= 10,000"]),
+    ("sim-seed-huge", ["simulate", "--seed", "99999999999"], ["--seed", "<="]),
+    (
+        "sim-scenario-huge-steps",
+        ["simulate", "--scenario", "{huge-steps.yaml}"],
+        ["huge-steps.yaml", "steps", "<= 1,000,000"],
+    ),
+    ("sim-scenario-bomb", ["simulate", "--scenario", "{bomb.yaml}"], ["more than 100,000"]),
+    ("sim-scenario-deep", ["simulate", "--scenario", "{deep.yaml}"], ["deeper than 64"]),
+    (
+        "opt-unknown-job",
+        ["optimus", "simulate", "--job", "nosuchjob"],
+        ["--job 'nosuchjob'", "workload-1", "cifar10-0"],
+    ),
+    (
+        "opt-unknown-job-close",
+        ["optimus", "simulate", "--job", "cifar10-O"],
+        ["did you mean 'cifar10-"],
+    ),
+    ("opt-num-jobs-huge", ["optimus", "simulate", "--ps", "--num-jobs", "10000000"], ["<= 10,000"]),
 ]
+
+if shutil.which("nvidia-smi") is None:  # no NVIDIA driver here: no CUDA either
+    CASES.append(
+        ("train-device-cuda", ["train", "--device", "cuda"], ["no CUDA device", "--device cpu"])
+    )
 
 
 def _fill(arg: str, files: dict[str, str]) -> str:
@@ -222,3 +310,28 @@ def test_no_plugins_installed_says_which_package(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "pip install dynsched-sim" in proc.stderr and "Traceback" not in proc.stderr
     assert "invalid choice" not in proc.stderr
+
+
+def test_misspelt_keys_warn_and_bad_values_stop_before_ray(tmp_path: Path) -> None:
+    """Warnings name the closest known key; the refusal comes before Ray starts."""
+    path = tmp_path / "typos.yaml"
+    path.write_text(
+        "async_training: {trigger_parameter_sync_stp: 3, dynamic_schedule_polcy: x}\n"
+        "trainer: {nnodes: 1, n_gpu_per_node: 2, n_gpus_per_node: 2}\n"
+        "rollout: {nnodes: 1, n_gpus_per_node: 2}\n"
+        "actor_rollout_ref: {model: {path: Qwen/Qwen2.5-7B}}\n"
+        "data: {train_batch_size: 1024}\n"
+    )
+    for command in ("run", "train"):
+        proc = _run([command, "--config", str(path), "--set", "trainer.n_gpus_per_node=4096"])
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in text, text
+        lines = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert len(lines) == 4, lines
+        assert lines[:3] and all(
+            f"dynsched {command}: warning: unknown key" in x for x in lines[:3]
+        )
+        assert "(did you mean async_training.trigger_parameter_sync_step?)" in proc.stderr
+        assert "(did you mean trainer.n_gpus_per_node?)" in proc.stderr
+        assert "model.path" not in proc.stderr and "train_batch_size" not in proc.stderr
+        assert lines[3].startswith(f"dynsched {command}: error: ") and "4098 GPUs" in lines[3]

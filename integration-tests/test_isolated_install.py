@@ -164,7 +164,6 @@ class Venv:
             if not k.startswith(("PYTHON", "VIRTUAL_ENV", "RAY_ADDRESS", "HYPOTHESIS"))
         }
         self.env["PATH"] = f"{self.bin}{os.pathsep}{self.env.get('PATH', '')}"
-        self.env["RAY_AUTH_MODE"] = "disabled"
         self.env["MPLBACKEND"] = "Agg"
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 CONFIG: dict[str, Any] = {

@@ -112,6 +112,32 @@ def test_two_prometheus_sinks_do_not_collide():
     assert a.registry is not b.registry
 
 
+def test_prometheus_http_server_binds_loopback_unless_given_an_address():
+    """The exporter is not on the network unless asked (issue 27)."""
+    import socket
+    import urllib.request
+
+    pytest.importorskip("prometheus_client")
+    from dynsched_metrics import PrometheusSink
+
+    sink = PrometheusSink(run="sec", port=0)
+    try:
+        server = sink.server[0] if isinstance(sink.server, tuple) else sink.server
+        host, port = server.socket.getsockname()[:2]
+        assert (server.socket.family, host) == (socket.AF_INET, "127.0.0.1")
+        sink.write(record(step=2))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as rsp:
+            assert 'dynsched_train_step{run="sec"} 2.0' in rsp.read().decode()
+    finally:
+        sink.close()
+    wide = PrometheusSink(run="wide", port=0, addr="0.0.0.0")  # an explicit choice
+    try:
+        server = wide.server[0] if isinstance(wide.server, tuple) else wide.server
+        assert server.socket.getsockname()[0] == "0.0.0.0"
+    finally:
+        wide.close()
+
+
 def test_a_sink_name_two_distributions_provide_is_refused(monkeypatch):
     """Sinks follow dynsched's one plug-in rule (dynsched_core.plugins)."""
     from importlib import metadata

@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# ray.cluster_utils starts its nodes without ray.init's default: ask for token
+# authentication explicitly (before Ray reads its settings at import).
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import ray
 from dynsched_core import DynamicScheduleConfig, DynamicSchedulePolicyBase
@@ -58,6 +60,11 @@ class NeverActivate(DynamicSchedulePolicyBase):
 
 async def main(out_path: str) -> None:
     head = {"num_cpus": 2, "num_gpus": 0, "object_store_memory": 80 * 1024 * 1024}
+    from ray._private.authentication.authentication_token_setup import (
+        ensure_token_if_auth_enabled,
+    )
+
+    ensure_token_if_auth_enabled()  # ~/.ray/auth_token, made if missing
     for attempt in range(3):  # a loaded machine can time out a node's start-up
         try:
             cluster = Cluster(initialize_head=True, head_node_args=head)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +19,7 @@ def ray_cluster() -> Iterator[None]:
         for attempt in range(3):  # a loaded machine can time out the node's start-up
             try:
                 ray.init(
+                    address="local",  # never a `ray start` cluster found on the machine
                     num_cpus=4,
                     num_gpus=8,
                     include_dashboard=False,

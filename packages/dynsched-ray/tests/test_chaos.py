@@ -1,4 +1,6 @@
-"""A short seeded chaos run: every fault kind at least once, nothing lost or duplicated."""
+"""Seeded chaos runs: every fault kind at least once, every sample id accounted for across
+every driver lifetime, the fault schedule replayed exactly per seed, and a mutation (one
+sample dropped when the queue actor is replaced) caught by the soak."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dynsched_ray import FAULT_KINDS, ChaosFault, ChaosSchedule, run_chaos_soak
+from dynsched_core.events import SampleEvent
+from dynsched_ray import FAULT_KINDS, ChaosFault, ChaosSchedule, account_samples, run_chaos_soak
+from dynsched_ray._chaos import _Lifetime
+from dynsched_ray._proxies import RayQueue
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,6 +51,12 @@ async def test_short_seeded_chaos_run_injects_every_kind_and_loses_nothing(
     assert data["steps_completed"] == 30
     assert data["samples_lost"] == 0 and data["samples_duplicated"] == 0
     assert data["samples_consumed"] == 30 * 2  # required_samples = 2 per step
+    ids = data["samples"]
+    assert ids["lost"] == ids["duplicated"] == 0 and ids["consumed"] == 60
+    assert ids["produced"] == ids["consumed"] + ids["left"] + ids["returned"]
+    # every scheduled fault fired (deferred at worst, never dropped)
+    assert report.executed_faults == [(f["kind"], f["step"]) for f in data["schedule"]]
+    assert data["faults_not_executed"] == ()
     assert data["max_wait_s"] <= data["wait_timeout_s"]
     assert data["max_staleness"] <= data["staleness_bound"]
     rec = data["recoveries"]
@@ -86,3 +97,118 @@ def test_node_of_a_multi_node_cluster_removed_mid_run(tmp_path: Any) -> None:
     after = r["nodes_after"]
     assert after["standalone-0"] not in (r["removed_node"], None)
     assert r["dead"] == []
+
+
+def _life(
+    produced: str, consumed: str, committed: str, *, left: str | None = None, finished: bool = False
+) -> _Lifetime:
+    life = _Lifetime()
+    life.record(SampleEvent(0.0, "produced", tuple(produced.split())))
+    life.record(SampleEvent(0.0, "consumed", tuple(consumed.split()), step=1))
+    if left is not None:
+        life.record(SampleEvent(0.0, "left", tuple(left.split())))
+    life.committed = committed.split()
+    life.finished = finished
+    return life
+
+
+def test_per_id_accounting_across_driver_lifetimes() -> None:
+    # lifetime 1 trains p0 p1 (checkpointed), then p2 (not checkpointed) and produces p3;
+    # the restart discards p2 and p3: lifetime 2 produces them again (regenerated)
+    first = _life("p0 p1 p2 p3", "p0 p1 p2", "p0 p1")
+    last = _life("p2 p3 p4 p5", "p2 p3", "p0 p1 p2 p3", left="p4 p5", finished=True)
+    acc = account_samples([first, last])
+    assert acc.ok, acc.problems
+    assert (acc.produced, acc.consumed, acc.regenerated, acc.left, acc.returned) == (6, 4, 2, 2, 0)
+    # discarded with a restart and not made again before the end: back to the source
+    last = _life("p2 p4", "p2 p4", "p0 p1 p2 p4", left="", finished=True)
+    acc = account_samples([first, last])
+    assert acc.ok and acc.returned == 1  # p3
+
+
+def test_per_id_accounting_names_lost_and_duplicated_ids() -> None:
+    # the last driver produced p4 and neither trained it nor held it at the end
+    acc = account_samples([_life("p0 p1 p4", "p0 p1", "p0 p1", left="", finished=True)])
+    assert not acc.ok and acc.lost == ("p4",)
+    assert any("lost" in p and "p4" in p for p in acc.problems)
+    # p1 checkpointed as trained by lifetime 1, produced and trained again by lifetime 2
+    first = _life("p0 p1", "p0 p1", "p0 p1")
+    last = _life("p1 p2", "p1 p2", "p0 p1 p1 p2", left="", finished=True)
+    acc = account_samples([first, last])
+    assert not acc.ok and acc.duplicated == ("p1",)
+    # a sample lost by a driver that was NOT restarted (only one lifetime, no left list)
+    acc = account_samples([_life("p0 p1", "p0", "p0", finished=True)])
+    assert not acc.ok and "did not report" in " ".join(acc.problems)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+async def test_soak_catches_one_sample_dropped_when_the_queue_actor_is_replaced(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mutation: the queue replacement silently drops one sample (journal and counters
+    adjusted, so the queue's own counters still add up); the soak fails naming it."""
+    dropped: list[str] = []
+    state_dict = RayQueue.state_dict
+
+    def dropping(self: RayQueue) -> dict[str, Any]:
+        state = state_dict(self)
+        if state["items"] and not dropped:
+            victim = state["items"].pop(0)
+            dropped.append(str(victim.sample_id))
+            self._journal.pop(dropped[0], None)
+            state["produced"] -= 1
+        return state
+
+    monkeypatch.setattr(RayQueue, "state_dict", dropping)
+    kinds = ("queue_restart", "kill_standalone")
+    report = await asyncio.wait_for(
+        run_chaos_soak(
+            3,
+            10,
+            name="chaos-mut",
+            kinds=kinds,
+            faults_per_10_steps=3,
+            checkpoint_dir=str(tmp_path),
+            # a slow trainer keeps samples buffered when the queue actor is killed
+            options={"trainer_step_time_s": 0.15},
+        ),
+        240,
+    )
+    assert dropped, "the queue was empty at every replacement: nothing was dropped"
+    assert not report.ok
+    assert report.samples["lost_ids"] == dropped
+    assert any("lost" in f and dropped[0] in f for f in report.failures), report.failures
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(400)
+async def test_same_seed_replays_the_same_faults_across_driver_restarts(tmp_path: Any) -> None:
+    """Faults due right after a driver restart are deferred, not dropped: two runs of one
+    seed execute the same (kind, step) list, the schedule's, with per-id accounting."""
+    kinds = ("driver_restart", "kill_standalone", "queue_restart")
+    runs = []
+    for i in range(2):
+        report = await asyncio.wait_for(
+            run_chaos_soak(
+                11,
+                14,
+                name=f"chaos-replay{i}",
+                kinds=kinds,
+                faults_per_10_steps=5,
+                checkpoint_dir=str(tmp_path / str(i)),
+            ),
+            180,
+        )
+        assert report.ok, report.failures
+        assert report.segments >= 2 and report.samples["lost"] == 0
+        assert report.samples["consumed"] == 14 * 2
+        runs.append(report)
+    a, b = runs
+    assert a.schedule == b.schedule
+    assert a.executed_faults == b.executed_faults == [(f["kind"], f["step"]) for f in a.schedule]
+    assert len(a.executed_faults) == len(
+        ChaosSchedule.generate(11, 14, faults_per_10_steps=5, kinds=kinds).faults
+    )

@@ -47,7 +47,7 @@ def test_example_config_reads_with_verl_keys() -> None:
         (["--policy", "no-such-policy"], "no-such-policy"),
         (["--steps", "3"], "multiple of"),
         (["--steps", "0"], "steps"),
-        (["--config", "/no/such/file.yaml"], "No such file"),
+        (["--config", "/no/such/file.yaml"], "does not exist"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

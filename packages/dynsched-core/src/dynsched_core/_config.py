@@ -39,6 +39,7 @@ from dynsched_core import derived
 from dynsched_core import validators as v
 from dynsched_core._errors import ConfigError, ConfigTypeError
 from dynsched_core._guards import is_colocated
+from dynsched_core._loading import check_tree, read_config_file
 from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core._rollouter import STALENESS_RULES
 
@@ -123,6 +124,25 @@ _VERL_SECTIONS = frozenset(
 
 _OWNED_SECTIONS = frozenset({"async_training"})
 
+# --------------------------------------------------------------------------- upper bounds
+# What any cluster can hold, checked when a config is built (before anything starts). A
+# local cluster is bounded further by the machine (``dynsched run``/``train``).
+#: GPUs of the trainer and rollout pools together (a large cluster has a few thousand).
+MAX_GPUS = 65_536
+#: Samples the trainer consumes per weight sync (``required_samples x T``); every numeric
+#: batch field is bounded by it too.
+MAX_SAMPLES_PER_STEP = 1_000_000
+#: Responses per prompt (``actor_rollout_ref.rollout.n``).
+MAX_RESPONSES_PER_PROMPT = 65_536
+#: ``async_training.staleness_threshold`` (a fraction of a cycle's demand; 0-1 is usual).
+MAX_STALENESS_THRESHOLD = 1_000.0
+#: Trainer micro-steps (``trainer.total_training_steps``).
+MAX_STEPS = 10_000_000
+#: Prompts generated in total (``rollout.total_rollout_steps``).
+MAX_ROLLOUT_PROMPTS = 10_000_000_000
+#: Token budgets (``data.max_prompt_length``, ``data.max_response_length``).
+MAX_TOKENS = 10_000_000
+
 
 @attrs.frozen(kw_only=True)
 class DynamicScheduleConfig:
@@ -194,29 +214,41 @@ class DynamicScheduleConfig:
     dynamic_schedule_max_deactivate_ratio: float = attrs.field(
         default=1.0, validator=v.float_in(0.0, 1.0)
     )
-    concurrent_samples_per_replica: int = attrs.field(default=16, validator=v.int_ge(1))
-    staleness_threshold: float = attrs.field(default=0.1, validator=v.float_in(0.0))
+    concurrent_samples_per_replica: int = attrs.field(
+        default=16, validator=v.int_ge(1, maximum=MAX_SAMPLES_PER_STEP)
+    )
+    staleness_threshold: float = attrs.field(
+        default=0.1, validator=v.float_in(0.0, MAX_STALENESS_THRESHOLD)
+    )
     staleness_rule: str = attrs.field(
         default="in_flight_and_queued", validator=v.one_of(STALENESS_RULES)
     )
-    trigger_parameter_sync_step: int = attrs.field(default=4, validator=v.int_ge(1))
-    require_batches: float = attrs.field(default=1, validator=v.float_in(0.0, lo_open=True))
+    trigger_parameter_sync_step: int = attrs.field(
+        default=4, validator=v.int_ge(1, maximum=MAX_SAMPLES_PER_STEP)
+    )
+    require_batches: float = attrs.field(
+        default=1, validator=v.float_in(0.0, MAX_SAMPLES_PER_STEP, lo_open=True)
+    )
     partial_rollout: bool = attrs.field(default=True, validator=v.bool_())
-    ppo_mini_batch_size: int = attrs.field(default=256, validator=v.int_ge(1))
-    n: int = attrs.field(default=1, validator=v.int_ge(1))
-    rollout_tensor_parallel_size: int = attrs.field(default=1, validator=v.int_ge(1))
-    trainer_nnodes: int = attrs.field(default=1, validator=v.int_ge(0))
-    trainer_n_gpus_per_node: int = attrs.field(default=8, validator=v.int_ge(0))
-    rollout_nnodes: int = attrs.field(default=1, validator=v.int_ge(0))
-    rollout_n_gpus_per_node: int = attrs.field(default=8, validator=v.int_ge(0))
+    ppo_mini_batch_size: int = attrs.field(
+        default=256, validator=v.int_ge(1, maximum=MAX_SAMPLES_PER_STEP)
+    )
+    n: int = attrs.field(default=1, validator=v.int_ge(1, maximum=MAX_RESPONSES_PER_PROMPT))
+    rollout_tensor_parallel_size: int = attrs.field(
+        default=1, validator=v.int_ge(1, maximum=MAX_GPUS)
+    )
+    trainer_nnodes: int = attrs.field(default=1, validator=v.int_ge(0, maximum=MAX_GPUS))
+    trainer_n_gpus_per_node: int = attrs.field(default=8, validator=v.int_ge(0, maximum=MAX_GPUS))
+    rollout_nnodes: int = attrs.field(default=1, validator=v.int_ge(0, maximum=MAX_GPUS))
+    rollout_n_gpus_per_node: int = attrs.field(default=8, validator=v.int_ge(0, maximum=MAX_GPUS))
     total_rollout_steps: int | None = attrs.field(
-        default=None, validator=v.int_ge(1, optional=True)
+        default=None, validator=v.int_ge(1, maximum=MAX_ROLLOUT_PROMPTS, optional=True)
     )
     total_training_steps: int | None = attrs.field(
-        default=None, validator=v.int_ge(1, optional=True)
+        default=None, validator=v.int_ge(1, maximum=MAX_STEPS, optional=True)
     )
-    max_prompt_length: int = attrs.field(default=512, validator=v.int_ge(1))
-    max_response_length: int = attrs.field(default=512, validator=v.int_ge(1))
+    max_prompt_length: int = attrs.field(default=512, validator=v.int_ge(1, maximum=MAX_TOKENS))
+    max_response_length: int = attrs.field(default=512, validator=v.int_ge(1, maximum=MAX_TOKENS))
 
     def __attrs_post_init__(self) -> None:
         lo, hi = (
@@ -243,6 +275,29 @@ class DynamicScheduleConfig:
                 f"require_batches ({self.require_batches}) = {product:g} must be a whole number "
                 ">= 1 (the samples the trainer consumes per micro-step)",
                 key="require_batches",
+            )
+        total = self.hybrid_gpus + self.standalone_gpus
+        if total > MAX_GPUS:
+            field = (
+                "trainer_n_gpus_per_node"
+                if self.hybrid_gpus >= self.standalone_gpus
+                else "rollout_n_gpus_per_node"
+            )
+            raise ConfigError(
+                f"{type(self).__name__}.{field}: trainer.nnodes x trainer.n_gpus_per_node "
+                f"({self.trainer_nnodes} x {self.trainer_n_gpus_per_node}) + rollout.nnodes x "
+                f"rollout.n_gpus_per_node ({self.rollout_nnodes} x "
+                f"{self.rollout_n_gpus_per_node}) = {total:,} GPUs; at most {MAX_GPUS:,}",
+                key=field,
+            )
+        if self.step_required_samples > MAX_SAMPLES_PER_STEP:
+            raise ConfigError(
+                f"{type(self).__name__}.ppo_mini_batch_size: samples per weight sync "
+                f"ppo_mini_batch_size x require_batches x trigger_parameter_sync_step "
+                f"({self.ppo_mini_batch_size} x {self.require_batches:g} x "
+                f"{self.trigger_parameter_sync_step}) = {self.step_required_samples:,}; at most "
+                f"{MAX_SAMPLES_PER_STEP:,}",
+                key="ppo_mini_batch_size",
             )
         if self.use_dynamic_resource_scheduling and not self.partial_rollout:
             raise ConfigError(
@@ -392,6 +447,7 @@ class DynamicScheduleConfig:
             raise ConfigError(
                 f"config must be a mapping (dict), got {type(data).__name__}", key=None
             )
+        check_tree(data)  # size, depth, huge ints: before anything expands it
         tree = _expand_dotted(data)
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
@@ -427,18 +483,19 @@ class DynamicScheduleConfig:
                 is invalid.
         """
         try:
-            import yaml
+            import yaml  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ConfigError(
                 "reading YAML configs needs PyYAML: pip install 'dynsched-core[yaml]'"
             ) from exc
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh)
+            data = read_config_file(path)
         except OSError as exc:
             raise ConfigError(f"cannot read config file {os.fspath(path)!r}: {exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"cannot parse YAML config {os.fspath(path)!r}: {exc}") from exc
+        except ConfigError as exc:
+            raise ConfigError(
+                f"cannot parse YAML config {os.fspath(path)!r}: {exc}", key=exc.key
+            ) from None
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
@@ -512,52 +569,93 @@ def _read_flat(tree: Mapping[str, Any], values: dict[str, Any], sources: dict[st
             sources[name] = name
 
 
-def _read_keys_of(section: str) -> set[str]:
+def _read_keys_of(section: str, read_paths: set[str] | None = None) -> set[str]:
     """Leaf keys dynsched reads below ``section`` (dotted, relative)."""
     prefix = section + "."
-    return {
-        path[len(prefix) :]
-        for paths in _VERL_PATHS.values()
-        for path in paths
-        if path.startswith(prefix)
+    if read_paths is None:
+        read_paths = {p for paths in _VERL_PATHS.values() for p in paths}
+    return {path[len(prefix) :] for path in read_paths if path.startswith(prefix)}
+
+
+#: A key of a verl section whose name is this close (difflib ratio) to a key dynsched reads
+#: there is taken for a misspelling of it and warned about; other keys are verl's own.
+MISSPELT_RATIO = 0.8
+
+#: verl's own keys that are that close to a key dynsched reads (never warned about).
+_VERL_LOOKALIKE_KEYS = frozenset(
+    {
+        "actor_rollout_ref.actor.ppo_micro_batch_size",  # ~ ppo_mini_batch_size
+        "critic.ppo_micro_batch_size",
     }
+)
 
 
-def _warn(key: str, hint: str = "") -> None:
-    warnings.warn(f"unknown config key {key!r} ignored{hint}", ConfigWarning, stacklevel=4)
+def unknown_key_messages(tree: Mapping[str, Any], extra_read: tuple[str, ...] = ()) -> list[str]:
+    """One message per unknown key of an expanded config tree, naming the closest known key.
 
+    Checked: the top-level keys and ``async_training`` (dynsched's own section: every
+    unknown key), and in verl's other sections the keys within `MISSPELT_RATIO` of a key
+    dynsched reads in the same section (verl's other keys are its own and stay silent).
 
-def _warn_unknown(tree: Mapping[str, Any]) -> None:
+    Args:
+        tree: The config (dotted keys are expanded first).
+        extra_read: More dotted verl keys the caller reads (e.g. ``dynsched train``'s
+            ``actor_rollout_ref.actor.optim.lr``).
+    """
+    tree = _expand_dotted(tree)
+    out: list[str] = []
+    read_paths = {p for paths in _VERL_PATHS.values() for p in paths} | set(extra_read)
     flat_names = set(_VERL_PATHS)
     top_known = flat_names | _OWNED_SECTIONS | _VERL_SECTIONS
     for key in tree:
         if key not in top_known:
-            close = difflib.get_close_matches(key, sorted(top_known), n=1)
-            _warn(key, f" (did you mean {close[0]!r}?)" if close else "")
+            close = difflib.get_close_matches(str(key), sorted(top_known), n=1)
+            out.append(_unknown_message(tree, str(key), close[0] if close else None))
     for section in _OWNED_SECTIONS:
         body = tree.get(section)
         if not isinstance(body, Mapping):
             continue
-        known = _read_keys_of(section) | _IGNORED_ASYNC_KEYS
+        known = _read_keys_of(section, read_paths) | _IGNORED_ASYNC_KEYS
         for key in body:
             if key not in known:
-                close = difflib.get_close_matches(key, sorted(known), n=1)
-                _warn(f"{section}.{key}", f" (did you mean {close[0]!r}?)" if close else "")
-    for section in _VERL_SECTIONS:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                out.append(
+                    _unknown_message(
+                        tree, f"{section}.{key}", f"{section}.{close[0]}" if close else None
+                    )
+                )
+    for section in sorted(_VERL_SECTIONS):
         body = tree.get(section)
         if isinstance(body, Mapping):
-            _warn_misspelt(section, body, _read_keys_of(section))
+            _misspelt(tree, section, body, _read_keys_of(section, read_paths), out)
+    return out
 
 
-def _warn_misspelt(prefix: str, body: Mapping[str, Any], read: set[str]) -> None:
-    """Warn about keys of a verl section that look like a misspelt key dynsched reads."""
+def _unknown_message(tree: Mapping[str, Any], key: str, close: str | None) -> str:
+    if close is None:
+        return f"unknown key {key}; ignored"
+    given, _ = _lookup(tree, close)
+    then = "ignored" if given else "using the default"
+    return f"unknown key {key} (did you mean {close}?); {then}"
+
+
+def _warn_unknown(tree: Mapping[str, Any]) -> None:
+    for message in unknown_key_messages(tree):
+        warnings.warn(message, ConfigWarning, stacklevel=4)
+
+
+def _misspelt(
+    tree: Mapping[str, Any], prefix: str, body: Mapping[str, Any], read: set[str], out: list[str]
+) -> None:
+    """Keys of a verl section that look like a misspelt key dynsched reads."""
     leaves = {k.split(".")[0] for k in read}
     for key, value in body.items():
+        key = str(key)
         if key in leaves:
             sub = {k.split(".", 1)[1] for k in read if k.startswith(key + ".")}
             if sub and isinstance(value, Mapping):
-                _warn_misspelt(f"{prefix}.{key}", value, sub)
+                _misspelt(tree, f"{prefix}.{key}", value, sub, out)
             continue
-        close = difflib.get_close_matches(key, sorted(leaves), n=1, cutoff=0.85)
-        if close:
-            _warn(f"{prefix}.{key}", f" (did you mean {prefix + '.' + close[0]!r}?)")
+        close = difflib.get_close_matches(key, sorted(leaves), n=1, cutoff=MISSPELT_RATIO)
+        if close and f"{prefix}.{key}" not in _VERL_LOOKALIKE_KEYS:
+            out.append(_unknown_message(tree, f"{prefix}.{key}", f"{prefix}.{close[0]}"))

@@ -22,9 +22,13 @@ replica or of the ``replica_ids`` chosen (partial lending, k of m):
   4. optional ``rebalance`` — clear sticky sessions and move only the *excess* in-flight
      requests of overloaded replicas (not every request everywhere).
 
-Any failing step leaves the system safe: hybrid replicas out of routing (best-effort
-aborted and put to sleep), state ``STANDALONE_ONLY``, and a `SwitchError` naming the
-step. Every awaited replica/router call is bounded by ``call_timeout_s``.
+Any failing step leaves the system safe: hybrid replicas out of routing, aborted and
+asleep (a sleep that fails is retried ``sleep_attempts`` times; a replica that still
+cannot sleep is taken out of the run, marked dead), state ``STANDALONE_ONLY``, and a
+`SwitchError` naming the step. So while the state says ``STANDALONE_ONLY`` every live
+hybrid replica is asleep. Switch requests never interleave: they are serialised (in
+request order) by one lock. Every awaited replica/router call is bounded by
+``call_timeout_s``.
 """
 
 from __future__ import annotations
@@ -112,9 +116,14 @@ class ControllerOptions:
 
     Attributes:
         call_timeout_s: Bound of every awaited replica/router call (> 0).
+        sleep_attempts: Tries at putting a hybrid replica back to sleep after a failed
+            switch (>= 1). A replica still awake after them is taken out of the run
+            (marked dead in the `ReplicaSet`, so a supervisor replaces its engine): in
+            ``STANDALONE_ONLY`` no live hybrid replica is ever awake.
     """
 
     call_timeout_s: float = attrs.field(default=120.0, validator=v.float_gt(0.0))
+    sleep_attempts: int = attrs.field(default=3, validator=v.int_ge(1))
 
 
 class DynamicResourceController:
@@ -549,10 +558,13 @@ class DynamicResourceController:
         return error
 
     async def _make_safe(self, ids: Sequence[str] | None = None) -> None:
-        """Best effort: hybrid out of routing, aborted, asleep. Errors are logged only.
+        """Hybrid out of routing, aborted, asleep; errors are logged, never raised.
 
         ``ids``: the hybrid replicas of the failed switch (default: the live ones); dead
-        ones are taken out of routing and otherwise left alone.
+        ones are taken out of routing and otherwise left alone. A replica whose sleep
+        still fails after ``sleep_attempts`` tries is marked dead in the `ReplicaSet`
+        (out of routing and of the run; a supervisor restarts a fresh, asleep engine):
+        the state may then honestly say ``STANDALONE_ONLY``.
         """
         ids = list(self.hybrid_ids if ids is None else ids)
         try:
@@ -563,14 +575,37 @@ class DynamicResourceController:
             replica = self._replicas.get(rid)
             if replica is None:
                 continue
-            for name, call in (
-                ("abort", lambda r=replica: r.abort(None)),
-                ("sleep", replica.sleep),
-            ):
-                try:
-                    await self._bounded(call())
-                except Exception as exc:
-                    logger.warning("safe state: %s on hybrid replica %s failed: %r", name, rid, exc)
+            try:
+                await self._bounded(replica.abort(None))
+            except Exception as exc:
+                logger.warning("safe state: abort on hybrid replica %s failed: %r", rid, exc)
+            await self._sleep_or_retire(rid, replica)
+
+    async def _sleep_or_retire(self, rid: str, replica: RolloutReplica) -> None:
+        """Put ``replica`` to sleep (``sleep_attempts`` tries) or take it out of the run."""
+        error: BaseException | None = None
+        for attempt in range(1, self.options.sleep_attempts + 1):
+            try:
+                await self._bounded(replica.sleep())
+                return
+            except Exception as exc:
+                error = exc
+                logger.warning(
+                    "safe state: sleep on hybrid replica %s failed (attempt %d/%d): %r",
+                    rid,
+                    attempt,
+                    self.options.sleep_attempts,
+                    exc,
+                )
+            if self._replicas.get(rid) is None:  # died meanwhile
+                return
+        logger.error(
+            "safe state: hybrid replica %s cannot be put to sleep (%r); taking it out of the"
+            " run (marked dead) so that no awake hybrid engine shares the trainer's GPUs",
+            rid,
+            error,
+        )
+        self._replicas.mark_dead(rid)
 
     async def _recover_transitional(self) -> None:
         if self._sm.state in (_S.ACTIVATING, _S.DEACTIVATING):
@@ -597,8 +632,13 @@ class DynamicResourceController:
             self._events.emit(SwitchEvent(kind, start, stop, ok, detail))
 
     def _on_membership(self, event: MembershipEvent) -> None:
-        if event.kind in ("died", "removed") and not self._lock.locked():
-            self._drop_if_all_lost()
+        if event.kind in ("died", "removed"):
+            # a fresh engine that later takes a dead member's id starts asleep: it is not
+            # lent until the next activation
+            gone = set(event.replica_ids)
+            self._active = tuple(rid for rid in self._active if rid not in gone)
+            if not self._lock.locked():
+                self._drop_if_all_lost()
 
     def _drop_if_all_lost(self) -> None:
         """Never claim capacity that is gone: no live hybrid replica -> ``STANDALONE_ONLY``."""

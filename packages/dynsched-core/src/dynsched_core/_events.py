@@ -22,6 +22,8 @@ __all__ = [
     "ReplicaModeEvent",
     "RolloutEvent",
     "RolloutEventKind",
+    "SampleEvent",
+    "SampleEventKind",
     "StalenessResetEvent",
     "SwitchEvent",
     "TrainStepEvent",
@@ -32,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 RolloutEventKind = Literal["seed", "submit", "complete", "drain", "capacity", "reset"]
 GroupMode = Literal["rollout", "train", "weight_sync", "switching", "idle"]
+SampleEventKind = Literal["produced", "consumed", "left"]
 
 
 @attrs.frozen
@@ -57,6 +60,35 @@ class StalenessResetEvent:
     time: float
     param_version: int
     step_generated_samples: int
+
+
+@attrs.frozen
+class SampleEvent:
+    """Sample ids crossing the queue (optional: for per-id accounting, e.g. a soak).
+
+    ``produced``: the rollouter's ``put`` of these samples was acknowledged (emitted by
+    `Rollouter`); ``consumed``: the trainer took them from the queue for micro-step
+    ``step`` (emitted by `FullyAsyncLoop`); ``left``: what the queue still held when the
+    loop ended (emitted by `FullyAsyncLoop` when its queue can list its contents, see
+    ``AsyncSampleQueue.held_sample_ids``).
+
+    Attributes:
+        time: Loop time.
+        kind: ``produced``, ``consumed`` or ``left``.
+        sample_ids: The samples' ``sample_id`` as strings.
+        step: The loop's micro-step (``consumed`` only; 1-based, per loop run).
+    """
+
+    time: float
+    kind: SampleEventKind
+    sample_ids: tuple[str, ...]
+    step: int | None = None
+
+
+def sample_key(sample: Any) -> str:
+    """A sample's id as carried by `SampleEvent` (``str(sample_id)``, else ``repr``)."""
+    sid = getattr(sample, "sample_id", None)
+    return repr(sample) if sid is None else str(sid)
 
 
 @attrs.frozen
@@ -188,6 +220,7 @@ Event = (
     | ReplicaModeEvent
     | GuardRailEvent
     | FailoverEvent
+    | SampleEvent
 )
 Subscriber = Callable[[Any], None]
 

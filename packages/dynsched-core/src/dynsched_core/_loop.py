@@ -32,7 +32,14 @@ from dynsched_core._config import DynamicScheduleConfig
 from dynsched_core._controller import ControllerOptions, DynamicResourceController
 from dynsched_core._driver import AfterSyncResult, BeforeStepResult, DriverOptions, ScheduleDriver
 from dynsched_core._errors import SwitchError
-from dynsched_core._events import EventBus, GroupMode, ReplicaModeEvent, TrainStepEvent
+from dynsched_core._events import (
+    EventBus,
+    GroupMode,
+    ReplicaModeEvent,
+    SampleEvent,
+    TrainStepEvent,
+    sample_key,
+)
 from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core._protocols import QueueStats, RolloutReplica, Router, SampleQueue
 from dynsched_core._queue import AsyncSampleQueue
@@ -419,6 +426,11 @@ class FullyAsyncLoop:
         if batch is None:
             return None
         samples, wait_s, waited = batch
+        self.events.emit(
+            SampleEvent(
+                self.clock.now(), "consumed", tuple(sample_key(s) for s in samples), step=step
+            )
+        )
         self.driver.record_collection(wait_s, waited)
         self._set_mode("train")
         timings = dict(await self.trainer.train_step(samples))
@@ -490,6 +502,19 @@ class FullyAsyncLoop:
         await self.rollouter.reset_staleness(version)
         return after, sync_s
 
+    async def _emit_left(self) -> None:
+        """Emit the ids the queue still holds (`SampleEvent` ``left``), when it can list
+        them (an optional ``held_sample_ids`` coroutine method); never raises."""
+        held = getattr(self.queue, "held_sample_ids", None)
+        if held is None:
+            return
+        try:
+            ids = tuple(str(x) for x in await held())
+        except Exception as exc:
+            logger.warning("could not list the samples left in the queue: %r", exc)
+            return
+        self.events.emit(SampleEvent(self.clock.now(), "left", ids))
+
     def _set_mode(self, mode: GroupMode) -> None:
         if mode != self._mode:
             self._mode = mode
@@ -500,6 +525,7 @@ class FullyAsyncLoop:
         self, records: list[StepRecord], ended_by: Literal["steps", "end_of_stream"], start: float
     ) -> LoopResult:
         qstats = await self.queue.stats()
+        await self._emit_left()
         rstats = self.rollouter.stats()
         moved = sum(
             r.after.rebalance.moved for r in records if r.after is not None and r.after.rebalance

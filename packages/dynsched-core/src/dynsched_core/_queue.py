@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dynsched_core._errors import SampleWaitTimeoutError
+from dynsched_core._events import sample_key
 from dynsched_core._protocols import QueueStats
 
 __all__ = ["AsyncSampleQueue"]
@@ -197,6 +198,14 @@ class AsyncSampleQueue:
             "dropped": self._dropped,
             "closed": self._closed,
         }
+
+    async def held_sample_ids(self) -> list[str]:
+        """Ids of the buffered samples, in order (``str(sample_id)``, else ``repr``).
+
+        Read-only: nothing is taken. `FullyAsyncLoop` reports them as a ``left``
+        `SampleEvent` when it ends.
+        """
+        return [sample_key(s) for s in self._items]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replace the contents and counters with what `state_dict` returned.

@@ -407,11 +407,21 @@ class ReplicaSet(Mapping[str, RolloutReplica]):
         if changed:
             self._publish("routed" if routable else "unrouted", changed, routable_changed=True)
 
-    async def _unroute_dead(self, replica_id: str) -> None:
-        try:
-            await self._router.remove_replicas([replica_id])
-        except Exception as exc:
-            logger.warning("could not remove dead replica %s from routing: %r", replica_id, exc)
+    async def _unroute_dead(self, replica_id: str, attempts: int = 3) -> None:
+        for attempt in range(1, attempts + 1):
+            try:
+                await self._router.remove_replicas([replica_id])
+                return
+            except Exception as exc:
+                logger.warning(
+                    "could not remove dead replica %s from routing (attempt %d/%d): %r",
+                    replica_id,
+                    attempt,
+                    attempts,
+                    exc,
+                )
+            if attempt < attempts:
+                await asyncio.sleep(0.05 * attempt)
 
     def _publish(self, kind: MembershipKind, ids: Sequence[str], *, routable_changed: bool) -> None:
         self.version += 1

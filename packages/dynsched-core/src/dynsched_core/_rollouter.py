@@ -41,7 +41,14 @@ from dynsched_core import derived
 from dynsched_core import validators as v
 from dynsched_core._client import RolloutOutcome
 from dynsched_core._clock import Clock, LoopClock
-from dynsched_core._events import EventBus, RolloutEvent, RolloutEventKind, StalenessResetEvent
+from dynsched_core._events import (
+    EventBus,
+    RolloutEvent,
+    RolloutEventKind,
+    SampleEvent,
+    StalenessResetEvent,
+    sample_key,
+)
 from dynsched_core._protocols import GenerateRequest, SampleQueue
 from dynsched_core._replicas import MembershipEvent, ReplicaSet
 
@@ -588,7 +595,6 @@ class Rollouter:
         while True:
             try:
                 await self._queue.put(sample, timeout=self.options.put_timeout_s)
-                return
             except TimeoutError:
                 if self._stopping:
                     raise
@@ -598,6 +604,12 @@ class Rollouter:
                     self.options.put_timeout_s,
                     sample.sample_id,
                 )
+            else:
+                if self._events is not None:
+                    self._events.emit(
+                        SampleEvent(self._clock.now(), "produced", (sample_key(sample),))
+                    )
+                return
 
     async def _cancel_groups(self) -> None:
         tasks = list(self._tasks.values())

@@ -36,10 +36,13 @@ Example plug-in declaration (pyproject.toml)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NoReturn
 
 from dynsched_core._errors import ConfigError, UsageError
@@ -219,9 +222,41 @@ def _requested(argv: Sequence[str]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that comes while the block runs and raise it when the block ends.
+
+    For the import of the plug-ins: import code that catches every exception (a bare
+    ``except:`` in a library) would swallow the `KeyboardInterrupt` and leave the
+    sub-command half registered ("unrecognized arguments", exit status 2). A second
+    Ctrl-C is raised at once. Only the default handler on the main thread is replaced.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    pending: list[int] = []
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if pending:
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser, problems = build_parser(only=_requested(args_list))
+    with _interrupts_deferred():
+        parser, problems = build_parser(only=_requested(args_list))
     args, unknown = parser.parse_known_args(args_list)
     if unknown and not getattr(args, "_not_installed", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

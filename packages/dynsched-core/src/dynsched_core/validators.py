@@ -57,19 +57,39 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float)
 
 
-def int_ge(minimum: int, *, optional: bool = False) -> Validator:
-    """Value must be an ``int`` (not ``bool``) and ``>= minimum`` (or None if ``optional``)."""
-    what = f"an int >= {minimum}" + (" or null" if optional else "")
+def int_ge(minimum: int, *, maximum: int | None = None, optional: bool = False) -> Validator:
+    """Value must be an ``int`` (not ``bool``) and ``>= minimum`` (or None if ``optional``).
+
+    With ``maximum``, also ``<= maximum`` (the message then gives the range
+    ``[minimum, maximum]``).
+    """
+    rng = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum:,}]"
+    what = f"an int {rng}" + (" or null" if optional else "")
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if optional and value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _bad(inst, attr, f"must be {what}, got {value!r}", wrong_type=True)
+            raise _bad(inst, attr, f"must be {what}, got {_show(value)}", wrong_type=True)
         if value < minimum:
-            raise _bad(inst, attr, f"must be >= {minimum}, got {value}")
+            raise _bad(inst, attr, f"must be >= {minimum}, got {_show(value)}")
+        if maximum is not None and value > maximum:
+            raise _bad(inst, attr, f"must be <= {maximum:,} ({what}), got {_show(value)}")
 
     return check
+
+
+def _finite(value: int | float) -> bool:
+    """``math.isfinite`` that also takes an int too large for a float (it is finite)."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _show(value: Any) -> str:
+    """``repr`` of a value, shortened (a 5,000-digit number is not printed whole)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return "an integer of more than 30 digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def float_ge(minimum: float) -> Validator:
@@ -78,8 +98,8 @@ def float_ge(minimum: float) -> Validator:
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not _is_number(value):
             raise _bad(inst, attr, f"must be a number >= {minimum}, got {value!r}", wrong_type=True)
-        if not math.isfinite(value) or value < minimum:
-            raise _bad(inst, attr, f"must be a finite number >= {minimum}, got {value}")
+        if not _finite(value) or value < minimum:
+            raise _bad(inst, attr, f"must be a finite number >= {minimum}, got {_show(value)}")
 
     return check
 
@@ -93,8 +113,8 @@ def float_gt(minimum: float, *, optional: bool = False) -> Validator:
             return
         if not _is_number(value):
             raise _bad(inst, attr, f"must be {what}, got {value!r}", wrong_type=True)
-        if not math.isfinite(value) or value <= minimum:
-            raise _bad(inst, attr, f"must be a finite number > {minimum:g}, got {value}")
+        if not _finite(value) or value <= minimum:
+            raise _bad(inst, attr, f"must be a finite number > {minimum:g}, got {_show(value)}")
 
     return check
 
@@ -107,8 +127,8 @@ def float_in(lo: float, hi: float = math.inf, *, lo_open: bool = False) -> Valid
         if not _is_number(value):
             raise _bad(inst, attr, f"must be a number in {rng}, got {value!r}", wrong_type=True)
         below = value <= lo if lo_open else value < lo
-        if not math.isfinite(value) or below or value > hi:
-            raise _bad(inst, attr, f"must be a number in {rng}, got {value}")
+        if not _finite(value) or below or value > hi:
+            raise _bad(inst, attr, f"must be a number in {rng}, got {_show(value)}")
 
     return check
 
@@ -158,7 +178,7 @@ def tuple_of_floats_ge(minimum: float) -> Validator:
                 wrong_type=True,
             )
         for i, x in enumerate(value):
-            if not _is_number(x) or not math.isfinite(x) or x < minimum:
+            if not _is_number(x) or not _finite(x) or x < minimum:
                 raise _bad(inst, attr, f"[{i}] must be a finite number >= {minimum}, got {x!r}")
 
     return check

@@ -20,6 +20,9 @@ __all__ = ["PROMETHEUS_COUNTERS", "PROMETHEUS_GAUGES", "PrometheusSink"]
 
 logger = logging.getLogger(__name__)
 
+#: Where the HTTP server binds unless told otherwise: this machine only.
+LOOPBACK = "127.0.0.1"
+
 #: metric key -> (gauge name, help). Gauges hold the last closed cycle's value.
 PROMETHEUS_GAUGES: dict[str, tuple[str, str]] = {
     TRAIN_RESOURCE_UTILIZATION: (
@@ -77,8 +80,11 @@ class PrometheusSink:
         run: Value of the ``run`` label.
         registry: A ``prometheus_client.CollectorRegistry``; a private one by default
             (pass ``prometheus_client.REGISTRY`` to expose through the global one).
-        port: Start ``prometheus_client.start_http_server`` on this port (None: don't).
-        addr: Address for the HTTP server.
+        port: Start ``prometheus_client.start_http_server`` on this port (None: don't;
+            0: a free port, see ``server[0].server_address``).
+        addr: Address the HTTP server binds to: ``127.0.0.1`` (this machine only) unless
+            given, e.g. ``"0.0.0.0"`` for every interface, which lets anyone who reaches
+            the port read the run's metrics.
 
     Raises:
         ImportError: prometheus-client is not installed (names the extra to install).
@@ -90,7 +96,7 @@ class PrometheusSink:
         *,
         registry: Any | None = None,
         port: int | None = None,
-        addr: str = "0.0.0.0",
+        addr: str = LOOPBACK,
     ) -> None:
         try:
             import prometheus_client as prom
@@ -153,6 +159,9 @@ class PrometheusSink:
             shutdown = getattr(server, "shutdown", None)
             if callable(shutdown):
                 shutdown()
+            server_close = getattr(server, "server_close", None)
+            if callable(server_close):
+                server_close()  # the listening socket, not only the serving thread
             self.server = None
 
     def __repr__(self) -> str:

@@ -109,12 +109,17 @@ class JsonLinesSink:
         self._fh: IO[str] | None = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
 
     def write(self, record: CycleMetrics) -> None:
-        """Append the record as one line and flush."""
+        """Append the record as one whole line (one write), flush and fsync it.
+
+        A crash or a full disk can at worst leave a truncated last line, which
+        `read_json_lines` skips.
+        """
         if self._fh is None:
             raise ValueError(f"JsonLinesSink({self.path!r}) is closed")
         row = {**self.extra, **{k: _json_safe(v) for k, v in record.as_dict().items()}}
         self._fh.write(json.dumps(row, sort_keys=False) + "\n")
         self._fh.flush()
+        os.fsync(self._fh.fileno())
 
     def flush(self) -> None:
         """Flush buffered lines."""
@@ -138,9 +143,19 @@ class JsonLinesSink:
 
 
 def read_json_lines(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read back a file written by `JsonLinesSink`."""
+    """Read back a file written by `JsonLinesSink` (a truncated last line, which a crash
+    or a full disk can leave, is skipped; a bad line elsewhere raises ``ValueError``)."""
     with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        lines = [line for line in fh if line.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                raise
+            logger.info("%s: skipping a truncated last line", os.fspath(path))
+    return out
 
 
 class SinkLookupError(PluginError, KeyError):

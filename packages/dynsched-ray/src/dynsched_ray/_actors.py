@@ -454,6 +454,10 @@ class QueueActor:
         """Contents and counters (see `AsyncSampleQueue.state_dict`)."""
         return self._queue().state_dict()
 
+    async def held_sample_ids(self) -> list[str]:
+        """Ids of the buffered samples, in order (nothing is taken)."""
+        return list(await self._queue().held_sample_ids())
+
     async def load_state_dict(self, state: Mapping[str, Any]) -> int:
         """Replace contents and counters (a replacement actor continuing a dead one's
         queue); return the size after it."""

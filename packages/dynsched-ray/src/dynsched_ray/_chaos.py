@@ -43,13 +43,14 @@ import os
 import random
 import statistics
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import ray
 from dynsched_core import DynamicScheduleConfig, DynamicSchedulePolicyBase
 from dynsched_core import validators as v
+from dynsched_core.events import SampleEvent, TrainStepEvent
 
 from dynsched_ray._remote import inject_call_delay
 from dynsched_ray._runner import RayRunner, RayRunOptions, load_checkpoint
@@ -60,6 +61,8 @@ __all__ = [
     "ChaosMonkey",
     "ChaosReport",
     "ChaosSchedule",
+    "SampleAccounting",
+    "account_samples",
     "run_chaos_soak",
 ]
 
@@ -160,16 +163,27 @@ class ChaosSchedule:
 @attrs.define
 class _Injected:
     fault: ChaosFault
-    time: float
+    index: int
+    time: float = 0.0
     detail: str = ""
     recovery_s: float | None = None
+    fired_after_step: int | None = None
+    deferred: list[str] = attrs.Factory(list)
+    state: str = "scheduled"
 
 
 class ChaosMonkey:
     """Injects a `ChaosSchedule`'s faults into the `RayRunner` it is attached to.
 
-    Hook it up as the runner's ``progress`` and ``on_transition`` callbacks (the soak does
-    this); `attach` it to each new runner of a restarted driver.
+    Feed it every finished global training step (`on_step`; the soak does this from the
+    runner's `TrainStepEvent`) and hook `on_transition` up as the runner's
+    ``on_transition`` callback; `attach` it to each new runner of a restarted driver.
+
+    Every scheduled fault fires exactly once: a fault that cannot fire when it is due (no
+    driver running, a driver restart under way, no victim alive, a switch fault already
+    armed) is *deferred* to the next step, never dropped, and each deferral is recorded
+    with its reason. `executed` lists the faults that fired, `not_executed` those still
+    waiting at the end.
 
     Args:
         schedule: The faults.
@@ -195,32 +209,38 @@ class ChaosMonkey:
         self.straggler_s = straggler_s
         self.network_delay_s = network_delay_s
         self.network_s = network_s
-        self._pending = schedule.by_step()
+        self._records = [_Injected(f, i) for i, f in enumerate(schedule.faults)]
+        self._pending = sorted(self._records, key=lambda r: (r.fault.step, r.index))
+        self._deferred: list[_Injected] = []
         self._on_driver_restart = on_driver_restart
         self.runner: RayRunner | None = None
         self.injected: list[_Injected] = []
         self._armed: dict[str, _Injected] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.lines: list[str] = []
+        self._restarting = False
+        self._last_step = 0
 
     def attach(self, runner: RayRunner) -> None:
-        """Inject into ``runner`` from now on (a resumed driver gets a new runner)."""
-        self.runner = runner
-        self._armed.clear()
+        """Inject into ``runner`` from now on (a resumed driver gets a new runner).
 
-    def progress(self, line: str) -> None:
-        """The runner's ``progress`` callback: fire the faults due after a step."""
-        if len(self.lines) < 5000:
-            self.lines.append(line)
-        if not line.startswith("step "):
-            return
-        try:
-            step = int(line.split()[1].split("/")[0])
-        except (IndexError, ValueError):
-            return
-        fault = self._pending.pop(step, None)
-        if fault is not None:
-            task = asyncio.ensure_future(self._fire(fault))
+        Armed switch faults stay armed: they strike at the new driver's next switch.
+        """
+        self.runner = runner
+        self._restarting = False
+
+    def on_step(self, step: int) -> None:
+        """A global training step finished: fire the faults due by now.
+
+        Deferred faults are retried first, then every scheduled fault whose step is
+        ``<= step`` (a resumed driver repeats steps: a fault fires at the first time its
+        step is reached).
+        """
+        self._last_step = step
+        due, self._deferred = self._deferred, []
+        while self._pending and self._pending[0].fault.step <= step:
+            due.append(self._pending.pop(0))
+        for record in due:
+            task = asyncio.ensure_future(self._fire(record, step))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -228,16 +248,43 @@ class ChaosMonkey:
         """The runner's ``on_transition`` callback: fire armed switch faults."""
         target = getattr(tr.target, "name", str(tr.target))
         kind = {"ACTIVATING": "kill_during_activation", "DEACTIVATING": "kill_during_deactivation"}
-        armed = self._armed.pop(kind.get(target, ""), None)
+        armed = self._armed.get(kind.get(target, ""))
         if armed is None:
             return
         victim = self._pick(self._live("hybrid"), armed.fault.target)
-        if victim is None:
-            armed.detail = "no live hybrid replica"
+        if victim is None:  # stays armed for the next switch
+            armed.deferred.append(f"at {target} after step {self._last_step}: no live hybrid")
             return
+        del self._armed[armed.fault.kind]
         armed.detail = f"killed {victim} at {target}"
         armed.time = asyncio.get_running_loop().time()
+        self._done(armed, self._last_step)
         self._kill(victim)
+
+    @property
+    def executed(self) -> list[dict[str, Any]]:
+        """The faults that fired, in schedule order (kind, scheduled step, when, deferrals)."""
+        return [self._as_dict(r) for r in self._records if r.fired_after_step is not None]
+
+    @property
+    def not_executed(self) -> list[dict[str, Any]]:
+        """Scheduled faults that have not fired (yet), in schedule order."""
+        return [self._as_dict(r) for r in self._records if r.fired_after_step is None]
+
+    @property
+    def deferrals(self) -> int:
+        """Deferrals so far (a fault deferred twice counts twice)."""
+        return sum(len(r.deferred) for r in self._records)
+
+    async def settle(self, timeout_s: float = 60.0) -> None:
+        """Wait (bounded) until the faults due so far have fired or been deferred.
+
+        The soak calls this before each training step trains, so a fault scheduled after
+        step N strikes before step N+1 is trained: the run cannot outpace its schedule.
+        """
+        tasks = list(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
 
     async def cancel(self) -> None:
         """Cancel injections in progress (bounded)."""
@@ -248,6 +295,30 @@ class ChaosMonkey:
             await asyncio.wait(tasks, timeout=5.0)
 
     # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _as_dict(r: _Injected) -> dict[str, Any]:
+        return {
+            "step": r.fault.step,
+            "kind": r.fault.kind,
+            "fired_after_step": r.fired_after_step,
+            "deferred": list(r.deferred),
+            "detail": r.detail,
+            "state": r.state,
+        }
+
+    def _done(self, record: _Injected, step: int) -> None:
+        record.state = "fired"
+        record.fired_after_step = step
+        self.injected.append(record)
+
+    def _defer(self, record: _Injected, step: int, reason: str) -> None:
+        record.state = "deferred"
+        record.deferred.append(f"after step {step}: {reason}")
+        logger.info(
+            "chaos: %s (step %d) deferred: %s", record.fault.kind, record.fault.step, reason
+        )
+        self._deferred.append(record)
+
     def _live(self, role: str) -> list[str]:
         runner = self.runner
         if runner is None or runner.replicas is None:
@@ -266,38 +337,62 @@ class ChaosMonkey:
             except Exception as exc:  # already gone
                 logger.debug("chaos: kill of %s failed: %r", replica_id, exc)
 
-    async def _fire(self, fault: ChaosFault) -> None:
-        await asyncio.sleep(fault.delay_s)
+    async def _fire(self, record: _Injected, step: int) -> None:
+        record.state = "due"
+        await asyncio.sleep(record.fault.delay_s)
         runner = self.runner
-        if runner is None or runner.fleet is None:
-            return
+        if self._restarting:
+            self._defer(record, step, "a driver restart is under way")
+        elif runner is None or runner.fleet is None or runner.replicas is None:
+            self._defer(record, step, "no driver running")
+        else:
+            record.state = "injecting"
+            try:
+                reason = await self._inject(record, runner)
+            except Exception as exc:  # e.g. the driver's fleet went away meanwhile
+                reason = f"{type(exc).__name__}: {exc}"
+            if reason is not None:
+                self._defer(record, step, reason)
+            elif (
+                record.fault.kind not in self._armed or self._armed[record.fault.kind] is not record
+            ):
+                self._done(record, step)
+
+    async def _inject(self, record: _Injected, runner: RayRunner) -> str | None:
+        """Inject ``record``'s fault; the reason it cannot fire now, or None."""
         fleet = runner.fleet
+        assert fleet is not None
         loop = asyncio.get_running_loop()
-        record = _Injected(fault, loop.time())
-        self.injected.append(record)
+        fault = record.fault
+        record.time = loop.time()
         kind = fault.kind
         if kind == "kill_standalone":
             # a replica that is generating: wait (bounded) for a request on one
+            busy: list[str] = []
             for _ in range(200):
                 busy = [r for r in self._live("standalone") if fleet.router.requests_on(r)]
                 if busy:
                     break
                 await asyncio.sleep(0.01)
             victim = self._pick(busy or self._live("standalone"), fault.target)
-            if victim is not None:
-                record.detail = f"killed {victim}" + (" while generating" if busy else "")
-                record.time = loop.time()
-                self._kill(victim)
-            else:
-                record.detail = "no live standalone replica"
+            if victim is None:
+                return "no live standalone replica"
+            record.detail = f"killed {victim}" + (" while generating" if busy else "")
+            record.time = loop.time()
+            self._kill(victim)
         elif kind == "kill_all_standalone":
             victims = self._live("standalone")
+            if not victims:
+                return "no live standalone replica"
             record.detail = f"killed {victims}"
             for rid in victims:
                 self._kill(rid)
         elif kind in ("kill_during_activation", "kill_during_deactivation"):
+            if kind in self._armed:
+                return f"a {kind} fault is already armed"
             record.detail = "armed"
-            self._armed[kind] = record
+            record.state = "armed"
+            self._armed[kind] = record  # fires (and counts) at the next such switch
         elif kind == "router_restart":
             record.detail = "killed the router actor"
             ray.kill(fleet.router.handle, no_restart=True)
@@ -306,22 +401,25 @@ class ChaosMonkey:
             ray.kill(fleet.queue.handle, no_restart=True)
         elif kind == "driver_restart":
             record.detail = "driver cancelled"
+            self._restarting = True
             if self._on_driver_restart is not None:
                 self._on_driver_restart()
         elif kind == "straggler":
             victim = self._pick(sorted(fleet.replicas), fault.target)
-            if victim is not None:
-                record.detail = f"{victim} x{self.straggler_factor:g} for {self.straggler_s:g} s"
-                handle = fleet.replicas[victim].handle
-                try:
-                    await asyncio.wait_for(
-                        handle.set_straggler.remote(self.straggler_factor, self.straggler_s), 10.0
-                    )
-                except Exception as exc:
-                    record.detail += f" (not applied: {type(exc).__name__})"
+            if victim is None:
+                return "no replica"
+            record.detail = f"{victim} x{self.straggler_factor:g} for {self.straggler_s:g} s"
+            handle = fleet.replicas[victim].handle
+            try:
+                await asyncio.wait_for(
+                    handle.set_straggler.remote(self.straggler_factor, self.straggler_s), 10.0
+                )
+            except Exception as exc:
+                record.detail += f" (not applied: {type(exc).__name__})"
         elif kind == "network_delay":
             record.detail = f"+{self.network_delay_s:g} s per actor call for {self.network_s:g} s"
             inject_call_delay(self.network_delay_s, self.network_s)
+        return None
 
 
 @attrs.frozen(kw_only=True)
@@ -335,8 +433,13 @@ class ChaosReport:
     wall_s: float
     faults_by_kind: Mapping[str, int]
     faults: tuple[Mapping[str, Any], ...]
+    schedule: tuple[Mapping[str, Any], ...]
+    faults_not_executed: tuple[Mapping[str, Any], ...]
+    fault_deferrals: int
+    samples: Mapping[str, Any]
     recoveries: Mapping[str, Any]
     time_lost_s_by_kind: Mapping[str, float]
+    samples_produced: int
     samples_consumed: int
     samples_lost: int
     samples_duplicated: int
@@ -354,6 +457,11 @@ class ChaosReport:
     failures: tuple[str, ...]
 
     @property
+    def executed_faults(self) -> list[tuple[str, int]]:
+        """``(kind, scheduled step)`` of every fault that fired, in schedule order."""
+        return [(str(f["kind"]), int(f["step"])) for f in self.faults]
+
+    @property
     def ok(self) -> bool:
         """Every check passed."""
         return not self.failures
@@ -363,6 +471,190 @@ class ChaosReport:
         out = attrs.asdict(self)
         out["ok"] = self.ok
         return out
+
+
+@attrs.define
+class _Lifetime:
+    """What one driver lifetime did with sample ids (from its `SampleEvent` s)."""
+
+    produced: list[str] = attrs.Factory(list)
+    consumed: list[str] = attrs.Factory(list)
+    left: list[str] | None = None
+    committed: list[str] = attrs.Factory(list)
+    finished: bool = False
+
+    def record(self, event: SampleEvent) -> None:
+        if event.kind == "produced":
+            self.produced.extend(event.sample_ids)
+        elif event.kind == "consumed":
+            self.consumed.extend(event.sample_ids)
+        elif event.kind == "left":
+            self.left = list(event.sample_ids)
+
+
+@attrs.frozen(kw_only=True)
+class SampleAccounting:
+    """Per-id accounting of a soak over every driver lifetime (`account_samples`).
+
+    Attributes:
+        produced: Distinct sample ids put into a queue (acknowledged), over every driver.
+        consumed: Distinct ids trained and kept by the final checkpoint.
+        regenerated: Ids produced again by a later driver after a driver restart
+            discarded them (not trained, or trained after the last checkpoint).
+        left: Ids still in the last driver's queue when it ended (not trained).
+        returned: Ids discarded with a restarted driver and not produced again before
+            the run ended (their prompts are not in the checkpoint: a resume makes them).
+        lost: Ids produced and then neither trained, nor in the final queue, nor
+            discarded with a driver restart.
+        duplicated: Ids produced twice by one driver, taken twice, trained twice, or
+            produced again after a checkpoint had recorded them trained.
+        problems: One line per violation, naming the ids.
+    """
+
+    produced: int
+    consumed: int
+    regenerated: int
+    left: int
+    returned: int
+    lost: tuple[str, ...]
+    duplicated: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """No id lost, duplicated or otherwise unexplained."""
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready); ``lost`` and ``duplicated`` as counts and id lists."""
+        return {
+            "produced": self.produced,
+            "consumed": self.consumed,
+            "regenerated": self.regenerated,
+            "left": self.left,
+            "returned": self.returned,
+            "lost": len(self.lost),
+            "duplicated": len(self.duplicated),
+            "lost_ids": list(self.lost),
+            "duplicated_ids": list(self.duplicated),
+            "problems": list(self.problems),
+        }
+
+
+def _ids(xs: Any, limit: int = 20) -> str:
+    xs = sorted(xs, key=_natural)
+    more = f" (+{len(xs) - limit} more)" if len(xs) > limit else ""
+    return ", ".join(xs[:limit]) + more
+
+
+def _natural(x: str) -> tuple[str, int]:
+    head = x.rstrip("0123456789")
+    tail = x[len(head) :]
+    return head, int(tail) if tail else -1
+
+
+def account_samples(lifetimes: Sequence[_Lifetime]) -> SampleAccounting:
+    """Check every sample id across every driver lifetime.
+
+    Each produced id must end one way: trained exactly once and kept by the final
+    checkpoint, still in the last driver's queue, or discarded with a driver restart
+    (then produced again by a later driver at most once per restart, or left to the
+    prompt source). Anything else is lost or duplicated.
+    """
+    problems: list[str] = []
+    duplicated: set[str] = set()
+    lost: set[str] = set()
+    final = lifetimes[-1].committed if lifetimes else []
+    final_set = set(final)
+    twice = sorted(sid for sid, n in Counter(final).items() if n > 1)
+    if twice:
+        duplicated.update(twice)
+        problems.append(f"trained twice (final checkpoint): {_ids(twice)}")
+    last_made: dict[str, int] = {}
+    made_in: Counter[str] = Counter()
+    before: set[str] = set()  # committed when a lifetime started
+    for i, life in enumerate(lifetimes, start=1):
+        for what, ids in (("produced", life.produced), ("taken from the queue", life.consumed)):
+            again = sorted(sid for sid, n in Counter(ids).items() if n > 1)
+            if again:
+                duplicated.update(again)
+                problems.append(f"{what} twice by driver lifetime {i}: {_ids(again)}")
+        produced = set(life.produced)
+        phantom = set(life.consumed) - produced
+        if phantom:
+            duplicated.update(phantom)
+            problems.append(f"taken but never produced in driver lifetime {i}: {_ids(phantom)}")
+        retrained = produced & before
+        if retrained:
+            duplicated.update(retrained)
+            problems.append(
+                f"produced again by driver lifetime {i} after a checkpoint recorded them"
+                f" trained: {_ids(retrained)}"
+            )
+        for sid in produced:
+            made_in[sid] += 1
+            last_made[sid] = i
+        dropped = set(life.committed) - set(final)
+        if dropped:
+            lost.update(dropped)
+            problems.append(f"checkpointed after lifetime {i}, missing later: {_ids(dropped)}")
+        before = set(life.committed)
+    last = lifetimes[-1] if lifetimes else None
+    left: set[str] = set()
+    returned: set[str] = set()
+    if last is not None:
+        if last.left is None:
+            problems.append("the last driver did not report the samples left in its queue")
+        left = set(last.left or ()) - final_set
+        untrained = set(last.consumed) - final_set
+        if untrained:
+            lost.update(untrained)
+            problems.append(f"trained by the last driver but not checkpointed: {_ids(untrained)}")
+    n = len(lifetimes)
+    vanished: set[str] = set()
+    for sid, where in last_made.items():
+        if sid in final_set or sid in left or sid in lost:
+            continue
+        if where < n and not lifetimes[where - 1].finished:
+            returned.add(sid)  # discarded with a restarted driver, prompt still pending
+            continue
+        vanished.add(sid)
+    if vanished:
+        lost.update(vanished)
+        problems.append(f"lost (produced, never trained, not in the final queue): {_ids(vanished)}")
+    never = final_set - set(last_made)
+    if never:
+        problems.append(f"in the final checkpoint but never produced: {_ids(never)}")
+    return SampleAccounting(
+        produced=len(last_made),
+        consumed=len(final_set),
+        regenerated=sum(1 for c in made_in.values() if c > 1),
+        left=len(left),
+        returned=len(returned),
+        lost=tuple(sorted(lost, key=_natural)),
+        duplicated=tuple(sorted(duplicated, key=_natural)),
+        problems=tuple(problems),
+    )
+
+
+class _SoakRunner(RayRunner):
+    """A `RayRunner` whose trainer waits, before each step, for the faults due to fire."""
+
+    def __init__(self, *args: Any, gate: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gate = gate
+
+    def _build_loop(self, fleet: Any, replicas: Any, bus: Any) -> Any:
+        loop = super()._build_loop(fleet, replicas, bus)
+        trainer = loop.trainer
+        train_step = trainer.train_step
+
+        async def gated(samples: Any) -> Any:
+            await self._gate()
+            return await train_step(samples)
+
+        trainer.train_step = gated  # type: ignore[method-assign]
+        return loop
 
 
 class _ChaosPolicy(DynamicSchedulePolicyBase):
@@ -467,8 +759,7 @@ async def run_chaos_soak(
     ckpt = os.path.join(checkpoint_dir, f"{name}-driver.json")
     start = loop.time()
     failures: list[str] = []
-    produced_by_segment: list[Counter[str]] = []
-    consumed_all: list[str] = []
+    lifetimes: list[_Lifetime] = []
     step_times: list[tuple[int, float]] = []
     waits: list[float] = []
     memory: list[dict[str, float]] = []
@@ -484,26 +775,20 @@ async def run_chaos_soak(
     segments = 0
     steps_done = 0
 
-    def on_line(line: str) -> None:
-        monkey.progress(line)
-        if progress is not None:
-            progress(line)
-        if line.startswith("step "):
-            step = int(line.split()[1].split("/")[0])
-            step_times.append((step, loop.time()))
-            for part in line.split():
-                if part.startswith("wait="):
-                    waits.append(float(part[5:].rstrip("s")))
-            if step % 10 == 0:
-                gc.collect()
-                memory.append(
-                    {
-                        "step": step,
-                        "t": loop.time() - start,
-                        "rss_mb": _rss_mb(),
-                        "ray_refs": _ray_refs(),
-                    }
-                )
+    def on_step(step: int, event: TrainStepEvent) -> None:
+        step_times.append((step, loop.time()))
+        waits.append(float(event.timings.get("gen", 0.0)))
+        monkey.on_step(step)
+        if step % 10 == 0:
+            gc.collect()
+            memory.append(
+                {
+                    "step": step,
+                    "t": loop.time() - start,
+                    "rss_mb": _rss_mb(),
+                    "ray_refs": _ray_refs(),
+                }
+            )
 
     base = {
         "name": name,
@@ -525,30 +810,29 @@ async def run_chaos_soak(
     while steps_done < num_steps:
         segments += 1
         restart_requested.clear()
-        produced: Counter[str] = Counter()
-        produced_by_segment.append(produced)
+        life = _Lifetime()
+        lifetimes.append(life)
+        offset = steps_done  # the resumed driver numbers its steps from the checkpoint's
         opt = RayRunOptions(
             **{**base, "num_steps": num_steps - steps_done, "resume": steps_done > 0}
         )
-        holder: list[RayRunner] = []
 
-        def seg_line(
-            line: str, holder: list[RayRunner] = holder, produced: Counter[str] = produced
-        ) -> None:
-            fleet = holder[0].fleet if holder else None
-            if fleet is not None and fleet.queue.on_put is None:
-                fleet.queue.on_put = lambda s, c=produced: c.update([str(s.sample_id)])
-            on_line(line)
+        def on_event(event: Any, life: _Lifetime = life, offset: int = offset) -> None:
+            if isinstance(event, SampleEvent):
+                life.record(event)
+            elif isinstance(event, TrainStepEvent):
+                on_step(offset + event.step, event)
 
-        runner = RayRunner(
+        runner = _SoakRunner(
             config,
             opt,
+            gate=monkey.settle,
             policy=_ChaosPolicy(),
             keep_samples=True,
-            progress=seg_line,
+            progress=progress,
             on_transition=monkey.on_transition,
+            on_event=on_event,
         )
-        holder.append(runner)
         monkey.attach(runner)
         task = asyncio.ensure_future(runner.run())
         waiter = asyncio.ensure_future(restart_requested.wait())
@@ -561,8 +845,7 @@ async def run_chaos_soak(
             await asyncio.wait({task}, timeout=60.0)
             saved = _read_checkpoint(ckpt)
             kept = int(saved["steps_done"]) if saved is not None else 0
-            first = runner._step_offset
-            steps_redone += max(0, first + trained - kept)
+            steps_redone += max(0, offset + trained - kept)
             steps_done = kept
             driver_cancels.append(cancelled_at)
         else:
@@ -572,12 +855,16 @@ async def run_chaos_soak(
                 failures.append(f"segment {segments} failed: {type(exc).__name__}: {exc}")
                 saved = _read_checkpoint(ckpt)
                 steps_done = int(saved["steps_done"]) if saved is not None else 0
+                life.committed = [str(x) for x in (saved or {}).get("consumed_sample_ids", [])]
                 break
+            life.finished = True
             steps_done = res.first_step - 1 + res.loop.steps
             if res.loop.samples_failed:
                 failures.append(f"segment {segments}: {res.loop.samples_failed} sample(s) failed")
             if res.loop.samples_produced != res.loop.samples_consumed + res.loop.samples_left:
                 failures.append(f"segment {segments}: queue counters do not add up")
+            saved = _read_checkpoint(ckpt)
+        life.committed = [str(x) for x in (saved or {}).get("consumed_sample_ids", [])]
         # recoveries of every driver lifetime, the cancelled ones included
         if runner.supervisor is not None:
             restarts.extend(runner.supervisor.history)
@@ -614,36 +901,15 @@ async def run_chaos_soak(
         later = [t for _, t in step_times if t > t0]
         fixed.append((later[0] - t0) if later else float("nan"))
 
-    saved = _read_checkpoint(ckpt) or {"consumed_sample_ids": []}
-    consumed_all = [str(x) for x in saved["consumed_sample_ids"]]
-    dup = len(consumed_all) - len(set(consumed_all))
+    accounting = account_samples(lifetimes)
+    failures.extend(f"samples: {p}" for p in accounting.problems)
     if steps_done < num_steps:
         failures.append(f"finished {steps_done}/{num_steps} steps")
-    if dup:
-        failures.append(f"{dup} sample(s) trained twice")
-    if len(consumed_all) != steps_done * config.required_samples:
+    if accounting.consumed != steps_done * config.required_samples:
         failures.append(
-            f"{len(consumed_all)} sample(s) trained, {steps_done * config.required_samples}"
+            f"{accounting.consumed} sample(s) trained, {steps_done * config.required_samples}"
             " expected"
         )
-    produced_twice = sum(1 for c in produced_by_segment for n in c.values() if n > 1)
-    if produced_twice:
-        failures.append(f"{produced_twice} sample id(s) produced twice within one driver")
-    regenerated = sum(
-        1
-        for i, c in enumerate(produced_by_segment)
-        for sid in c
-        if any(sid in other for other in produced_by_segment[:i])
-    )
-    # lost: produced, never trained, and neither produced again by a later driver nor
-    # still buffered or in flight at the end (the last driver's samples)
-    trained = set(consumed_all)
-    lost = sum(
-        1
-        for i, c in enumerate(produced_by_segment[:-1])
-        for sid in c
-        if sid not in trained and not any(sid in later for later in produced_by_segment[i + 1 :])
-    )
     over = [s for s in staleness if s > bound]
     if over:
         failures.append(f"{len(over)} sample(s) staler than {bound} version(s)")
@@ -653,12 +919,17 @@ async def run_chaos_soak(
     mem = _memory_summary(memory)
     if mem.get("leak"):
         failures.append(f"memory grows: {mem['leak']}")
-    if lost:
-        failures.append(f"{lost} sample(s) lost")
-    by_kind = Counter(r.fault.kind for r in monkey.injected)
+    executed = monkey.executed
+    by_kind = Counter(str(f["kind"]) for f in executed)
     missing = [k for k in kinds if k not in by_kind]
     if missing:
         failures.append(f"fault kinds never injected: {missing}")
+    not_executed = monkey.not_executed
+    if not_executed:
+        failures.append(
+            f"{len(not_executed)} scheduled fault(s) never executed: "
+            + ", ".join(f"{f['kind']}@{f['step']}" for f in not_executed)
+        )
     lost_by_kind = _time_lost(monkey.injected, step_times)
     report = ChaosReport(
         seed=seed,
@@ -667,10 +938,14 @@ async def run_chaos_soak(
         segments=segments,
         wall_s=round(wall, 2),
         faults_by_kind=dict(sorted(by_kind.items())),
-        faults=tuple(
-            {"step": r.fault.step, "kind": r.fault.kind, "detail": r.detail}
-            for r in monkey.injected
+        faults=tuple(executed),
+        schedule=tuple(
+            {"step": f.step, "kind": f.kind, "delay_s": f.delay_s, "target": f.target}
+            for f in schedule.faults
         ),
+        faults_not_executed=tuple(not_executed),
+        fault_deferrals=monkey.deferrals,
+        samples=accounting.as_dict(),
         recoveries={
             "replica_restarts": len([r for r in restarts if r.ok]),
             "replica_restarts_failed": len([r for r in restarts if not r.ok]),
@@ -684,10 +959,11 @@ async def run_chaos_soak(
             "driver_recovery_s": _spread(fixed),
         },
         time_lost_s_by_kind=lost_by_kind,
-        samples_consumed=len(consumed_all),
-        samples_lost=lost,
-        samples_duplicated=dup,
-        samples_regenerated_after_driver_restart=regenerated,
+        samples_produced=accounting.produced,
+        samples_consumed=accounting.consumed,
+        samples_lost=len(accounting.lost),
+        samples_duplicated=len(accounting.duplicated),
+        samples_regenerated_after_driver_restart=accounting.regenerated,
         requests_resumed_after_replica_death=resumed_requests,
         steps_redone_after_driver_restart=steps_redone,
         staleness_bound=bound,

@@ -9,6 +9,7 @@ from dynsched_core import ConfigError, DynschedError
 __all__ = [
     "ActorUnavailableError",
     "AllReplicasLostError",
+    "CheckpointWriteError",
     "EngineStartError",
     "ModelFilesError",
     "RemoteCallTimeoutError",
@@ -72,6 +73,34 @@ class AllReplicasLostError(DynschedError, RuntimeError):
             " the run cannot continue. Check the replica actors' logs (ray logs) for the cause."
         )
         self.dead = sorted(dead)
+
+
+class CheckpointWriteError(DynschedError, RuntimeError):
+    """A checkpoint (or metrics) write failed: the run stops, the last good one is kept.
+
+    Attributes:
+        step: The step whose write failed.
+        last_step: Step of the last checkpoint on disk (None: none was written).
+        folder: Where the last good checkpoint is.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        step: int = 0,
+        last_step: int | None = None,
+        folder: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.step = step
+        self.last_step = last_step
+        self.folder = folder
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.step, self.last_step, self.folder))
 
 
 class TrainerOffloadedError(DynschedError, RuntimeError):

@@ -762,6 +762,14 @@ class RayQueue:
         """Samples buffered as last seen by this proxy (synchronous, may lag)."""
         return self._size
 
+    async def held_sample_ids(self) -> list[str]:
+        """Ids of the samples the queue *actor* holds now, in order (nothing is taken).
+
+        Asked of the actor, not read from this proxy's journal: a sample the actor lost
+        (e.g. in a replacement) is not listed, so a per-id check can see the loss.
+        """
+        return list(await self._call("held_sample_ids"))
+
     async def close(self) -> None:
         """Mark end-of-stream."""
         await self._call("close")

@@ -46,8 +46,9 @@ from dynsched_core import (
 )
 from dynsched_core import validators as v
 from dynsched_core.events import SwitchEvent, TrainStepEvent
+from dynsched_core.storage import atomic_write_text, trim_json_lines
 
-from dynsched_ray._errors import AllReplicasLostError
+from dynsched_ray._errors import AllReplicasLostError, CheckpointWriteError
 from dynsched_ray._fleet import FleetSpec, RayFleet, ReplicaFactory
 from dynsched_ray._proxies import RayReplica
 from dynsched_ray._supervisor import ReplicaRestart, ReplicaSupervisor, RestartOptions
@@ -58,15 +59,22 @@ __all__ = [
     "RayRunOptions",
     "RayRunResult",
     "RayRunner",
+    "check_fingerprint",
     "checkpoint_policy",
+    "config_fingerprint",
     "load_checkpoint",
     "run_ray",
     "synthetic_prompts",
+    "validate_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = 1
+
+#: Largest ``steps_done`` a checkpoint may hold (judgement: far beyond any real run;
+#: the consumed-id list must hold as many steps' ids anyway).
+MAX_STEPS_DONE = 10**9
 
 
 @attrs.frozen(kw_only=True)
@@ -316,6 +324,216 @@ def checkpoint_policy(data: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: Config fields that do not change what a step means (``--steps`` adds steps on resume).
+_NOT_FINGERPRINTED = frozenset({"total_training_steps", "total_rollout_steps"})
+
+
+def config_fingerprint(config: DynamicScheduleConfig) -> dict[str, Any]:
+    """Every config field that changes the meaning of a step, by the key a user sets.
+
+    The policy and its parameters, batch (``ppo_mini_batch_size``, ``require_batches``,
+    ``rollout.n``), ``trigger_parameter_sync_step``, staleness, the GPU layout (trainer and
+    rollout nodes x GPUs per node, tensor parallel size: hence the hybrid count),
+    ``partial_rollout``, concurrency and lengths; keyed by the verl key without the
+    ``async_training.`` prefix (e.g. ``trainer.n_gpus_per_node``).
+    """
+    from dynsched_core._config import _VERL_PATHS
+
+    out: dict[str, Any] = {}
+    for field, value in config.to_dict().items():
+        if field in _NOT_FINGERPRINTED:
+            continue
+        paths = _VERL_PATHS.get(field)
+        key = paths[0] if paths else field
+        out[key.removeprefix("async_training.")] = value
+    normal: dict[str, Any] = json.loads(json.dumps(out, default=str))  # as read back
+    return normal
+
+
+def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``"key old -> new"`` for each field that differs (a missing one shows as ``-``)."""
+    out = []
+    for key in sorted(set(saved) | set(current), key=lambda k: (k not in current, k)):
+        old, new = saved.get(key, "-"), current.get(key, "-")
+        if old != new:
+            out.append(f"{key} {old} -> {new}")
+    return out
+
+
+def check_fingerprint(
+    data: Mapping[str, Any], current: Mapping[str, Any], *, allow_change: bool = False
+) -> str | None:
+    """Compare a checkpoint's config fingerprint with this run's.
+
+    Returns:
+        None when they match (or ``allow_change``); otherwise the one-line refusal,
+        naming each differing field and the override flag.
+    """
+    if allow_change:
+        return None
+    saved = data.get("fingerprint")
+    if not isinstance(saved, Mapping):
+        return (
+            "--resume: the checkpoint has no config fingerprint (written by an older "
+            "dynsched), so a changed batch size, GPU layout or sync interval cannot be "
+            "detected (pass --allow-config-change to resume anyway)"
+        )
+    diff = fingerprint_diff(saved, current)
+    if not diff:
+        return None
+    shown = ", ".join(diff[:8]) + (f", and {len(diff) - 8} more" if len(diff) > 8 else "")
+    return (
+        f"--resume: checkpoint differs from this run: {shown} "
+        "(pass --allow-config-change to resume anyway)"
+    )
+
+
+_ID_RE = {"p": r"p(0|[1-9][0-9]{0,17})", "t": r"t(0|[1-9][0-9]{0,17})"}
+
+
+def validate_checkpoint(
+    data: Mapping[str, Any],
+    name: str,
+    *,
+    required_samples: int | None = None,
+    id_prefix: str | None = None,
+    max_steps_done: int | None = None,
+) -> None:
+    """Check a checkpoint's content before anything starts (after `load_checkpoint`).
+
+    No NaN or infinity anywhere; ``steps_done`` and every version and counter a
+    non-negative int (``steps_done`` at most ``max_steps_done``); the consumed sample ids
+    unique, of the prompt source's form (``id_prefix`` + index) and as many as the steps
+    consumed (``steps_done x required_samples``: an emptied or cut list would retrain
+    prompts already consumed).
+
+    Raises:
+        ConfigError: one line naming the checkpoint and the field.
+    """
+    import math
+    import re
+
+    def bad(field: str, why: str) -> ConfigError:
+        return ConfigError(f"checkpoint {name!r}: {field!r} {why}", key="checkpoint")
+
+    def walk(value: Any, where: str, depth: int = 0) -> None:
+        if depth > 64:
+            raise bad(where, "is nested too deep")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise bad(where, f"must be a finite number, got {value}")
+        if isinstance(value, Mapping):
+            for k, x in value.items():
+                walk(x, f"{where}.{k}" if where else str(k), depth + 1)
+        elif isinstance(value, list | tuple):
+            for i, x in enumerate(value):
+                walk(x, f"{where}[{i}]", depth + 1)
+
+    walk(data, "")
+    steps = data.get("steps_done")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise bad("steps_done", f"must be an int >= 0, got {steps!r}")
+    if max_steps_done is None:
+        max_steps_done = MAX_STEPS_DONE
+    if steps > max_steps_done:
+        raise bad("steps_done", f"must be <= {max_steps_done} for this config, got {steps}")
+
+    def non_negative_int(field: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad(field, f"must be an int >= 0, got {value!r}")
+
+    driver = data.get("driver")
+    driver = driver if isinstance(driver, Mapping) else {}
+    if "param_version" in data:
+        non_negative_int("param_version", data["param_version"])
+        if "param_version" in driver and driver["param_version"] != data["param_version"]:
+            raise bad(
+                "param_version",
+                f"is {data['param_version']!r} but the driver state says "
+                f"{driver['param_version']!r}",
+            )
+        if data["param_version"] > steps:  # one version per sync at most
+            raise bad(
+                "param_version",
+                f"is {data['param_version']} but only {steps} step(s) were trained",
+            )
+    for key, value in driver.items():
+        if key != "policy" and isinstance(value, int | float) and not isinstance(value, bool):
+            if value < 0:
+                raise bad(f"driver.{key}", f"must be >= 0, got {value!r}")
+            if key in ("param_version", "cycles", "requested_samples"):
+                non_negative_int(f"driver.{key}", value)
+    if "metrics_rows" in data:
+        non_negative_int("metrics_rows", data["metrics_rows"])
+    wall = data.get("wall_s", 0)
+    if isinstance(wall, bool) or not isinstance(wall, int | float) or wall < 0:
+        raise bad("wall_s", f"must be a number >= 0, got {wall!r}")
+    ids = data.get("consumed_sample_ids")
+    if not isinstance(ids, list) or not all(
+        isinstance(x, str | int) and not isinstance(x, bool) for x in ids
+    ):
+        raise bad("consumed_sample_ids", "must be a list of sample ids")
+    seen: set[str] = set()
+    for x in ids:
+        key = str(x)
+        if key in seen:
+            raise bad("consumed_sample_ids", f"holds {key!r} twice (each sample is consumed once)")
+        seen.add(key)
+    if id_prefix is not None:
+        pattern = re.compile(_ID_RE.get(id_prefix, re.escape(id_prefix) + r"[0-9]+"))
+        for x in ids:
+            if not isinstance(x, str) or not pattern.fullmatch(x):
+                raise bad(
+                    "consumed_sample_ids",
+                    f"holds {str(x)[:40]!r}, not an id of this prompt source "
+                    f"({id_prefix}0, {id_prefix}1, ...)",
+                )
+    if required_samples is not None and len(ids) != steps * required_samples:
+        raise bad(
+            "consumed_sample_ids",
+            f"holds {len(ids)} id(s) but {steps} step(s) x {required_samples} sample(s) were "
+            "consumed (a cut or emptied list would retrain prompts already consumed)",
+        )
+
+
+def checkpoint_required_samples(data: Mapping[str, Any]) -> int | None:
+    """Samples per step of the config that wrote a checkpoint (None when it does not say)."""
+    config = data.get("config")
+    if not isinstance(config, Mapping):
+        return None
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return int(DynamicScheduleConfig.from_dict(dict(config)).required_samples)
+    except Exception:  # an unreadable config: the fingerprint check says so
+        return None
+
+
+class _FailFastSink:
+    """Passes records on; a write that fails stops the run (``on_error``), never only
+    logged (the event bus would swallow it)."""
+
+    def __init__(self, inner: Any, on_error: Callable[[BaseException], None]) -> None:
+        self.inner = inner
+        self.on_error = on_error
+
+    def write(self, record: Any) -> None:
+        try:
+            self.inner.write(record)
+        except OSError as exc:
+            self.on_error(exc)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        except OSError as exc:  # pragma: no cover - the data was already fsynced
+            logger.warning("closing the metrics file failed: %s", exc)
+
+
 class _RelabelledSink:
     """Writes the records of a resumed run with global step and cycle numbers."""
 
@@ -357,6 +575,9 @@ class RayRunner:
         progress: Called with one human-readable line per step, switch and failure.
         on_transition: Called with each hybrid state `Transition` (e.g. for drills).
         keep_samples: Keep every consumed sample in `consumed_samples` (for checks).
+        on_event: Subscribed to the run's `EventBus` before anything is emitted (every
+            core event: `TrainStepEvent` with the run's own step numbers, `SampleEvent`
+            with the sample ids produced, consumed and left, ...).
 
     Ray must be initialised (``ray.init()`` or ``ray.init(address="auto")``).
     """
@@ -371,9 +592,11 @@ class RayRunner:
         progress: Callable[[str], None] | None = None,
         on_transition: Callable[[Any], None] | None = None,
         keep_samples: bool = False,
+        on_event: Callable[[Any], None] | None = None,
     ) -> None:
         self.config = config
         self._on_transition = on_transition
+        self._on_event_cb = on_event
         self.keep_samples = keep_samples
         self.consumed_samples: list[Any] = []
         #: Weight version trained on for each of `consumed_samples` (``keep_samples``).
@@ -399,6 +622,10 @@ class RayRunner:
         #: Replaces dead replica actors (runs with ``options.replica_restarts > 0``).
         self.supervisor: ReplicaSupervisor | None = None
         self._all_ids: list[str] = []
+        #: A failed checkpoint or metrics write: the run stops with it.
+        self._fatal_error: CheckpointWriteError | None = None
+        #: Step of the last checkpoint on disk (None: none yet).
+        self._last_checkpoint_step: int | None = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -493,7 +720,10 @@ class RayRunner:
                 + (" [sync]" if event.is_sync_step else "")
             )
             if event.is_sync_step:
-                self._write_checkpoint()
+                try:
+                    self._write_checkpoint()
+                except OSError as exc:  # the bus would only log it: stop the run instead
+                    self._output_failed("checkpoint write", exc)
         elif isinstance(event, SwitchEvent) and event.kind in ("activate", "deactivate"):
             (self._switches if event.ok else self._failed_switches).append(event.kind)
             status = "ok" if event.ok else f"FAILED: {event.detail}"
@@ -511,17 +741,55 @@ class RayRunner:
             "steps_done": self._step_offset + len(self._consumed_steps),
             "consumed_sample_ids": list(self._consumed),
             "config": self.config.to_dict(),
+            "fingerprint": self.fingerprint(),
         }
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What a resumed run must share with this one (`config_fingerprint`)."""
+        return config_fingerprint(self.config)
+
     def _write_checkpoint(self) -> None:
+        """Write the driver checkpoint atomically (temp file, fsync, rename).
+
+        Raises:
+            OSError: the write failed (the previous checkpoint is intact).
+        """
         path = self.options.checkpoint_path
-        if not path or self.loop is None:
+        if not path or self.loop is None or self._fatal_error is not None:
             return
-        tmp = f"{path}.tmp"
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(self._checkpoint_state(), fh)
-        os.replace(tmp, path)
+        state = self._checkpoint_state()
+        atomic_write_text(path, json.dumps(state))
+        self._last_checkpoint_step = int(state["steps_done"])
+
+    def _output_failed(self, what: str, exc: BaseException) -> CheckpointWriteError:
+        """Record a failed checkpoint/metrics write and stop the run (first one wins)."""
+        if self._fatal_error is None:
+            step = self._step_offset + len(self._consumed_steps)
+            errno = getattr(exc, "errno", None)
+            reason = (
+                f"[Errno {errno}] {exc.strerror}"
+                if errno and getattr(exc, "strerror", None)
+                else str(exc)
+            )
+            path = self.options.checkpoint_path
+            folder = str(Path(path).parent) if path else ""
+            last = self._last_checkpoint_step
+            if not path:
+                kept = "this run writes no checkpoint"
+            elif last is None:
+                kept = f"no checkpoint was written yet in {folder}"
+            else:
+                kept = f"the last good checkpoint (step {last}) is intact in {folder}"
+            self._fatal_error = CheckpointWriteError(
+                f"{what} failed at step {step}: {reason}; {kept}",
+                step=step,
+                last_step=last,
+                folder=folder,
+            )
+            logger.error("%s", self._fatal_error)
+        if self._fatal is not None:
+            self._fatal.set()
+        return self._fatal_error
 
     def _record_step(self, samples: Sequence[Any]) -> None:
         self._consumed_steps.append(len(samples))
@@ -544,10 +812,12 @@ class RayRunner:
         self.fleet = fleet = await RayFleet.launch(self.fleet_spec(), on_death=self._on_death)
         self._say(
             f"fleet {self.options.name}: {len(fleet.standalone)} standalone +"
-            f" {len(fleet.hybrid)} hybrid replica(s), {len(fleet.trainer_workers)} trainer"
+            f" {len(fleet.hybrid)} hybrid replica(s), {self._trainer_worker_count(fleet)} trainer"
             f" worker(s), router {'reused' if fleet.router_reused else 'created'}"
         )
         bus = EventBus()
+        if self._on_event_cb is not None:
+            bus.subscribe(self._on_event_cb)
         # A resumed run subscribes its metrics after the restore: the restore's staleness
         # reset closes no cycle's rollout window (it would pair with the first cycle).
         aggregator, sink = self._metrics(bus) if restored is None else (None, None)
@@ -565,7 +835,12 @@ class RayRunner:
             result = await self._run_loop(loop)
             if aggregator is not None:
                 aggregator.finish(loop.clock.now())
-            self._write_checkpoint()
+            if self._fatal_error is not None:
+                raise self._fatal_error
+            try:
+                self._write_checkpoint()
+            except OSError as exc:
+                raise self._output_failed("checkpoint write", exc) from None
         finally:
             await self._release(fleet, health, sink)
         self._say(
@@ -576,6 +851,14 @@ class RayRunner:
         )
         return self._result(result, fleet, restored is not None, aggregator)
 
+    def _trainer_worker_count(self, fleet: RayFleet) -> int:
+        """Trainer workers of the run: the stand-ins, or the real trainers (one per trainer
+        GPU unless the spec says otherwise), which start after the fleet."""
+        spec = self.options.trainer
+        if spec is None:
+            return len(fleet.trainer_workers)
+        return int(fleet.spec.trainer_gpus if spec.workers is None else spec.workers)
+
     def _read_checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint to resume from (None for a fresh run); sets the step offset."""
         opt = self.options
@@ -583,12 +866,38 @@ class RayRunner:
             return None
         assert opt.checkpoint_path is not None
         restored = load_checkpoint(opt.checkpoint_path)
+        validate_checkpoint(
+            restored,
+            opt.checkpoint_path,
+            required_samples=checkpoint_required_samples(restored) or self.config.required_samples,
+            id_prefix=self._id_prefix if self._prompts is None else None,
+        )
         self._consumed = list(restored["consumed_sample_ids"])
         self._step_offset = int(restored["steps_done"])
+        self._last_checkpoint_step = self._step_offset
+        self._trim_metrics(self._step_offset)
         # Cycles the earlier runs reported (a trailing partial cycle counts as one).
         period = max(1, int(self.config.trigger_parameter_sync_step))
         self._cycle_offset = -(-self._step_offset // period)
         return restored
+
+    #: Prefix of the ids of the default prompt source (`synthetic_prompts`: p0, p1, ...).
+    _id_prefix: str | None = "p"
+
+    def _trim_metrics(self, steps_done: int) -> None:
+        """Drop the metric rows a crashed run wrote after its last checkpoint (they are
+        redone), and a truncated last line, so no cycle is written twice."""
+        path = self.options.metrics_path
+        if not path:
+            return
+
+        def keep(row: Any) -> bool:
+            step = row.get("step", 0) if isinstance(row, dict) else 0
+            return not isinstance(step, int | float) or step <= steps_done
+
+        dropped = trim_json_lines(path, keep)
+        if dropped:
+            self._say(f"resume: dropped {dropped} metric row(s) after step {steps_done}")
 
     async def _trainer_group(self, fleet: RayFleet) -> dict[str, Any]:
         """Start the real trainers (``options.trainer``) on the trainer pool's bundles.
@@ -801,10 +1110,15 @@ class RayRunner:
         finally:
             fatal.cancel()
         if run.done():
-            return run.result()
-        # Every replica is gone: stop the loop (bounded), then report.
+            result = run.result()
+            if self._fatal_error is not None:
+                raise self._fatal_error
+            return result
+        # A write failed, or every replica is gone: stop the loop (bounded), then report.
         run.cancel()
         await asyncio.wait({run}, timeout=self.options.call_timeout_s)
+        if self._fatal_error is not None:
+            raise self._fatal_error
         raise AllReplicasLostError(self.replicas.dead_ids)
 
     def _metrics(self, bus: EventBus) -> tuple[Any, Any]:
@@ -820,6 +1134,8 @@ class RayRunner:
         )
         if sink is not None and (self._step_offset or self._cycle_offset):
             sink = _RelabelledSink(sink, self._step_offset, self._cycle_offset)
+        if sink is not None:
+            sink = _FailFastSink(sink, lambda exc: self._output_failed("metrics write", exc))
         aggregator = MetricsAggregator(
             hybrid_gpus=self.config.hybrid_gpus
             if self.config.use_dynamic_resource_scheduling

@@ -28,11 +28,14 @@ from typing import Any
 
 import attrs
 from dynsched_core import ConfigError, DynamicScheduleConfig
+from dynsched_core import validators as v
+from dynsched_core._config import MAX_STEPS, MAX_TOKENS
 from dynsched_core.events import TrainStepEvent
+from dynsched_core.storage import append_line, atomic_writer, trim_json_lines
 from dynsched_core.trainer import HandOverReplica, TrainBatch
 
 from dynsched_ray._rl_task import AdditionTask, TaskTokenizer, WarmUpOptions
-from dynsched_ray._runner import RayRunner, RayRunOptions, RayRunResult
+from dynsched_ray._runner import RayRunner, RayRunOptions, RayRunResult, config_fingerprint
 from dynsched_ray._trainer_group import RayTrainerGroupBackend, RayTrainerSpec
 
 __all__ = [
@@ -48,6 +51,17 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENGINES = ("vllm", "hf")
+#: `TrainSettings` field -> the verl key it is read from (`TrainSettings.from_verl`).
+_VERL_KEYS = {
+    "lr": "actor_rollout_ref.actor.optim.lr",
+    "temperature": "actor_rollout_ref.rollout.temperature",
+    "max_tokens": "data.max_response_length",
+    "seed": "data.seed",
+    "steps": "trainer.total_training_steps",
+    "out_dir": "trainer.default_local_dir",
+}
+#: The verl keys ``dynsched train`` reads besides the scheduler's (misspelling warnings).
+TRAIN_VERL_KEYS = tuple(_VERL_KEYS.values())
 TRAINERS = ("torch", "megatron")
 TRAINER_CKPT = "trainer-v{version}.pt"
 
@@ -57,20 +71,6 @@ def _one_of(allowed: Sequence[str]) -> Any:
         if value not in allowed:
             raise ConfigError(
                 f"TrainSettings.{attribute.name} must be one of {list(allowed)}, got {value!r}",
-                key=attribute.name,
-            )
-
-    return check
-
-
-def _positive(kind: type) -> Any:
-    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        ok = isinstance(value, kind) and not isinstance(value, bool) and value > 0
-        if kind is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-        if not ok:
-            raise ConfigError(
-                f"TrainSettings.{attribute.name} must be a {kind.__name__} > 0, got {value!r}",
                 key=attribute.name,
             )
 
@@ -107,11 +107,11 @@ class TrainSettings:
     model_cache: str = "dynsched-model-cache"
     engine: str = attrs.field(default="vllm", validator=_one_of(ENGINES))
     trainer: str = attrs.field(default="torch", validator=_one_of(TRAINERS))
-    steps: int = attrs.field(default=12, validator=_positive(int))
-    seed: int = 0
-    lr: float = attrs.field(default=1e-3, validator=_positive(float))
-    temperature: float = 1.0
-    max_tokens: int = attrs.field(default=6, validator=_positive(int))
+    steps: int = attrs.field(default=12, validator=v.int_ge(1, maximum=MAX_STEPS))
+    seed: int = attrs.field(default=0, validator=v.int_ge(0, maximum=2**32 - 1))
+    lr: float = attrs.field(default=1e-3, validator=v.float_gt(0.0))
+    temperature: float = attrs.field(default=1.0, validator=v.float_in(0.0, 100.0))
+    max_tokens: int = attrs.field(default=6, validator=v.int_ge(1, maximum=MAX_TOKENS))
     task: AdditionTask = attrs.field(factory=AdditionTask)
     warm_up: WarmUpOptions = attrs.field(factory=WarmUpOptions)
     device: str = "cpu"
@@ -130,17 +130,20 @@ class TrainSettings:
                 node = node[part]
             return node
 
-        found = {
-            "lr": get("actor_rollout_ref.actor.optim.lr"),
-            "temperature": get("actor_rollout_ref.rollout.temperature"),
-            "max_tokens": get("data.max_response_length"),
-            "seed": get("data.seed"),
-            "steps": get("trainer.total_training_steps"),
-            "out_dir": get("trainer.default_local_dir"),
-        }
+        found = {name: get(path) for name, path in _VERL_KEYS.items()}
         values = {k: v for k, v in found.items() if v is not None}
-        values.update({k: v for k, v in kwargs.items() if v is not None})
-        return cls(**values)
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        values.update(given)
+        try:
+            return cls(**values)
+        except ConfigError as exc:  # name the key as the user gave it
+            field = exc.key or ""
+            prefix = f"{cls.__name__}.{field}"
+            where = f"--{field.replace('_', '-')}" if field in given else _VERL_KEYS.get(field)
+            message = str(exc)
+            if where is None or not message.startswith(prefix):
+                raise
+            raise type(exc)(f"{where}{message[len(prefix) :]}", key=where) from None
 
     @property
     def metrics_path(self) -> Path:
@@ -162,6 +165,107 @@ def lag_bound(config: DynamicScheduleConfig) -> int:
     versions: lag = consuming version - admission version <= ``ceil(threshold)``.
     """
     return math.ceil(config.staleness_threshold)
+
+
+def train_fingerprint(config: DynamicScheduleConfig, settings: TrainSettings) -> dict[str, Any]:
+    """What a resumed `dynsched train` must share with the run that wrote the checkpoint:
+    the scheduler config's fingerprint (`config_fingerprint`), the engine, trainer,
+    seed, learning rate, temperature, response budget, the task and the warm-up."""
+    out = dict(config_fingerprint(config))
+    out.update(
+        {
+            "train.engine": settings.engine,
+            "train.trainer": settings.trainer,
+            "data.seed": settings.seed,
+            "actor_rollout_ref.actor.optim.lr": settings.lr,
+            "actor_rollout_ref.rollout.temperature": settings.temperature,
+            "train.max_tokens": settings.max_tokens,
+        }
+    )
+    out.update({f"task.{k}": v for k, v in attrs.asdict(settings.task).items() if k != "seed"})
+    out.update({f"warm_up.{k}": v for k, v in attrs.asdict(settings.warm_up).items()})
+    normal: dict[str, Any] = json.loads(json.dumps(out, default=str))  # as read back
+    return normal
+
+
+def resolve_checkpoint_file(folder: str | os.PathLike[str], name: Any) -> Path:
+    """The file a checkpoint's JSON names, inside the checkpoint folder only.
+
+    Raises:
+        ConfigError: ``name`` is not a plain file name (absolute, ``..``, a folder part),
+            or resolves (through a symlink) outside ``folder``, or is not a file there.
+    """
+    base = Path(folder)
+    shown = repr(name) if not isinstance(name, str) else repr(name[:80])
+    if (
+        not isinstance(name, str)
+        or not name
+        or "\x00" in name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or os.path.isabs(name)
+    ):
+        raise ConfigError(
+            f"resume: the checkpoint's 'trainer_state' must be a file name inside {str(base)!r},"
+            f" got {shown}",
+            key="trainer_state",
+        )
+    path = base / name
+    real, root = os.path.realpath(path), os.path.realpath(base)
+    if os.path.commonpath([real, root]) != root:
+        raise ConfigError(
+            f"resume: the checkpoint's 'trainer_state' {shown} leads outside {str(base)!r} "
+            "(a symlink); refusing it",
+            key="trainer_state",
+        )
+    if not os.path.isfile(real):
+        raise ConfigError(
+            f"resume: the checkpoint names trainer state {shown}, which is not in {str(base)!r}",
+            key="trainer_state",
+        )
+    return path
+
+
+def load_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a trainer checkpoint holding only tensors and plain data (``weights_only``:
+    a file that would run code when unpickled is refused, nothing of it is executed).
+
+    Raises:
+        ConfigError: the file is not such a checkpoint (one line naming it).
+    """
+    import pickle
+    import zipfile
+
+    import torch
+
+    try:
+        state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as exc:
+        import re
+
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        # torch's refusal names the offending global (its advice to load the file
+        # anyway is not repeated)
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        why = f"it calls {found.group(1)}" if found else f"unreadable ({type(exc).__name__})"
+        raise ConfigError(
+            f"resume: trainer state {os.fspath(path)!r} is not a plain tensor checkpoint "
+            f"(refused, nothing in it was run): {why[:200]}",
+            key="trainer_state",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"resume: trainer state {os.fspath(path)!r}: cannot read it ({exc.strerror or exc})",
+            key="trainer_state",
+        ) from None
+    if not isinstance(state, dict):
+        raise ConfigError(
+            f"resume: trainer state {os.fspath(path)!r} is not a state dict "
+            f"(got {type(state).__name__})",
+            key="trainer_state",
+        )
+    return state
 
 
 @attrs.frozen(kw_only=True)
@@ -329,6 +433,9 @@ class TrainRunner(RayRunner):
         self.record_events = False
         self.events: list[Any] = []
 
+    #: Ids of the task's prompts (``t0, t1, ...``).
+    _id_prefix: str | None = "t"
+
     def _say(self, line: str) -> None:
         if line.startswith("step "):  # the per-step row (on_step) replaces the step line
             logger.info(line)
@@ -453,12 +560,13 @@ class TrainRunner(RayRunner):
             self._skip_save_version = None
             return
         folder = self.settings.checkpoint_dir
-        folder.mkdir(parents=True, exist_ok=True)
         state = await group.state_dict()
         path = folder / TRAINER_CKPT.format(version=version)
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        try:  # tensors and plain containers only: loadable with weights_only=True
+            with atomic_writer(path) as fh:
+                torch.save(state, fh)
+        except OSError as exc:  # the run stops; the last good checkpoint stays
+            raise self._output_failed("checkpoint write", exc) from None
         kept = sorted(folder.glob("trainer-v*.pt"), key=lambda p: int(p.stem[len("trainer-v") :]))
         for old in kept[: -max(1, self.settings.keep_checkpoints)]:
             old.unlink(missing_ok=True)
@@ -478,11 +586,14 @@ class TrainRunner(RayRunner):
         }
         return state
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The config's fingerprint plus the training settings (`train_fingerprint`)."""
+        return train_fingerprint(self.config, self.settings)
+
     async def _restore(self, loop: Any, restored: dict[str, Any] | None) -> None:
         if restored is not None:
             self._rows_before = int(restored.get("metrics_rows", 0))
             self._wall_offset = float(restored.get("wall_s", 0.0))
-            self._truncate_metrics(self._rows_before)
         await super()._restore(loop, restored)
 
     async def _restore_trainer(self, loop: Any, restored: dict[str, Any]) -> None:
@@ -494,17 +605,8 @@ class TrainRunner(RayRunner):
         loop.trainer.version = version
         if not name:
             return
-        import torch
-
-        path = self.settings.checkpoint_dir / str(name)
-        try:
-            state = torch.load(path, weights_only=False)
-        except FileNotFoundError:
-            raise ConfigError(
-                f"resume: the checkpoint names trainer state {str(name)!r}, which is not in "
-                f"{str(self.settings.checkpoint_dir)!r}",
-                key="resume",
-            ) from None
+        path = resolve_checkpoint_file(self.settings.checkpoint_dir, name)
+        state = load_trainer_state(path)
         group = self.trainer_group
         assert group is not None
         await group.load_state_dict(state)
@@ -524,6 +626,10 @@ class TrainRunner(RayRunner):
         if isinstance(event, TrainStepEvent):
             self._step_row(event)
         super()._on_event(event)
+
+    def _trim_metrics(self, steps_done: int) -> None:
+        super()._trim_metrics(steps_done)
+        self._truncate_metrics(steps_done)
 
     def _step_row(self, event: TrainStepEvent) -> None:
         loop = self.loop
@@ -562,9 +668,11 @@ class TrainRunner(RayRunner):
             )
         self.rows.append(row)
         path = self.settings.metrics_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
+        try:  # one whole line per row, fsynced
+            path.parent.mkdir(parents=True, exist_ok=True)
+            append_line(path, json.dumps(row))
+        except OSError as exc:  # the bus would only log it: stop the run instead
+            self._output_failed("metrics write", exc)
         if self._on_step_row is not None:
             try:
                 self._on_step_row(row)
@@ -572,17 +680,17 @@ class TrainRunner(RayRunner):
                 logger.exception("on_step callback failed")
 
     # ------------------------------------------------------------------ run
-    def _truncate_metrics(self, rows: int) -> None:
-        """Drop rows a crashed run wrote after its last checkpoint (they are redone)."""
-        path = self.settings.metrics_path
-        if not path.is_file():
-            return
-        with open(path, encoding="utf-8") as fh:
-            lines = [x for x in fh if x.strip()]
-        if len(lines) > rows:
-            logger.info("resume: dropping %d metric row(s) after the checkpoint", len(lines) - rows)
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.writelines(lines[:rows])
+    def _truncate_metrics(self, steps_done: int) -> None:
+        """Drop the rows a crashed run wrote after its last checkpoint's step (they are
+        redone) and a truncated last line, so every step is in the file exactly once."""
+
+        def keep(row: Any) -> bool:
+            step = row.get("step") if isinstance(row, dict) else None
+            return isinstance(step, int) and not isinstance(step, bool) and step <= steps_done
+
+        dropped = trim_json_lines(self.settings.metrics_path, keep)
+        if dropped:
+            logger.info("resume: dropped %d metric row(s) after step %d", dropped, steps_done)
 
     def _clear_outputs(self) -> None:
         """A fresh run starts without an earlier run's metrics and trainer checkpoints."""

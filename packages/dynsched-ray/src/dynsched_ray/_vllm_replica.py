@@ -381,7 +381,9 @@ class VLLMReplica:
             check_model_folder(self._model)
             limit = self.start_timeout_s if timeout_s is None else float(timeout_s)
             done = threading.Event()
-            box: dict[str, Any] = {}
+            # "abandoned" (set under "lock" when the wait below gives up) tells a build
+            # that ends later to shut its engine down itself: nobody else holds it then
+            box: dict[str, Any] = {"lock": threading.Lock()}
             thread = threading.Thread(
                 target=self._build_engine, args=(box, done), name=f"vllm-start-{self._id}"
             )
@@ -391,14 +393,17 @@ class VLLMReplica:
             if not finished:
                 self._kill_pids(box.get("pids_live", lambda: [])())
                 await asyncio.to_thread(done.wait, 60.0)
-                engine = box.get("engine")
+                with box["lock"]:
+                    engine = box.pop("engine", None)
+                    box["abandoned"] = True
                 if engine is not None:
                     _shutdown_engine(engine)
                 # the error's traceback keeps this frame: no reference to the engine may stay
                 # in it, or the engine lives until the interpreter exits and its __del__
                 # fails there
                 engine = None
-                box.clear()
+                box.pop("error", None)  # "lock" and "abandoned" stay for a late build
+                box.pop("pids_live", None)
                 raise EngineStartError(
                     f"replica {self._id!r}: the vLLM engine did not start within {limit:g} s"
                     " (start-up timeout); its processes were stopped",
@@ -412,7 +417,7 @@ class VLLMReplica:
                     f" {type(exc).__name__}: {exc}",
                     self._id,
                 ) from exc
-            self._engine = box["engine"]
+            self._engine = box.pop("engine")  # the box may outlive the start (a frame)
             self._engine_pids = box["pids"]
             self._device = box["device"]
             self._max_model_len = int(self._engine.model_config.max_model_len)
@@ -474,11 +479,25 @@ class VLLMReplica:
                     kwargs["enable_sleep_mode"] = True
                     kwargs["tensor_parallel_size"] = max(self._num_gpus, 1)
                 kwargs.update(self._engine_kwargs)
-                box["engine"] = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
-                box["pids"] = new_pids()
-                box["device"] = device
+                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+                with box["lock"]:
+                    abandoned = box.get("abandoned", False)
+                    if not abandoned:
+                        box["engine"] = engine
+                        box["pids"] = new_pids()
+                        box["device"] = device
+                if abandoned:
+                    # start() gave up waiting (its time-out): an engine left alive here would
+                    # live until the interpreter exits, where its __del__ prints a traceback
+                    _shutdown_engine(engine)
+                engine = None
         except BaseException as exc:
-            box["error"] = exc
+            with box["lock"]:
+                leftover = box.pop("engine", None)
+                box["error"] = exc
+            if leftover is not None:
+                _shutdown_engine(leftover)
+            leftover = None
         finally:
             done.set()
 
@@ -917,3 +936,24 @@ def _shutdown_engine(engine: Any) -> None:
         engine.shutdown()
     except Exception:
         logger.warning("vLLM engine shutdown raised", exc_info=True)
+    # vLLM's AsyncLLM.__del__ calls shutdown() again. When the object outlives its last
+    # use (a finished task's or thread's frame can hold it) it is finalised while the
+    # interpreter exits, after the module globals that shutdown() uses are gone, and a
+    # traceback is printed ("Exception ignored in: AsyncLLM.__del__"). It is shut down
+    # now, so that second call has nothing left to do: drop it.
+    with contextlib.suppress(TypeError):
+        engine.__class__ = _shut_down_class(type(engine))
+
+
+_SHUT_DOWN_CLASSES: dict[type, type] = {}
+
+
+def _shut_down_class(cls: type) -> type:
+    """``cls`` without a ``__del__`` (for an engine already shut down)."""
+    if cls in _SHUT_DOWN_CLASSES.values():  # shut down twice
+        return cls
+    if cls not in _SHUT_DOWN_CLASSES:
+        _SHUT_DOWN_CLASSES[cls] = type(
+            cls.__name__, (cls,), {"__del__": lambda self: None, "__module__": cls.__module__}
+        )
+    return _SHUT_DOWN_CLASSES[cls]

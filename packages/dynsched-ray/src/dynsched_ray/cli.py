@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import difflib
 import json
 import logging
 import os
@@ -16,7 +15,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,10 @@ logger = logging.getLogger(__name__)
 #: trainer waits for samples and the ``default`` policy activates the hybrid replicas in
 #: most cycles (3 activations and 3 deactivations in the 8 default steps).
 DEMO_TOKENS_PER_S = 50.0
+#: Upper bounds of the stand-in engine and trainer flags (``--tokens-per-s``,
+#: ``--trainer-step-time``): faster than any real engine, slower than any real step.
+MAX_TOKENS_PER_S = 1e9
+MAX_TRAINER_STEP_TIME_S = 3600.0
 
 #: Used when no ``--config`` is given: 2 trainer GPUs (2 hybrid replicas), 2 standalone.
 DEMO_CONFIG: dict[str, Any] = {
@@ -48,111 +50,32 @@ DEMO_CONFIG: dict[str, Any] = {
 }
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        import yaml
-
-        return yaml.safe_load(text)
-    except ImportError:  # pragma: no cover - PyYAML is usually there
-        try:
-            return json.loads(text)
-        except ValueError:
-            return text
-
-
 def build_config(path: str | None, overrides: list[str]) -> Any:
     """The core config from a YAML file (verl layout) or the demo, plus ``key=value`` overrides.
 
+    Loaded by the one loader of ``run`` and ``train`` (`dynsched_ray._loader`); an unknown
+    or misspelt key dynsched reads is warned about on stderr, naming the closest known key.
+
     Raises:
-        UsageError: the file is missing, unreadable, not YAML, empty or not a mapping; an
+        UsageError: the file is missing, unreadable, hostile (too large, too deep, aliases
+            expanding too far, huge numbers), not YAML, empty or not a mapping; an
             override is not ``KEY=VALUE`` or names an unknown key (the closest known key
             is suggested).
-        ConfigError: a value is invalid (names the key).
+        ConfigError: a value is invalid (names the key and the allowed values).
     """
-    from dynsched_core import DynamicScheduleConfig
-    from dynsched_core._config import _expand_dotted
+    from dynsched_ray._loader import load_verl_config
 
-    data: dict[str, Any] = _read_config_file(path) if path else json.loads(json.dumps(DEMO_CONFIG))
-    merged = _expand_dotted(data)
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        _check_override_key(key)
-        extra = _expand_dotted({key: _parse_value(value)})
-        _merge(merged, extra)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        config = DynamicScheduleConfig.from_dict(merged)
-    for w in caught:
-        print(f"dynsched run: warning: {w.message}", file=sys.stderr)
-    return config
-
-
-def _read_config_file(path: str) -> dict[str, Any]:
-    import yaml
-
-    if os.path.isdir(path):
-        raise UsageError(f"--config {path!r} is a directory, not a YAML file")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"--config {path!r} does not exist") from None
-    except OSError as exc:
-        raise UsageError(f"--config {path!r}: cannot read it ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"--config {path!r} is not a text file ({exc.reason})") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise UsageError(f"--config {path!r}: YAML syntax error{at}: {problem}") from None
-    if data is None:
-        raise UsageError(
-            f"--config {path!r} is empty: give at least the trainer and rollout GPUs "
-            "(trainer.n_gpus_per_node, rollout.n_gpus_per_node), or leave out --config "
-            "for the demo"
-        )
-    if not isinstance(data, dict):
-        raise UsageError(
-            f"--config {path!r} must hold a mapping of config keys, got {type(data).__name__}"
-        )
-    return data
+    loaded = load_verl_config(path, overrides, demo=DEMO_CONFIG)
+    for message in loaded.warnings:
+        print(f"dynsched run: warning: {message}", file=sys.stderr)
+    return loaded.config
 
 
 def known_override_keys() -> list[str]:
     """Keys ``--set`` accepts: the flat field names and the verl keys dynsched reads."""
-    from dynsched_core._config import _IGNORED_ASYNC_KEYS, _VERL_PATHS
+    from dynsched_ray._loader import known_override_keys as known
 
-    keys = set(_VERL_PATHS)
-    keys.update(path for paths in _VERL_PATHS.values() for path in paths)
-    keys.update(f"async_training.{k}" for k in _IGNORED_ASYNC_KEYS)
-    return sorted(keys)
-
-
-def _check_override_key(key: str) -> None:
-    known = known_override_keys()
-    if key in known:
-        return
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if not close:  # compare the last part: --set foo.staleness=... -> staleness_threshold
-        leaf = key.rsplit(".", 1)[-1]
-        close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.0)
-    hint = f"; the closest known key is {close[0]!r}" if close else ""
-    raise UsageError(
-        f"--set: unknown config key {key!r}{hint} (known keys: the config field names, "
-        "e.g. staleness_threshold, or verl keys, e.g. async_training.staleness_threshold)"
-    )
-
-
-def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        else:
-            into[k] = v
+    return known()
 
 
 def register(subparsers: Any) -> None:
@@ -198,6 +121,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="join this Ray cluster (e.g. 'auto'); default: start a local one",
     )
+    p.add_argument(
+        "--node-ip-address",
+        default=None,
+        help="address of this node for Ray (default: Ray's choice, or 127.0.0.1 only when "
+        "RAY_AUTH_MODE=disabled turns token authentication off)",
+    )
     p.add_argument("--namespace", default=None, help="Ray namespace of the named actors")
     p.add_argument("--name", default="dynsched", help="run name (prefix of actor names)")
     p.add_argument(
@@ -217,6 +146,12 @@ def register(subparsers: Any) -> None:
         "--resume",
         action="store_true",
         help="restore from --checkpoint (required) before running; --steps more steps follow",
+    )
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="with --resume: continue even though the config differs from the checkpoint's "
+        "(batch size, GPU layout, sync interval...: the steps then mix two meanings)",
     )
     p.add_argument(
         "--keep-router", action="store_true", help="leave the named router actor alive at the end"
@@ -245,19 +180,28 @@ def register(subparsers: Any) -> None:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Every flag checked before anything starts (one error naming the flag)."""
-    for flag, value, low in (
-        ("--steps", args.steps, 1),
-        ("--prompts", args.prompts, 1),
-        ("--trainer-workers", args.trainer_workers, 0),
-        ("--num-cpus", args.num_cpus, 1),
+    from dynsched_core._config import MAX_GPUS, MAX_ROLLOUT_PROMPTS, MAX_STEPS
+
+    for flag, value, low, high in (
+        ("--steps", args.steps, 1, MAX_STEPS),
+        ("--prompts", args.prompts, 1, MAX_ROLLOUT_PROMPTS),
+        ("--trainer-workers", args.trainer_workers, 0, MAX_GPUS),
+        ("--num-cpus", args.num_cpus, 1, MAX_GPUS),
     ):
         if value is not None and value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
-    if not args.tokens_per_s > 0 or args.tokens_per_s == float("inf"):
-        raise UsageError(f"--tokens-per-s must be a finite number > 0, got {args.tokens_per_s}")
-    if not args.trainer_step_time >= 0 or args.trainer_step_time == float("inf"):
+        if value is not None and value > high:
+            shown = value if value < 10**30 else "a huge number"
+            raise UsageError(f"{flag} must be <= {high:,} (>= {low}), got {shown}")
+    if not 0 < args.tokens_per_s <= MAX_TOKENS_PER_S:
         raise UsageError(
-            f"--trainer-step-time must be a finite number >= 0, got {args.trainer_step_time}"
+            f"--tokens-per-s must be a number > 0 and <= {MAX_TOKENS_PER_S:g}, "
+            f"got {args.tokens_per_s}"
+        )
+    if not 0 <= args.trainer_step_time <= MAX_TRAINER_STEP_TIME_S:
+        raise UsageError(
+            f"--trainer-step-time must be a number of seconds >= 0 and <= "
+            f"{MAX_TRAINER_STEP_TIME_S:g}, got {args.trainer_step_time}"
         )
     if not args.name or not args.name.strip():
         raise UsageError("--name must not be empty")
@@ -286,9 +230,58 @@ def _check_output_file(flag: str, path: str, folder_flag: str | None = None) -> 
         raise UsageError(f"{flag} {path!r}: the folder {str(folder)!r} is not writable")
 
 
-def _check_resume(path: str, config: Any) -> dict[str, Any]:
-    """Read the checkpoint before Ray starts; refuse one another policy wrote."""
-    from dynsched_ray._runner import check_checkpoint_driver, checkpoint_policy, load_checkpoint
+def _hold_folders(paths: list[tuple[str, str]], command: str, *, stream: Any = None) -> list[Any]:
+    """Take the lock (``.dynsched.lock``) of each output folder of ``(flag, file)``.
+
+    Raises:
+        UsageError: a folder is held by a live run (one line naming it, the holder's pid
+            and the flag to change); the locks already taken are released.
+    """
+    from dynsched_core.storage import RunLock, RunLockBusyError
+
+    held: list[Any] = []
+    seen: set[str] = set()
+    for flag, path in paths:
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.realpath(folder) in seen:
+            continue
+        seen.add(os.path.realpath(folder))
+        lock = RunLock(folder, command)
+        try:
+            lock.acquire()
+        except RunLockBusyError as exc:
+            for other in held:
+                other.release()
+            raise UsageError(f"{exc}; wait for it or choose another {flag}") from None
+        except OSError as exc:
+            for other in held:
+                other.release()
+            raise UsageError(
+                f"{flag} {path!r}: cannot lock the folder {folder!r} ({exc.strerror or exc})"
+            ) from None
+        if lock.stale:
+            print(
+                f"{command}: note: {folder} was held by pid {lock.stale.get('pid', '?')}, "
+                "which is no longer running; taking it over",
+                file=stream if stream is not None else sys.stderr,
+            )
+        held.append(lock)
+    return held
+
+
+def _check_resume(path: str, config: Any, *, allow_config_change: bool = False) -> dict[str, Any]:
+    """Read the checkpoint before Ray starts; refuse one another policy wrote, one whose
+    config fingerprint differs (unless ``allow_config_change``), and one whose content
+    is inconsistent (`validate_checkpoint`)."""
+    from dynsched_ray._runner import (
+        check_checkpoint_driver,
+        check_fingerprint,
+        checkpoint_policy,
+        checkpoint_required_samples,
+        config_fingerprint,
+        load_checkpoint,
+        validate_checkpoint,
+    )
 
     data = load_checkpoint(path, check_driver=False)  # ConfigError naming the file
     writer = checkpoint_policy(data)
@@ -299,6 +292,15 @@ def _check_resume(path: str, config: Any) -> dict[str, Any]:
             "start a fresh run without --resume)"
         )
     check_checkpoint_driver(data, path)
+    refusal = check_fingerprint(data, config_fingerprint(config), allow_change=allow_config_change)
+    if refusal is not None:
+        raise UsageError(refusal)
+    validate_checkpoint(
+        data,
+        path,
+        required_samples=checkpoint_required_samples(data) or config.required_samples,
+        id_prefix="p",
+    )
     try:  # the policy's part of the state, on a throwaway instance
         config.build_policy().load_state_dict(data["driver"]["policy"])
     except (ValueError, TypeError, KeyError) as exc:
@@ -318,20 +320,33 @@ def main(args: argparse.Namespace) -> int:
         KeyboardInterrupt: Ctrl-C; the actors are released, Ray is shut down and the
             metrics file ends with a ``{"partial": true, ...}`` line.
     """
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from dynsched_core import DynschedError
 
+    from dynsched_ray._security import plan_ray_start
+
     _check_flags(args)
+    ray_plan = plan_ray_start(args.address, args.node_ip_address)
     config = build_config(args.config, list(args.overrides))
     if args.policy:
         config = config.evolve(dynamic_schedule_policy=args.policy)
+    from dynsched_ray._loader import check_local_capacity
+
+    check_local_capacity(config, address=args.address, trainer_workers=args.trainer_workers)
     policy = config.build_policy()
     metrics_path = (
         str(Path(args.out) / "metrics.jsonl") if args.metrics is None else args.metrics or None
     )
     if metrics_path:
         _check_output_file("--metrics", metrics_path, "--out" if args.metrics is None else None)
-    restored = _check_resume(args.checkpoint, config) if args.resume else None
+    restored = (
+        _check_resume(
+            args.checkpoint,
+            config,
+            allow_config_change=bool(getattr(args, "allow_config_change", False)),
+        )
+        if args.resume
+        else None
+    )
     if args.checkpoint:
         _check_output_file("--checkpoint", args.checkpoint)
 
@@ -358,6 +373,18 @@ def main(args: argparse.Namespace) -> int:
         if not args.quiet and not line.startswith("done:"):
             print(line, flush=True)
 
+    # one live run per output folder (freed by the kernel if this process dies)
+    locks = _hold_folders(
+        [
+            *(
+                [("--out" if args.metrics is None else "--metrics", metrics_path)]
+                if metrics_path
+                else []
+            ),
+            *([("--checkpoint", args.checkpoint)] if args.checkpoint else []),
+        ],
+        "dynsched run",
+    )
     steps = options.num_steps or config.total_training_steps or 8
     first = int(restored["steps_done"]) + 1 if restored is not None else 1
     print(
@@ -375,7 +402,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         if not ray.is_initialized():
             try:
-                _init_ray(ray, args, config)
+                _init_ray(ray, args, config, ray_plan)
             except (KeyboardInterrupt, DynschedError):
                 raise
             except Exception as exc:  # Ray could not start or join: say so in one line
@@ -403,6 +430,8 @@ def main(args: argparse.Namespace) -> int:
         if interrupted and metrics_path:
             _mark_partial(metrics_path)
         deadline.cancel()
+        for lock in locks:
+            lock.release()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.default_int_handler)
     loop = result.loop
@@ -538,19 +567,19 @@ async def _armed(coro: Any, deadline: _InterruptDeadline) -> Any:
     return await coro
 
 
-def _init_ray(ray: Any, args: argparse.Namespace, config: Any) -> None:
-    if args.address:
-        ray.init(address=args.address, namespace=args.namespace, log_to_driver=False)
-    else:
-        ray.init(
-            address="local",  # a new local cluster, never another one found on the machine
-            num_cpus=args.num_cpus or 4,
-            num_gpus=config.hybrid_gpus + config.standalone_gpus,
-            include_dashboard=False,
-            object_store_memory=200 * 1024 * 1024,
-            namespace=args.namespace,
-            log_to_driver=False,
-        )
+def _init_ray(ray: Any, args: argparse.Namespace, config: Any, plan: Any) -> None:
+    from dynsched_ray._security import init_ray
+
+    init_ray(
+        ray,
+        plan,
+        namespace=args.namespace,
+        prog="dynsched run",
+        num_cpus=args.num_cpus or 4,
+        num_gpus=config.hybrid_gpus + config.standalone_gpus,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+    )
 
 
 def _run_quietly_on_interrupt(coro: Any) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from pathlib import Path
@@ -41,30 +40,29 @@ DEMO_TRAIN_CONFIG: dict[str, Any] = {
 def load_train_config(path: str | None, overrides: list[str]) -> tuple[Any, dict[str, Any]]:
     """The scheduler config and the raw verl tree (for the training keys).
 
+    Loaded by the one loader of ``run`` and ``train`` (`dynsched_ray._loader`); an unknown
+    or misspelt key dynsched reads (the scheduler's or ``train``'s own, e.g.
+    ``actor_rollout_ref.actor.optim.lr``) is warned about on stderr, naming the closest
+    known key. ``--set`` accepts any verl key.
+
     Raises:
-        ConfigError: invalid values; ValueError on a malformed override; OSError.
+        UsageError: the file is missing, unreadable, hostile, empty or not a mapping; a
+            malformed override.
+        ConfigError: invalid values (the key and the allowed values named).
     """
-    from dynsched_core import DynamicScheduleConfig
-    from dynsched_core._config import _expand_dotted
+    from dynsched_ray._loader import load_verl_config
+    from dynsched_ray._train import TRAIN_VERL_KEYS
 
-    from dynsched_ray.cli import _merge, _parse_value
-
-    if path:
-        import yaml
-
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: the config must be a mapping of verl sections")
-    else:
-        data = json.loads(json.dumps(DEMO_TRAIN_CONFIG))
-    tree = _expand_dotted(data)
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        _merge(tree, _expand_dotted({key.strip(): _parse_value(value)}))
-    return DynamicScheduleConfig.from_dict(tree), tree
+    loaded = load_verl_config(
+        path,
+        overrides,
+        demo=DEMO_TRAIN_CONFIG,
+        strict_overrides=False,
+        extra_read=TRAIN_VERL_KEYS,
+    )
+    for message in loaded.warnings:
+        print(f"dynsched train: warning: {message}", file=sys.stderr)
+    return loaded.config, loaded.tree
 
 
 class ProgressBar:
@@ -157,7 +155,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: config)")
     p.add_argument("--device", default="cpu", help="trainer/HF-engine device: cpu, cuda, auto")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="with --resume: continue even though the config or training settings differ "
+        "from the checkpoint's (the steps then mix two meanings)",
+    )
     p.add_argument("--address", default=None, help="join this Ray cluster (e.g. 'auto')")
+    p.add_argument(
+        "--node-ip-address",
+        default=None,
+        help="address of this node for Ray (default: Ray's choice, or 127.0.0.1 only when "
+        "RAY_AUTH_MODE=disabled turns token authentication off)",
+    )
     p.add_argument("--namespace", default=None, help="Ray namespace of the named actors")
     p.add_argument("--name", default="dynsched-train", help="run name (prefix of actor names)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray cluster")
@@ -166,21 +176,84 @@ def register(subparsers: Any) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"dynsched train: {message}", file=sys.stderr)
+    print(f"dynsched train: error: {message}", file=sys.stderr)
     return 2
+
+
+def check_train_resume(config: Any, settings: Any, *, allow_config_change: bool = False) -> int:
+    """Check ``OUT/checkpoint`` before Ray starts; return its ``steps_done``.
+
+    Refuses (one line): a checkpoint another policy wrote, one whose config fingerprint
+    differs from this run's (unless ``allow_config_change``), inconsistent content
+    (`validate_checkpoint`), and a trainer state file that is not a plain file inside
+    the checkpoint folder or not loadable with ``weights_only=True``.
+
+    Raises:
+        ConfigError, UsageError: the one-line reason.
+    """
+    from dynsched_core.errors import UsageError
+
+    from dynsched_ray._runner import (
+        check_checkpoint_driver,
+        check_fingerprint,
+        checkpoint_policy,
+        checkpoint_required_samples,
+        load_checkpoint,
+        validate_checkpoint,
+    )
+    from dynsched_ray._train import load_trainer_state, resolve_checkpoint_file, train_fingerprint
+
+    path = str(settings.checkpoint_dir / "driver.json")
+    data = load_checkpoint(path, check_driver=False)
+    writer = checkpoint_policy(data)
+    if writer is not None and writer != config.dynamic_schedule_policy:
+        raise UsageError(
+            f"--resume: {path!r} was written by policy {writer!r}; this run uses "
+            f"{config.dynamic_schedule_policy!r} (give --policy {writer} to resume it, or "
+            "start a fresh run without --resume)"
+        )
+    check_checkpoint_driver(data, path)
+    refusal = check_fingerprint(
+        data, train_fingerprint(config, settings), allow_change=allow_config_change
+    )
+    if refusal is not None:
+        raise UsageError(refusal)
+    validate_checkpoint(
+        data,
+        path,
+        required_samples=checkpoint_required_samples(data) or config.required_samples,
+        id_prefix="t",
+    )
+    try:  # the policy's part of the state, on a throwaway instance
+        config.build_policy().load_state_dict(data["driver"]["policy"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UsageError(
+            f"--resume: the {config.dynamic_schedule_policy!r} policy state in {path!r} "
+            f"cannot be loaded ({exc})"
+        ) from None
+    name = data.get("trainer_state")
+    if name:
+        load_trainer_state(resolve_checkpoint_file(settings.checkpoint_dir, name))
+    return int(data["steps_done"])
 
 
 def main(args: argparse.Namespace) -> int:
     """Handler of ``dynsched train``."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from dynsched_core import ConfigError, DynschedError
 
+    from dynsched_ray._security import plan_ray_start
+
     try:
+        ray_plan = plan_ray_start(args.address, args.node_ip_address)
         config, tree = load_train_config(args.config, list(args.overrides))
         if args.policy:
             config = config.evolve(dynamic_schedule_policy=args.policy)
         config.build_policy()
+        from dynsched_ray._loader import check_device, check_local_capacity
+
+        check_local_capacity(config, address=args.address)
+        check_device(args.device)
         from dynsched_ray._train import TrainSettings
 
         settings = TrainSettings.from_verl(
@@ -202,24 +275,46 @@ def main(args: argparse.Namespace) -> int:
             )
         if args.resume and not (settings.checkpoint_dir / "driver.json").is_file():
             return _fail(f"--resume: no checkpoint in {settings.checkpoint_dir}")
+        done = (
+            check_train_resume(
+                config,
+                settings,
+                allow_config_change=bool(getattr(args, "allow_config_change", False)),
+            )
+            if args.resume
+            else 0
+        )
         Path(settings.out_dir).mkdir(parents=True, exist_ok=True)
+        from dynsched_ray.cli import _hold_folders
+
+        # one live run per output folder (freed by the kernel if this process dies)
+        locks = _hold_folders(
+            [("--out", str(Path(settings.out_dir) / "metrics.jsonl"))], "dynsched train"
+        )
     except (ConfigError, OSError, ValueError, DynschedError) as exc:
         return _fail(str(exc).splitlines()[0])
     try:
-        return _run(args, config, settings)
+        return _run(args, config, settings, ray_plan, done=done)
     except KeyboardInterrupt:
         print("\ndynsched train: interrupted", file=sys.stderr)
         return 130
+    finally:
+        for lock in locks:
+            lock.release()
 
 
-def _run(args: argparse.Namespace, config: Any, settings: Any) -> int:
+def _run(
+    args: argparse.Namespace, config: Any, settings: Any, ray_plan: Any, *, done: int = 0
+) -> int:
     import ray
     from dynsched_core import ConfigError, DynschedError
 
     from dynsched_ray._runner import RayRunOptions
+    from dynsched_ray._security import init_ray
     from dynsched_ray._train import TrainRunner
 
-    bar = None if args.quiet else ProgressBar(settings.steps)
+    # rows carry global step numbers: count the restored steps in the total
+    bar = None if args.quiet else ProgressBar(done + settings.steps)
     print(
         f"dynsched train: policy {config.dynamic_schedule_policy}, engine {settings.engine}, "
         f"trainer {settings.trainer}, {config.num_standalone_replicas} standalone + "
@@ -239,17 +334,24 @@ def _run(args: argparse.Namespace, config: Any, settings: Any) -> int:
             on_step=bar.update if bar is not None else None,
         )
         if not ray.is_initialized():
-            if args.address:
-                ray.init(address=args.address, namespace=args.namespace, log_to_driver=False)
-            else:
-                ray.init(
-                    address="local",
+            try:
+                init_ray(
+                    ray,
+                    ray_plan,
+                    namespace=args.namespace,
+                    prog="dynsched train",
                     num_cpus=args.num_cpus or 4,
                     num_gpus=config.hybrid_gpus + config.standalone_gpus,
                     include_dashboard=False,
-                    namespace=args.namespace,
-                    log_to_driver=False,
                 )
+            except ConnectionError as exc:  # could not join, or no loopback: one line
+                where = (
+                    f"join the Ray cluster at {args.address!r}"
+                    if args.address
+                    else "start a local Ray cluster"
+                )
+                print(f"dynsched train: error: could not {where}: {exc}", file=sys.stderr)
+                return 1
             started = True
         summary = asyncio.run(runner.train())
     except (ConfigError, DynschedError) as exc:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import attrs
+from dynsched_core.storage import atomic_write_text
 
 from dynsched_sim._scenario import Scenario
 from dynsched_sim._sim import RunResult, policy_for, run_configuration
@@ -476,15 +477,16 @@ def write_outputs(
     p = os.path.join(out_dir, "result.json")
     data = result_json(scenario, runs, policies, seeds)
     data["partial"] = partial
-    with open(p, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+    # written whole or not at all (an interrupt mid-write leaves the previous file)
+    atomic_write_text(p, json.dumps(data, indent=1) + "\n")
     paths["result"] = p
     p = os.path.join(out_dir, "table.txt")
-    with open(p, "w") as f:
-        if partial:
-            f.write(f"PARTIAL: interrupted after {len(runs)} run(s); the missing runs are absent\n")
-        f.write(format_table(scenario, runs, published=published) + "\n")
+    head = (
+        f"PARTIAL: interrupted after {len(runs)} run(s); the missing runs are absent\n"
+        if partial
+        else ""
+    )
+    atomic_write_text(p, head + format_table(scenario, runs, published=published) + "\n")
     paths["table"] = p
     if plots:
         first = min(r.seed for r in runs)

@@ -9,7 +9,6 @@ path (``engine.decode_base_s``) and what is allowed. Built-in scenarios ship in
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -32,6 +31,14 @@ __all__ = [
 ]
 
 PROVENANCE_LABELS = ("published", "public config", "judgement", "fitted")
+
+#: Most training micro-steps a scenario (or ``--steps``) may run: the published runs have
+#: 120; a million virtual steps already take hours of CPU.
+MAX_STEPS = 1_000_000
+#: Most workload seeds per configuration (``seeds`` / ``--seeds``).
+MAX_SEEDS = 10_000
+#: Largest workload seed (numpy seeds are 32-bit words).
+MAX_SEED = 2**32 - 1 - MAX_SEEDS
 """Where a scenario parameter comes from: the published document, a public configuration
 (the authors' scripts, model cards, hardware data sheets), an engineering judgement, or a
 fit by `dynsched_sim.calibrate` (only the two rates the static runs identify)."""
@@ -295,14 +302,9 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
             kw[key] = value
     if not isinstance(kw["name"], str) or not kw["name"]:
         raise ScenarioError("name: expected a non-empty string")
-    if not isinstance(kw["steps"], int) or isinstance(kw["steps"], bool) or kw["steps"] < 1:
-        raise ScenarioError(f"steps: expected an integer >= 1, got {kw['steps']!r}")
-    seed = kw.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ScenarioError(f"seed: expected an integer >= 0, got {seed!r}")
-    seeds = kw.get("seeds", 1)
-    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
-        raise ScenarioError(f"seeds: expected an integer >= 1, got {seeds!r}")
+    _check_count("steps", kw["steps"], 1, MAX_STEPS)
+    _check_count("seed", kw.get("seed", 0), 0, MAX_SEED)
+    _check_count("seeds", kw.get("seeds", 1), 1, MAX_SEEDS)
     sc = Scenario(**kw)
     known = set(sc.parameter_paths()) | {"configurations", "published"}
     known |= {f"published.{k}" for k in sc.published}
@@ -342,6 +344,30 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
     return sc
 
 
+def _check_count(name: str, value: Any, lo: int, hi: int) -> None:
+    """``value`` is an int in ``[lo, hi]`` (a ScenarioError naming ``name`` otherwise)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        huge = isinstance(value, int) and abs(value) >= 10**30
+        shown = "a huge number" if huge else repr(value)
+        raise ScenarioError(f"{name}: expected an integer >= {lo} and <= {hi:,}, got {shown}")
+
+
+def check_run_size(steps: int | None, seed: int | None, seeds: int | None) -> None:
+    """The ``--steps``, ``--seed`` and ``--seeds`` flags of ``dynsched simulate`` in range.
+
+    Raises:
+        ScenarioError: naming the flag and the allowed range.
+    """
+    for flag, value, lo, hi in (
+        ("--steps", steps, 1, MAX_STEPS),
+        ("--seed", seed, 0, MAX_SEED),
+        ("--seeds", seeds, 1, MAX_SEEDS),
+    ):
+        if value is not None and not lo <= value <= hi:
+            shown = str(value) if abs(value) < 10**30 else "a huge number"
+            raise ScenarioError(f"{flag} must be an integer >= {lo} and <= {hi:,}, got {shown}")
+
+
 def _provenance(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ScenarioError("provenance: expected a mapping parameter path -> 'label: source'")
@@ -364,29 +390,19 @@ def _provenance(value: Any) -> dict[str, str]:
 
 
 def _read(path: Path) -> Any:
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            with path.open("rb") as f:
-                return tomllib.load(f)
-        if suffix in (".yaml", ".yml"):
-            import yaml
+    """A scenario file through the core's guarded reader (size, expanded size, depth and
+    huge numbers capped before anything is built; one-line syntax errors)."""
+    from dynsched_core._loading import read_config_file
 
-            try:
-                with path.open(encoding="utf-8") as f:
-                    return yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                mark = getattr(e, "problem_mark", None)
-                at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-                problem = getattr(e, "problem", None) or type(e).__name__
-                raise ScenarioError(f"YAML syntax error{at}: {problem}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"TOML syntax error: {e}") from None
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"not a text file ({e.reason})") from None
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml"):
+        raise ScenarioError(f"unsupported scenario file type {suffix!r}; use .yaml, .yml or .toml")
+    try:
+        return read_config_file(path)
+    except ConfigError as e:
+        raise ScenarioError(str(e)) from None
     except OSError as e:
         raise ScenarioError(f"cannot read it ({e.strerror or e})") from None
-    raise ScenarioError(f"unsupported scenario file type {suffix!r}; use .yaml, .yml or .toml")
 
 
 def builtin_scenarios() -> list[str]:

@@ -23,7 +23,7 @@ from dynsched_sim._bound import LowerBound, lower_bound
 from dynsched_sim._cluster import SimCluster, build_cluster, prompt_source
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._trainer import SimTrainer
-from dynsched_sim._vloop import VirtualTimeEventLoop, stop_quietly
+from dynsched_sim._vloop import VirtualTimeEventLoop, deferred_interrupts, stop_quietly
 
 __all__ = ["STATIC_POLICY", "RunResult", "policy_for", "queue_ceiling", "run_configuration"]
 
@@ -300,17 +300,20 @@ def _simulate(
 ) -> tuple[_Outcome, int]:
     """Run the loop on a fresh virtual-time event loop; the outcome and its callback count."""
     loop = VirtualTimeEventLoop()
-    try:
-        asyncio.set_event_loop(loop)
-        out = loop.run_until_complete(_run(scenario, conf, cfg, seed, progress))
-        return out, loop.callbacks_scheduled
-    except BaseException:
-        # Ctrl-C mid-run: stop the run's tasks without printing their teardown errors.
-        stop_quietly(loop)
-        raise
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
+    # Ctrl-C is raised only between two loop iterations (never inside a task's step), so
+    # the run's tasks can always be cancelled cleanly below.
+    with deferred_interrupts(loop):
+        try:
+            asyncio.set_event_loop(loop)
+            out = loop.run_until_complete(_run(scenario, conf, cfg, seed, progress))
+            return out, loop.callbacks_scheduled
+        except BaseException:
+            # Ctrl-C mid-run: stop the run's tasks without printing their teardown errors.
+            stop_quietly(loop)
+            raise
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def _client(out: _Outcome) -> RetryingClient:

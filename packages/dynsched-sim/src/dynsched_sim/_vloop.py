@@ -15,14 +15,22 @@ supported (a simulation has no use for them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Coroutine
+import signal
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SimulationDeadlockError", "VirtualTimeEventLoop", "run_virtual"]
+__all__ = [
+    "SimulationDeadlockError",
+    "VirtualTimeEventLoop",
+    "deferred_interrupts",
+    "run_virtual",
+]
 
 _T = TypeVar("_T")
 
@@ -38,6 +46,11 @@ class _VirtualSelector:
         self._loop = loop
 
     def select(self, timeout: float | None = None) -> list[Any]:
+        # The one safe point of a loop iteration: no callback has been taken off the
+        # ready queue yet, so an interrupt raised here loses none (see `deferred_interrupts`).
+        if self._loop._interrupt_pending:
+            self._loop._interrupt_pending = False
+            raise KeyboardInterrupt
         self._loop._advance(timeout)
         return []
 
@@ -67,6 +80,13 @@ class VirtualTimeEventLoop(asyncio.BaseEventLoop):
         self._clock_resolution = 1e-9
         self._selector = _VirtualSelector(self)
         self.callbacks_scheduled = 0
+        self._interrupt_pending = False
+
+    def request_interrupt(self) -> None:
+        """Raise `KeyboardInterrupt` out of the running loop at its next safe point (between
+        two iterations, never inside a callback or a task's step). Safe to call from a
+        signal handler."""
+        self._interrupt_pending = True
 
     # --- clock -----------------------------------------------------------------------
     def time(self) -> float:
@@ -115,6 +135,43 @@ class VirtualTimeEventLoop(asyncio.BaseEventLoop):
         raise NotImplementedError("VirtualTimeEventLoop runs no threads (simulated time only)")
 
 
+@contextlib.contextmanager
+def deferred_interrupts(loop: VirtualTimeEventLoop) -> Iterator[None]:
+    """Deliver Ctrl-C to ``loop`` at a safe point instead of wherever the program happens to be.
+
+    Python raises `KeyboardInterrupt` between any two bytecodes: inside a task's step
+    (leaving coroutines created but never awaited), or inside the loop between taking a
+    callback off its ready queue and running it (that task then never runs again, so
+    cancelling the run's tasks afterwards never ends, or ends in a deadlock that leaves
+    suspended coroutines to be finalised after the loop is gone: "no current event
+    loop"). While this context is active, SIGINT only asks the loop to stop
+    (`VirtualTimeEventLoop.request_interrupt`), and the loop raises `KeyboardInterrupt`
+    at the start of its next iteration. An interrupt that arrives while the loop is not
+    running is raised when the context exits, so none is ever lost.
+
+    Only the default SIGINT handler (raise `KeyboardInterrupt`) on the main thread is
+    replaced; elsewhere, or under another handler, this does nothing.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        loop.request_interrupt()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if loop._interrupt_pending:  # it came while the loop was not running
+            loop._interrupt_pending = False
+            raise KeyboardInterrupt
+
+
 def run_virtual(main: Coroutine[Any, Any, _T], *, start: float = 0.0) -> _T:
     """Run ``main`` to completion on a fresh `VirtualTimeEventLoop` and close the loop.
 
@@ -131,21 +188,22 @@ def run_virtual(main: Coroutine[Any, Any, _T], *, start: float = 0.0) -> _T:
         SimulationDeadlockError: the program waits on something that can never happen.
     """
     loop = VirtualTimeEventLoop(start=start)
-    try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(main)
-    except BaseException:
-        # Ctrl-C (or an error) tears the program down: the errors of the tasks cancelled
-        # below are consequences, not news; log them at debug level instead of printing.
-        loop.set_exception_handler(_quiet)
-        raise
-    finally:
+    with deferred_interrupts(loop):
         try:
-            _cancel_all(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            asyncio.set_event_loop(loop)
+            return loop.run_until_complete(main)
+        except BaseException:
+            # Ctrl-C (or an error) tears the program down: the errors of the tasks cancelled
+            # below are consequences, not news; log them at debug level instead of printing.
+            loop.set_exception_handler(_quiet)
+            raise
         finally:
-            asyncio.set_event_loop(None)
-            loop.close()
+            try:
+                _cancel_all(loop)
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
 
 
 def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

@@ -98,18 +98,22 @@ def _handler(args: argparse.Namespace) -> int:
         seeds_of,
         write_outputs,
     )
-    from dynsched_sim._scenario import ScenarioError, builtin_scenarios, load_scenario
+    from dynsched_sim._scenario import (
+        ScenarioError,
+        builtin_scenarios,
+        check_run_size,
+        load_scenario,
+    )
 
     if args.list:
         print("scenarios:", ", ".join(builtin_scenarios()))
         print("policies:", ", ".join(available_policies()))
         return 0
     try:
+        check_run_size(args.steps, args.seed, args.seeds)
         scenario = load_scenario(args.scenario)
         published = True
         if args.steps is not None:
-            if args.steps < 1:
-                raise ScenarioError(f"--steps must be >= 1, got {args.steps}")
             published = args.steps == scenario.steps
             scenario = scenario.with_steps(args.steps)
         known = available_policies()
@@ -118,10 +122,6 @@ def _handler(args: argparse.Namespace) -> int:
                 from dynsched_core import get_policy_class
 
                 get_policy_class(name)  # raises with the list and a close match
-        if args.seeds is not None and args.seeds < 1:
-            raise ScenarioError(f"--seeds must be >= 1, got {args.seeds}")
-        if args.seed is not None and args.seed < 0:
-            raise ScenarioError(f"--seed must be >= 0 (a workload seed), got {args.seed}")
         _check_out(args.out)
     except (ScenarioError, PolicyRegistryError) as e:
         raise UsageError(str(e)) from None

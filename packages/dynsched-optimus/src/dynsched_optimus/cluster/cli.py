@@ -6,6 +6,7 @@ Helper ``add_subcommands(subparsers)`` adds both to the ``dynsched optimus`` par
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import sys
@@ -17,12 +18,17 @@ import numpy as np
 from .._errors import OptimusError as UsageError
 from ._data import WORKLOAD_LOADS, PolluxDataError, available_workloads, load_workload
 from ._report import format_table, plot_results, write_result
-from ._run import run_pollux, run_ps
+from ._run import paper_ps_workload, run_pollux, run_ps
 from ._schedulers import SCHEDULERS
 from ._sim import SimResult
 from ._spec import SimConfig
 
 __all__ = ["add_subcommands", "compare_main", "simulate_main"]
+
+#: Most jobs of the synthetic PS workload (``--num-jobs``).
+MAX_PS_JOBS = 10_000
+#: Largest ``--seed`` (numpy seeds are 32-bit words).
+MAX_SEED = 2**32 - 1
 
 _COLUMNS = (
     "scheduler",
@@ -98,8 +104,13 @@ def _check_common(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--restart-delay must be a number of seconds >= 0, got {args.restart_delay}"
         )
-    if args.num_jobs < 1:
-        raise UsageError(f"--num-jobs must be >= 1, got {args.num_jobs}")
+    if not 1 <= args.num_jobs <= MAX_PS_JOBS:
+        raise UsageError(
+            f"--num-jobs must be >= 1 and <= {MAX_PS_JOBS:,} (the paper used 9 to 60), "
+            f"got {args.num_jobs if abs(args.num_jobs) < 10**30 else 'a huge number'}"
+        )
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be >= 0 and <= {MAX_SEED:,}, got {args.seed}")
     if not 0.0 <= args.lr_decay_share <= 1.0:
         raise UsageError(f"--lr-decay-share must be between 0 and 1, got {args.lr_decay_share}")
     if args.out is not None:
@@ -125,6 +136,25 @@ def _check_workloads(args: argparse.Namespace, workloads: list[str]) -> None:
             load_workload(w, load=args.load)
         except PolluxDataError as exc:
             raise UsageError(str(exc)) from None
+
+
+def _check_job(args: argparse.Namespace, workloads: list[str]) -> None:
+    """``--job`` names a job of one of the workloads (the plot would otherwise be empty)."""
+    if args.job is None:
+        return
+    if args.ps:
+        jobs = paper_ps_workload(args.num_jobs, seed=args.seed, lr_decay_share=args.lr_decay_share)
+        names = [j.name for j in jobs]
+        where = f"the PS workload (--num-jobs {args.num_jobs}, --seed {args.seed})"
+    else:
+        names = [j.name for w in workloads for j in load_workload(w, load=args.load)]
+        where = f"workload {', '.join(workloads)}"
+    if args.job in names:
+        return
+    close = difflib.get_close_matches(args.job, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    shown = ", ".join(names[:12]) + (f", ... ({len(names)} jobs)" if len(names) > 12 else "")
+    raise UsageError(f"--job {args.job!r}: no such job in {where}; {hint}jobs: {shown}")
 
 
 def _workload_help() -> str:
@@ -180,6 +210,7 @@ def simulate_main(args: argparse.Namespace) -> int:
     """Handler of ``simulate``."""
     _check_common(args)
     _check_workloads(args, [args.workload])
+    _check_job(args, [args.workload])
     label = "ps" if args.ps else args.workload
     if not args.quiet:
         print(
@@ -217,6 +248,7 @@ def compare_main(args: argparse.Namespace) -> int:
     _check_common(args)
     workloads = ["ps"] if args.ps else [w.strip() for w in args.workloads.split(",") if w.strip()]
     _check_workloads(args, workloads)
+    _check_job(args, workloads)
     per: dict[str, dict[str, SimResult]] = {}
     rows: list[dict[str, object]] = []
     try:
