@@ -63,6 +63,12 @@ NOISE: dict[str, tuple[str, ...]] = {
 }
 
 
+def _redact(text: str) -> str:
+    """The output with this machine's paths (environment, home) replaced by placeholders."""
+    text = text.replace(sys.prefix, "<venv>")
+    return text.replace(os.path.expanduser("~"), "~")
+
+
 def command_args(name: str, out: Path) -> list[str]:
     """The ``dynsched`` arguments of soak command ``name`` writing under ``out``."""
     if name == "simulate":
@@ -184,7 +190,7 @@ def trial(
                 "rc": None,
                 "delay_s": delay_s,
                 "stopped_s": None,
-                "output": "".join(lines),
+                "output": _redact("".join(lines)),
             }
         stopped_s = time.monotonic() - sent
     reader.join(timeout=30)
@@ -210,7 +216,7 @@ def trial(
         "rc": rc,
         "delay_s": delay_s,
         "stopped_s": stopped_s,
-        "output": output,
+        "output": _redact(output),
     }
 
 
