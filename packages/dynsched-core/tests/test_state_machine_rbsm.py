@@ -163,6 +163,15 @@ class ControllerMachine(RuleBasedStateMachine):
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
 
+    def in_loop(self, fn: Any, *args: Any) -> Any:
+        """Call ``fn`` from inside the running loop, as a runtime's health check does
+        (its listeners read the loop's clock; no other test may have left a current loop)."""
+
+        async def call() -> Any:
+            return fn(*args)
+
+        return self.run(call())
+
     # ------------------------------------------------------------------ rules
     @rule(rebalance=st.booleans())
     def activate(self, rebalance: bool) -> None:
@@ -216,7 +225,7 @@ class ControllerMachine(RuleBasedStateMachine):
             self.deaths_mid_switch += 1
             event(f"hybrid died mid-switch in {self.controller.state}")
         self.replicas[victim].kill()
-        self.set.mark_dead(victim)  # what a runner's health check reports
+        self.in_loop(self.set.mark_dead, victim)  # what a runner's health check reports
         try:
             self.run(task)
         except SwitchError as exc:
@@ -228,7 +237,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def restart_dead_hybrid(self) -> None:
         dead = sorted(h for h in HYBRID if not self.set.is_alive(h))[0]
         self.replicas[dead] = self.make_hybrid(dead)  # a fresh engine starts asleep
-        self.set.add(self.replicas[dead])
+        self.in_loop(self.set.add, self.replicas[dead])
 
     @rule(
         first=st.sampled_from(SWITCHES),

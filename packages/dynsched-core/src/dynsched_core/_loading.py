@@ -140,7 +140,11 @@ def parse_yaml(text: str, *, limits: LoadLimits = DEFAULT_LIMITS) -> Any:
     if len(text) > limits.max_bytes:
         raise ConfigError(f"the text is {len(text):,} characters; at most {limits.max_bytes:,}")
     _check_flow_depth(text, limits)
-    loader = _guarded_loader_class()(text)
+    try:
+        # the reader checks the characters here (e.g. a NUL byte raises ReaderError)
+        loader = _guarded_loader_class()(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_error_line(exc)) from None
     loader.limits = limits
     try:
         try:
@@ -166,7 +170,13 @@ def yaml_error_line(exc: BaseException) -> str:
     """``YAML syntax error at line L, column C: <problem>`` for a PyYAML error."""
     where = getattr(exc, "problem_mark", None)
     at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
-    problem = getattr(exc, "problem", None) or type(exc).__name__
+    problem = getattr(exc, "problem", None)
+    if problem is None and type(exc).__name__ == "ReaderError":
+        # "unacceptable character #x0000: special characters are not allowed", one line
+        position = getattr(exc, "position", None)
+        at = f" at character {position}" if position is not None else ""
+        problem = f"{str(exc).splitlines()[0]}"
+    problem = problem or type(exc).__name__
     kind = "YAML error" if type(exc).__name__ == "ConstructorError" else "YAML syntax error"
     return f"{kind}{at}: {problem}"
 
