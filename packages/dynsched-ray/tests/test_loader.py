@@ -101,6 +101,7 @@ def test_device_is_checked_before_ray(capsys: Any) -> None:
     _loader.check_device("cpu")
     _loader.check_device("auto")
     import torch  # the [torch] extra; CI installs it: never skip
+
     if torch.cuda.is_available():
         with pytest.raises(UsageError, match="CUDA device"):
             _loader.check_device(f"cuda:{torch.cuda.device_count()}")

@@ -495,6 +495,55 @@ def validate_checkpoint(
         )
 
 
+def check_resumable(
+    path: str,
+    config: DynamicScheduleConfig,
+    fingerprint: Mapping[str, Any],
+    *,
+    allow_config_change: bool,
+    id_prefix: str,
+    where: str,
+) -> dict[str, Any]:
+    """Read a driver checkpoint before Ray starts and refuse, in one line each: one another
+    policy wrote, a malformed driver state, a config fingerprint that differs from
+    ``fingerprint`` (unless ``allow_config_change``), inconsistent content
+    (`validate_checkpoint`) and policy state the configured policy cannot load.
+
+    ``where`` starts each message (``"--checkpoint 'x.json'"``, ``"--resume: 'x.json'"``).
+
+    Raises:
+        ConfigError, UsageError: the one-line reason.
+    """
+    from dynsched_core.errors import UsageError
+
+    data = load_checkpoint(path, check_driver=False)  # ConfigError naming the file
+    writer = checkpoint_policy(data)
+    if writer is not None and writer != config.dynamic_schedule_policy:
+        raise UsageError(
+            f"{where} was written by policy {writer!r}; this run uses "
+            f"{config.dynamic_schedule_policy!r} (give --policy {writer} to resume it, or "
+            "start a fresh run without --resume)"
+        )
+    check_checkpoint_driver(data, path)
+    refusal = check_fingerprint(data, fingerprint, allow_change=allow_config_change)
+    if refusal is not None:
+        raise UsageError(refusal)
+    validate_checkpoint(
+        data,
+        path,
+        required_samples=checkpoint_required_samples(data) or config.required_samples,
+        id_prefix=id_prefix,
+    )
+    try:  # the policy's part of the state, on a throwaway instance
+        config.build_policy().load_state_dict(data["driver"]["policy"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UsageError(
+            f"{where}: the {config.dynamic_schedule_policy!r} policy state in it cannot be "
+            f"loaded ({exc})"
+        ) from None
+    return data
+
+
 def checkpoint_required_samples(data: Mapping[str, Any]) -> int | None:
     """Samples per step of the config that wrote a checkpoint (None when it does not say)."""
     config = data.get("config")

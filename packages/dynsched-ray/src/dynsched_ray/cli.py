@@ -272,43 +272,17 @@ def _hold_folders(paths: list[tuple[str, str]], command: str, *, stream: Any = N
 def _check_resume(path: str, config: Any, *, allow_config_change: bool = False) -> dict[str, Any]:
     """Read the checkpoint before Ray starts; refuse one another policy wrote, one whose
     config fingerprint differs (unless ``allow_config_change``), and one whose content
-    is inconsistent (`validate_checkpoint`)."""
-    from dynsched_ray._runner import (
-        check_checkpoint_driver,
-        check_fingerprint,
-        checkpoint_policy,
-        checkpoint_required_samples,
-        config_fingerprint,
-        load_checkpoint,
-        validate_checkpoint,
-    )
+    is inconsistent (`check_resumable`)."""
+    from dynsched_ray._runner import check_resumable, config_fingerprint
 
-    data = load_checkpoint(path, check_driver=False)  # ConfigError naming the file
-    writer = checkpoint_policy(data)
-    if writer is not None and writer != config.dynamic_schedule_policy:
-        raise UsageError(
-            f"--checkpoint {path!r} was written by policy {writer!r}; this run uses "
-            f"{config.dynamic_schedule_policy!r} (give --policy {writer} to resume it, or "
-            "start a fresh run without --resume)"
-        )
-    check_checkpoint_driver(data, path)
-    refusal = check_fingerprint(data, config_fingerprint(config), allow_change=allow_config_change)
-    if refusal is not None:
-        raise UsageError(refusal)
-    validate_checkpoint(
-        data,
+    return check_resumable(
         path,
-        required_samples=checkpoint_required_samples(data) or config.required_samples,
+        config,
+        config_fingerprint(config),
+        allow_config_change=allow_config_change,
         id_prefix="p",
+        where=f"--checkpoint {path!r}",
     )
-    try:  # the policy's part of the state, on a throwaway instance
-        config.build_policy().load_state_dict(data["driver"]["policy"])
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(
-            f"--checkpoint {path!r}: the {config.dynamic_schedule_policy!r} policy state in it "
-            f"cannot be loaded ({exc})"
-        ) from None
-    return data
 
 
 def main(args: argparse.Namespace) -> int:

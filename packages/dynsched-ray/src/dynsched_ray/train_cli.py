@@ -191,46 +191,19 @@ def check_train_resume(config: Any, settings: Any, *, allow_config_change: bool 
     Raises:
         ConfigError, UsageError: the one-line reason.
     """
-    from dynsched_core.errors import UsageError
 
-    from dynsched_ray._runner import (
-        check_checkpoint_driver,
-        check_fingerprint,
-        checkpoint_policy,
-        checkpoint_required_samples,
-        load_checkpoint,
-        validate_checkpoint,
-    )
+    from dynsched_ray._runner import check_resumable
     from dynsched_ray._train import load_trainer_state, resolve_checkpoint_file, train_fingerprint
 
     path = str(settings.checkpoint_dir / "driver.json")
-    data = load_checkpoint(path, check_driver=False)
-    writer = checkpoint_policy(data)
-    if writer is not None and writer != config.dynamic_schedule_policy:
-        raise UsageError(
-            f"--resume: {path!r} was written by policy {writer!r}; this run uses "
-            f"{config.dynamic_schedule_policy!r} (give --policy {writer} to resume it, or "
-            "start a fresh run without --resume)"
-        )
-    check_checkpoint_driver(data, path)
-    refusal = check_fingerprint(
-        data, train_fingerprint(config, settings), allow_change=allow_config_change
-    )
-    if refusal is not None:
-        raise UsageError(refusal)
-    validate_checkpoint(
-        data,
+    data = check_resumable(
         path,
-        required_samples=checkpoint_required_samples(data) or config.required_samples,
+        config,
+        train_fingerprint(config, settings),
+        allow_config_change=allow_config_change,
         id_prefix="t",
+        where=f"--resume: {path!r}",
     )
-    try:  # the policy's part of the state, on a throwaway instance
-        config.build_policy().load_state_dict(data["driver"]["policy"])
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(
-            f"--resume: the {config.dynamic_schedule_policy!r} policy state in {path!r} "
-            f"cannot be loaded ({exc})"
-        ) from None
     name = data.get("trainer_state")
     if name:
         load_trainer_state(resolve_checkpoint_file(settings.checkpoint_dir, name))
