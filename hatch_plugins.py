@@ -33,14 +33,29 @@ def _pip_find_links() -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
+def _inherits_env_vars(name: str, env: dict[str, Any]) -> bool:
+    """Whether hatch will give ``env`` its template's ``env-vars`` (it defines none itself)."""
+    if "env-vars" in env or env.get("detached", False):
+        return False
+    return env.get("template", "default") != name
+
+
 class PipFindLinksForUv(EnvironmentCollectorInterface):
-    """Set ``UV_FIND_LINKS`` from pip's ``global.find-links`` for every uv environment."""
+    """Set ``UV_FIND_LINKS`` from pip's ``global.find-links`` for every uv environment.
+
+    Collectors see the configuration before hatch applies ``template``: an environment that
+    defines no ``env-vars`` of its own is left alone, so that it still inherits its
+    template's (which get the folder here), instead of an ``env-vars`` table holding only
+    ``UV_FIND_LINKS`` that would hide them.
+    """
 
     def finalize_config(self, config: dict[str, dict[str, Any]]) -> None:
         if os.environ.get("UV_FIND_LINKS"):
             return
         links = None
-        for env in config.values():
+        for name, env in config.items():
+            if _inherits_env_vars(name, env):
+                continue
             env_vars = env.setdefault("env-vars", {})
             if "UV_FIND_LINKS" in env_vars:
                 continue

@@ -16,7 +16,7 @@ faults executed (with their deferrals), recoveries, time lost per kind, the per-
 accounting (produced, consumed, regenerated, left, returned, lost, duplicated), the
 maximum wait against its timeout and the memory series.
 
-Usage: ``hatch run python benchmarks/chaos_soak.py [--seed N ...] [--steps 300]
+Usage: ``hatch run test:python benchmarks/chaos_soak.py [--seed N ...] [--steps 300]
 [--out benchmarks/results/chaos_soak.json]``; without ``--seed`` one seed is drawn at run
 time (``os.urandom``) and printed, so a soak is not limited to the seeds in the
 repository; rerun with ``--seed N`` to replay it. Exit status 1 when a check fails.
@@ -125,7 +125,7 @@ def main() -> int:
     finally:
         ray.shutdown()
     result = {
-        "command": "hatch run python benchmarks/chaos_soak.py " + " ".join(sys.argv[1:]),
+        "command": "hatch run test:python benchmarks/chaos_soak.py " + " ".join(sys.argv[1:]),
         "seeds": list(args.seeds),
         "fault_kinds": list(FAULT_KINDS),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -20,7 +20,7 @@ classifies what happened:
   command ran on to its end);
 - ``bad_exit``: any other exit status.
 
-Usage: ``hatch run python benchmarks/interrupt_soak.py [--trials 100] [--commands simulate
+Usage: ``hatch run test:python benchmarks/interrupt_soak.py [--trials 100] [--commands simulate
 optimus optimus-compare run] [--seed N] [--json benchmarks/results/interrupt_soak.json]``
 (``train`` can be named too: a minute or more per trial). Each command is first run once
 to its end; the delays are drawn from that run's length. The counts per command are

@@ -15,7 +15,7 @@ Instance: homogeneous nodes of 32 CPU, 128 GB, 10 Gbit/s; jobs of the paper's st
 model (random, half synchronous), remaining steps uniform in [1e3, 1e5], 30 % flagged
 ``damped``; workers and PS from three demand classes (4-6 CPU, 8-16 GB, 1-2 Gbit/s).
 
-Run: ``hatch run python benchmarks/optimus_allocation_placement.py [--out result.json]``.
+Run: ``hatch run test:python benchmarks/optimus_allocation_placement.py [--out result.json]``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import time
 import numpy as np
 from dynsched_optimus import AllocationJob, PlacementRequest, StepTimeModel, allocate, place
 from dynsched_optimus._allocation import allocate_reference
-from dynsched_optimus._placement import _job_order, place_reference
+from dynsched_optimus._placement import _job_order
+from dynsched_optimus.testing import place_reference
 
 NODE = (32.0, 128.0, 10.0)
 WORKER_CLASSES = ((4.0, 8.0, 1.0), (5.0, 12.0, 1.0), (6.0, 16.0, 2.0))

@@ -25,7 +25,7 @@ no simulation of other jobs) the time to completion at each profiled global batc
 * ``adaptive``: the batch re-picked by goodput at every epoch (Pollux re-evaluates as the
   gradient noise grows), relative to the initial batch.
 
-Run: ``hatch run python benchmarks/optimus_batch_analysis.py [--out FILE.json]``.
+Run: ``hatch run test:python benchmarks/optimus_batch_analysis.py [--out FILE.json]``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Sections (``--only`` selects some):
   and Optimus+Oracle, all-epochs completion rule).
 
 Run (long; in the background with ``nice``):
-``hatch run python benchmarks/optimus_cluster_claims.py --out /tmp/claims``
+``hatch run test:python benchmarks/optimus_cluster_claims.py --out /tmp/claims``
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One 160-job Pollux workload under every scheduler on one core: wall time, simula
 time and wall seconds per simulated hour. With ``--full``, the whole 8-workload
 comparison for ``optimus`` and ``optimus+`` (target: under 10 minutes in total).
 
-Run: ``hatch run python benchmarks/optimus_cluster_sim.py [--workload workload-1] [--full]``
+Run: ``hatch run test:python benchmarks/optimus_cluster_sim.py [--workload workload-1] [--full]``
 """
 
 from __future__ import annotations

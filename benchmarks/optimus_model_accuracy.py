@@ -11,7 +11,7 @@
 3. Convergence model: remaining-steps error (relative to the convergence step) after
    seeing 10 %, 30 %, 60 % of the curve, 3 % noise, 40 curves.
 
-Run: ``hatch run python benchmarks/optimus_model_accuracy.py [--out result.json]``.
+Run: ``hatch run test:python benchmarks/optimus_model_accuracy.py [--out result.json]``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ every run, so an interrupted sweep keeps what it finished.
 
 Run (CPU heavy; at most two shards at once on a shared 2-core machine)::
 
-    nice hatch run python benchmarks/optimus_pollux_eval.py --out benchmarks/results/optimus_pollux_eval.json \
+    nice hatch run test:python benchmarks/optimus_pollux_eval.py --out benchmarks/results/optimus_pollux_eval.json \
         [--loads 1.0,0.5,1.5,2.0,realistic] [--workloads 1-8] \
         [--schedulers tiresias,optimus+,optimus,optimus-oracle,drf] [--shard 0/2]
 

@@ -8,7 +8,7 @@
    second, unbatched (one actor call per acquire/release) and batched (the proxy
    coalesces concurrent calls), plus the in-process `LoadBalancer` as the baseline.
 
-Usage: ``hatch run python benchmarks/ray_switch_and_router.py [--cycles 20] [--requests 2000]
+Usage: ``hatch run test:python benchmarks/ray_switch_and_router.py [--cycles 20] [--requests 2000]
 [--out result.json]``. Starts a local Ray cluster (4 CPUs, 8 bookkeeping GPUs) unless
 ``--address`` is given.
 """
@@ -150,7 +150,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     if args.address:  # token authentication on, as `dynsched run --address` joins
-        from dynsched_ray._security import init_ray, plan_ray_start
+        from dynsched_ray.runtime.security import init_ray, plan_ray_start
 
         init_ray(ray, plan_ray_start(args.address), namespace=None, prog="benchmark")
     else:

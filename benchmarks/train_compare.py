@@ -16,7 +16,7 @@ writes:
 
 Usage (the committed results were made with the command in the README)::
 
-    hatch run python benchmarks/train_compare.py --engine hf --steps 20 --seeds 0 1 2 \\
+    hatch run test:python benchmarks/train_compare.py --engine hf --steps 20 --seeds 0 1 2 \\
         --out benchmarks/results/train_compare
 
 CPU-only machines: every engine and trainer shares the machine's cores, and the GPUs are
@@ -65,7 +65,7 @@ def quarter_means(values: list[float]) -> tuple[float, float]:
 def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     from dynsched_core import DynamicScheduleConfig
     from dynsched_ray import RayRunOptions
-    from dynsched_ray._train import TrainRunner, TrainSettings, lag_bound
+    from dynsched_ray.training import TrainRunner, TrainSettings, lag_bound
 
     cfg_dict = json.loads(json.dumps(CONFIG))
     cfg_dict["async_training"]["dynamic_schedule_policy"] = policy
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import ray
-    from dynsched_ray._rl_task import warm_up
+    from dynsched_ray.task.addition import warm_up
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(runs, args.policies)
     plot(runs, args.policies, out)
     doc = {
-        "command": "hatch run python benchmarks/train_compare.py " + " ".join(sys.argv[1:]),
+        "command": "hatch run test:python benchmarks/train_compare.py " + " ".join(sys.argv[1:]),
         "config": CONFIG,
         "engine": args.engine,
         "steps": args.steps,

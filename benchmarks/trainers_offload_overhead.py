@@ -15,7 +15,7 @@ For `TorchTrainer` and `MegatronTrainer` (CPU by default, ``--device cuda`` on a
    difference is what the interface adds (advantages, packing, metrics, chunking).
 
 Every figure is the median over ``--repeats`` runs with min and max; ratios are of
-medians. Usage: ``hatch run python benchmarks/trainers_offload_overhead.py [--out F]``.
+medians. Usage: ``hatch run test:python benchmarks/trainers_offload_overhead.py [--out F]``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dynsched_ray import (
     TrainerOptions,
     build_tiny_model,
 )
-from dynsched_ray._rl_objective import (
+from dynsched_ray.task.objective import (
     batch_advantages,
     pack_responses,
     policy_loss,

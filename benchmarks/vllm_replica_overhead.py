@@ -15,7 +15,7 @@ On the real vLLM build installed (the CPU build in CI; the GPU build where lent)
 
 Each figure: median over ``--rounds`` with min and max. Judgement parameters: batch of 16
 requests of 64 tokens, tiny-model sizes below. Usage:
-``hatch run python benchmarks/vllm_replica_overhead.py [--rounds N] [--out F]``.
+``hatch run test:python benchmarks/vllm_replica_overhead.py [--rounds N] [--out F]``.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ async def overhead(folder: Path, rounds: int) -> dict[str, Any]:
     import ray
     from dynsched_core import GenerateRequest
     from dynsched_ray import RayReplica, remote_class
-    from dynsched_ray._vllm_replica import VLLMReplica
+    from dynsched_ray.engines.vllm.replica import VLLMReplica
 
     handle = (
         remote_class(_bench_actor_class())
@@ -181,7 +181,7 @@ async def switch_cycle(folder: Path, rounds: int) -> dict[str, Any]:
         RetryingClient,
     )
     from dynsched_ray import RayReplica, ReplicaActor, remote_class
-    from dynsched_ray._vllm_replica import VLLMReplica
+    from dynsched_ray.engines.vllm.replica import VLLMReplica
 
     handles = {
         rid: remote_class(ReplicaActor)
@@ -238,7 +238,7 @@ async def switch_cycle(folder: Path, rounds: int) -> dict[str, Any]:
 
 async def weight_update(tmp: Path, rounds: int, sizes: int) -> list[dict[str, Any]]:
     from dynsched_ray import TinyModelSpec, build_tiny_model
-    from dynsched_ray._vllm_replica import VLLMReplica
+    from dynsched_ray.engines.vllm.replica import VLLMReplica
 
     rows = []
     for name, kw in list(SIZES.items())[:sizes]:

@@ -8,7 +8,7 @@ an exception escaping ``main``; every run must end with exit status 0 (the input
 valid) or 2 (one ``error:`` line on stderr), and must not hang (pytest-timeout).
 
 The CI pass is bounded (``DYNSCHED_FUZZ_EXAMPLES``, default 15 per test); a longer pass:
-``DYNSCHED_FUZZ_EXAMPLES=300 hatch run test integration-tests/test_cli_fuzz.py``
+``DYNSCHED_FUZZ_EXAMPLES=300 hatch run test:all integration-tests/test_cli_fuzz.py``
 (`scripts/fuzz_cli.sh`).
 
 ``dynsched run`` never reaches Ray here: ``_init_ray`` is replaced by a stand-in that
@@ -192,7 +192,7 @@ def _accepted_or_one_line(rc: int, err: str, *, allow_ray_stub: bool = False) ->
 def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     """``dynsched run`` stops where it would start Ray, even when a Ray session of other
     tests is up in this process (the run would otherwise use that one)."""
-    import dynsched_ray.cli as ray_cli
+    import dynsched_ray.cli.run as ray_cli
     import ray
 
     def refuse(*_a: Any, **_k: Any) -> None:

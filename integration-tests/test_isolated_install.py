@@ -15,6 +15,12 @@ versions of the test environment (so ``uv`` serves them from its cache). In it:
   names the package of each missing one, and the package's own sub-command answers
   ``--help``.
 
+From a checkout (dynsched is on no index), each package README's ``pip install ./packages/...``
+line names the folder of exactly the dynsched packages of its subset, and both ways the root
+README gives to install a subset (every folder in one ``pip install``; the wheels built once,
+then ``pip install --find-links dist dynsched-sim``) run as written with pip in a fresh venv,
+after which a short ``dynsched simulate`` runs.
+
 A core of the next series (with a hook removed: the next major policy API) is refused by
 the example policy's declared range, and forced in anyway it is refused by the policy's
 ``require_policy_api`` check at import.
@@ -215,7 +221,8 @@ class Venvs:
         self.made: dict[str, tuple[Venv, list[str]]] = {}
 
     def requirements(self, package: str) -> list[str]:
-        return [_as_requirement(w) for w in install_line(SOURCES[package])]
+        reqs = [_as_requirement(w) for w in install_line(SOURCES[package])]
+        return list(dict.fromkeys(reqs))  # the checkout line names the package again
 
     def get(self, package: str) -> Venv:
         if package not in self.made:
@@ -277,12 +284,79 @@ def test_package_installs_alone_and_its_readme_example_runs(package: str, venvs:
 def test_root_readme_documents_the_subsets() -> None:
     """The root README's "Install only what you need" table lists the subsets tested here."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    rows = re.findall(r"\| `pip install (dynsched-[a-z]+)` \| ([a-z +()]+) \|", text)
+    rows = re.findall(
+        r"\| `pip install --find-links dist (dynsched-[a-z]+)` \| ([a-z +()]+) \|", text
+    )
     documented = {
         pkg: {f"dynsched-{part.strip()}" for part in parts.replace("(attrs only)", "").split("+")}
         for pkg, parts in rows
     }
     assert documented == {k: v for k, v in SUBSETS.items() if k != "dynsched-example-policy"}
+
+
+@pytest.mark.parametrize("package", sorted(p.name for p in (ROOT / "packages").glob("dynsched-*")))
+def test_package_readme_checkout_line_names_every_dynsched_package_it_needs(
+    package: str,
+) -> None:
+    """From a checkout, one ``pip install`` must name the folder of every sibling.
+
+    The siblings are on no index, so a folder left out of the line is looked up on the
+    index and the install fails; the folders named are exactly the documented subset.
+    """
+    paths = [w for w in install_line(SOURCES[package]) if w.startswith("./")]
+    assert paths, f"{package}/README.md has no 'pip install ./packages/...' line (from a checkout)"
+    assert paths[0] == f"./packages/{package}", paths
+    named = [_as_requirement(w) for w in paths]
+    assert len(named) == len(set(named)), paths
+    assert set(named) == SUBSETS[package], f"{package}/README.md: pip install {' '.join(paths)}"
+
+
+def root_readme_subset_blocks() -> list[str]:
+    """The shell blocks of the root README's "Install only what you need" section."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Install only what you need", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+
+
+def _checkout_copy(dest: Path) -> Path:
+    """The packages of this checkout, copied (builds never write into the repository)."""
+    ignore = shutil.ignore_patterns("__pycache__", "build", "dist", "*.egg-info", ".hatch")
+    shutil.copytree(ROOT / "packages", dest / "packages", ignore=ignore)
+    return dest
+
+
+@pytest.mark.parametrize("block", [0, 1], ids=["folders", "wheels"])
+def test_root_readme_subset_install_runs_as_written_with_pip(block: int, tmp_path: Path) -> None:
+    """Each block of the root README's subset install, run by bash in a fresh venv with pip.
+
+    Nothing is taken from the test environment: pip builds the packages and fetches their
+    third-party dependencies itself. The block installs the simulate subset, and a short
+    `dynsched simulate` runs in it.
+    """
+    blocks = root_readme_subset_blocks()
+    assert len(blocks) == 2, blocks
+    script = blocks[block]
+    assert "pip install" in script, script
+    work = _checkout_copy(tmp_path / "checkout")
+    made = _run([sys.executable, "-m", "venv", str(work / "venv")], timeout=300)
+    assert made.returncode == 0, made.stderr
+    venv = Venv(work / "venv")
+    done = _run(["bash", "-e", "-o", "pipefail", "-c", script], env=venv.env, cwd=work, timeout=900)
+    assert done.returncode == 0, (
+        f"README block:\n{script}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+    )
+
+    dists = venv.dists()
+    ours = {name for name in dists if name.startswith("dynsched-")}
+    assert ours == SUBSETS["dynsched-sim"], f"the README block brought {sorted(ours)}"
+    assert "pytest" not in dists
+    out = venv.dynsched(
+        "simulate", "--steps", "4", "--seeds", "1", "--no-plots", "--quiet",
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "static-16-16" in out.stdout, out.stdout
+    assert json.loads((tmp_path / "out" / "result.json").read_text(encoding="utf-8"))
 
 
 def test_core_alone_says_which_package_provides_each_subcommand(venvs: Venvs) -> None:
@@ -297,9 +371,12 @@ def test_core_alone_says_which_package_provides_each_subcommand(venvs: Venvs) ->
 
 
 def test_root_readme_policy_example_runs_with_core_alone(venvs: Venvs) -> None:
-    """'embed the scheduler, write a policy: pip install dynsched-core' (root README)."""
+    """'embed the scheduler, write a policy: dynsched-core' (root README)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "| embed the scheduler, write a policy | `pip install dynsched-core` |" in text
+    assert (
+        "| embed the scheduler, write a policy | `pip install --find-links dist dynsched-core` |"
+        in text
+    )
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks
     venv = venvs.get(CORE)

@@ -800,15 +800,16 @@ def test_verl_default_parts_from_the_builtin_only_at_the_drifted_ratio(
 def test_verl_default_ratio_out_of_range_is_bounded_by_the_guard_rails(
     verl: VerlPolicies, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Difference 3 in whole runs: verl's ratio leaves the guard rails' range, dynsched's
-    never does, and the runs are the same.
+    """Difference 3 in whole runs: verl's ratio leaves the guard rails' range, and so does
+    the built-in's (neither clamps with the framework's bounds); the driver's one
+    ``ratio_range`` rail bounds both, and the runs are the same.
 
     * training-bound started at 0.05: no cycle waits, verl's ratio ends below 0 (the
       built-in's at 0); no rail had to act, as verl never lends (so never waits) again;
     * seed-qwen35 with ``dynamic_schedule_min_deactivate_ratio: 0.55``: verl's ratio falls
-      to 0.48 and it proposes waits of 34, 33, 31 samples; the ``ratio_range`` rail lifts
-      each to floor(0.55 * 64) = 35, what the built-in (ratio held at 0.55) proposes
-      itself. The rail also absorbs the drifted 0.4999999999999999 (difference 8).
+      to 0.48 and it proposes waits of 34, 33, 31 samples (the built-in 34, 33, 32: the
+      drifted 0.4999999999999999 of difference 8); the ``ratio_range`` rail lifts each to
+      floor(0.55 * 64) = 35 for both.
     """
     rec = _Recorder(monkeypatch)
     steps = 40
@@ -838,11 +839,17 @@ def test_verl_default_ratio_out_of_range_is_bounded_by_the_guard_rails(
     ours = _run(sc, "dynamic-16-16", "default", steps)
     our_overrides, _ = rec.take()
     their_ratio, our_ratio = _same_run(theirs, ours)
-    assert their_ratio is not None and their_ratio < 0.55 and our_ratio == 0.55
+    # the built-in no longer clamps with the framework's bounds: its ratio drifts like
+    # verl's, and the one ``ratio_range`` rail (in the driver) bounds both
+    assert their_ratio is not None and their_ratio < 0.55
+    assert our_ratio == round(their_ratio, 12) == 0.48
     lifted = [(d, p, a) for d, r, p, a in their_overrides if r == "ratio_range"]
     assert lifted == [("deactivate_wait_samples", p, 35) for p in (34, 33, 31)]
-    assert [o for o in their_overrides if o[1] != "ratio_range"] == our_overrides
-    assert {r for _, r, _, _ in our_overrides} <= {"end_of_run"}
+    ours_lifted = [(d, p, a) for d, r, p, a in our_overrides if r == "ratio_range"]
+    assert ours_lifted == [("deactivate_wait_samples", p, 35) for p in (34, 33, 32)]  # diff. 8
+    rest = [o for o in our_overrides if o[1] != "ratio_range"]
+    assert [o for o in their_overrides if o[1] != "ratio_range"] == rest
+    assert {r for _, r, _, _ in rest} <= {"end_of_run"}
 
 
 def test_verl_colocated_branch_matches_the_colocated_guard_rail(

@@ -5,7 +5,7 @@
 #
 # Usage:
 #   scripts/ci_under_load.sh                      # the whole CI: bash .ci/run
-#   scripts/ci_under_load.sh PYTEST-ARGS...       # hatch run python -m pytest PYTEST-ARGS...
+#   scripts/ci_under_load.sh PYTEST-ARGS...       # hatch run test:python -m pytest PYTEST-ARGS...
 #   HOGS=4 scripts/ci_under_load.sh ...           # another number of busy processes
 #
 # The busy processes are killed at the end (also on failure or Ctrl-C); the exit status
@@ -40,7 +40,7 @@ start=$(date +%s)
 if [ "$#" -eq 0 ]; then
     bash .ci/run
 else
-    hatch run python -m pytest "$@"
+    hatch run test:python -m pytest "$@"
 fi
 status=$?
 echo "ci_under_load: exit ${status} after $(($(date +%s) - start)) s with ${HOGS} busy process(es);" \

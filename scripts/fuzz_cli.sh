@@ -5,4 +5,4 @@ set -euo pipefail
 export OMP_NUM_THREADS=1
 export DYNSCHED_FUZZ_EXAMPLES="${1:-300}"
 export HYPOTHESIS_PROFILE=dev  # random, not derandomized: a new draw each pass
-exec hatch run test integration-tests/test_cli_fuzz.py -q -p no:randomly --timeout 7200
+exec hatch run test:all integration-tests/test_cli_fuzz.py -q -p no:randomly --timeout 7200

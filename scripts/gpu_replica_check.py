@@ -16,7 +16,7 @@ replica must then say that no memory was freed. The test suite runs `check_repli
 on its shared engine. Prints one JSON document; exits 1 when a check fails, 2 when the
 device is missing.
 
-Usage: ``hatch run python scripts/gpu_replica_check.py [--device cuda] [--out report.json]``
+Usage: ``hatch run test:python scripts/gpu_replica_check.py [--device cuda] [--out report.json]``
 """
 
 from __future__ import annotations

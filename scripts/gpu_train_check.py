@@ -9,7 +9,7 @@ standalone pool's bundles) while both roles share the one physical device:
 
 Usage::
 
-    hatch run python scripts/gpu_train_check.py --device cuda --out gpu-train.json
+    hatch run test:python scripts/gpu_train_check.py --device cuda --out gpu-train.json
 
 The CPU path (``--device cpu --engine hf``) runs in the test suite. It has not run on a
 GPU: no GPU was lent to the work that wrote it.
@@ -46,7 +46,7 @@ CONFIG: dict[str, Any] = {
 def run(policy: str, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     from dynsched_core import DynamicScheduleConfig
     from dynsched_ray import RayRunOptions
-    from dynsched_ray._train import TrainRunner, TrainSettings
+    from dynsched_ray.training import TrainRunner, TrainSettings
 
     cfg = json.loads(json.dumps(CONFIG))
     cfg["async_training"]["dynamic_schedule_policy"] = policy
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     import ray
-    from dynsched_ray._rl_task import warm_up
+    from dynsched_ray.task.addition import warm_up
 
     model = warm_up(args.work)
     started = not ray.is_initialized()

@@ -17,7 +17,7 @@ What it does, on ``--device cuda`` (the default):
 allocator figures); the test suite runs it that way with ``--skip-vllm``. Prints one JSON
 document; exits 1 when a check fails, 2 when the device is missing.
 
-Usage: ``hatch run python scripts/gpu_trainer_check.py [--device cuda] [--out report.json]``
+Usage: ``hatch run test:python scripts/gpu_trainer_check.py [--device cuda] [--out report.json]``
 """
 
 from __future__ import annotations

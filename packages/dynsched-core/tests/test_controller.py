@@ -14,6 +14,7 @@ from dynsched_core import (
     EventBus,
     GenerateRequest,
     HybridState,
+    InMemoryReplicaOptions,
     LoadBalancer,
     ReplicaSet,
     RetryingClient,
@@ -61,10 +62,12 @@ async def make(
             role="hybrid",
             recorder=rec,
             tokens_per_s=500.0,
-            wake_delay_s=delays,
-            sleep_delay_s=delays,
-            update_delay_s=delays,
-            resume_delay_s=delays,
+            options=InMemoryReplicaOptions(
+                wake_delay_s=delays,
+                sleep_delay_s=delays,
+                update_delay_s=delays,
+                resume_delay_s=delays,
+            ),
         )
     rs = ReplicaSet(
         router,
@@ -298,7 +301,9 @@ async def test_switches_are_timed_on_the_loop_clock_and_reported() -> None:
 
 async def test_every_call_is_bounded_by_the_timeout() -> None:
     rec = CallRecorder()
-    stuck = InMemoryReplica("h0", role="hybrid", recorder=rec, wake_delay_s=10.0)
+    stuck = InMemoryReplica(
+        "h0", role="hybrid", recorder=rec, options=InMemoryReplicaOptions(wake_delay_s=10.0)
+    )
     rs = ReplicaSet(standalone=[InMemoryReplica("s0")], hybrid=[stuck])
     await rs.route(["s0"])
     ctrl = DynamicResourceController(rs, ControllerOptions(call_timeout_s=0.05))
@@ -373,3 +378,43 @@ async def test_a_hybrid_replica_dying_mid_switch_fails_it_safely() -> None:
     assert await router.routable() == ["s0", "s1"]
     assert await ctrl.activate(2) is True  # the survivor serves alone
     assert await router.routable() == ["h0", "s0", "s1"]
+
+
+async def test_cancelling_a_switch_before_its_replica_calls_start_leaves_no_unawaited_coroutine() -> (
+    None
+):
+    """Ctrl-C can land after a switch has fanned out its per-replica calls but before any of
+    them ran; cancelling then must not leave a coroutine that was never awaited (Python
+    prints a RuntimeWarning for each, seen in a random-interrupt soak of ``simulate``)."""
+    import gc
+    import inspect
+    import warnings
+
+    ctrl, _router, _replicas, _rec = await make()
+    switch = asyncio.get_running_loop().create_task(ctrl.activate(1, weights="w"))
+    me = asyncio.current_task()
+
+    def fanned_out_not_started() -> bool:
+        return any(
+            t is not switch
+            and t is not me
+            and inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_CREATED  # type: ignore[arg-type]
+            for t in asyncio.all_tasks()
+        )
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(1000):
+            await asyncio.sleep(0)
+            if fanned_out_not_started():
+                break
+        else:
+            pytest.fail("the switch never fanned out its per-replica calls")
+        switch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await switch
+        for _ in range(5):
+            await asyncio.sleep(0)
+        gc.collect()
+    unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert unawaited == []

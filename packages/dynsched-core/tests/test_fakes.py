@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from dynsched_core import GenerateRequest, LoadBalancer, RolloutReplica, Router
+from dynsched_core import (
+    GenerateRequest,
+    InMemoryReplicaOptions,
+    LoadBalancer,
+    RolloutReplica,
+    Router,
+)
 from dynsched_core._clock import ManualClock
 from dynsched_core.testing import (
     CallRecorder,
@@ -61,7 +67,9 @@ async def test_continues_partial_output_positions() -> None:
 
 
 async def test_custom_token_fn() -> None:
-    r = InMemoryReplica("a", tokens_per_s=FAST, token_fn=lambda rid, pos: 1000 + pos)
+    r = InMemoryReplica(
+        "a", tokens_per_s=FAST, options=InMemoryReplicaOptions(token_fn=lambda rid, pos: 1000 + pos)
+    )
     res = await r.generate(req(max_tokens=3))
     assert res.output_tokens == (1000, 1001, 1002)
 
@@ -160,7 +168,9 @@ async def test_sleep_aborts_running_requests() -> None:
 
 
 async def test_delays_are_slept_on_the_loop() -> None:
-    r = InMemoryReplica("h", role="hybrid", wake_delay_s=0.003, update_delay_s=0.002)
+    r = InMemoryReplica(
+        "h", role="hybrid", options=InMemoryReplicaOptions(wake_delay_s=0.003, update_delay_s=0.002)
+    )
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     await r.wake_up()
@@ -209,7 +219,6 @@ async def test_kill_fails_every_call_and_running_generation() -> None:
         {"tokens_per_s": 0},
         {"tokens_per_s": float("inf")},
         {"chunk_tokens": 0},
-        {"wake_delay_s": -1.0},
     ],
 )
 def test_bad_replica_args(kwargs: dict[str, object]) -> None:
@@ -298,3 +307,21 @@ async def test_abort_mid_chunk_keeps_only_elapsed_tokens() -> None:
     assert res.finish_reason == "abort"
     assert res.num_tokens < 1000
     assert res.output_tokens == tuple(range(res.num_tokens))
+
+
+@pytest.mark.parametrize(
+    "field", ["sleep_delay_s", "wake_delay_s", "resume_delay_s", "update_delay_s", "abort_delay_s"]
+)
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), True, "1"])
+def test_options_reject_bad_delays_naming_the_field(field: str, bad: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        InMemoryReplicaOptions(**{field: bad})  # type: ignore[arg-type]
+
+
+def test_options_reach_the_replica() -> None:
+    opts = InMemoryReplicaOptions(wake_delay_s=2, weights_version=7, token_fn=lambda r, p: -p)
+    r = InMemoryReplica("h", role="hybrid", options=opts)
+    assert r.wake_delay_s == 2.0 and isinstance(r.wake_delay_s, float)
+    assert r.weights_version == 7 and r.sleep_delay_s == 0.0
+    with pytest.raises(ValueError, match="weights_version"):
+        InMemoryReplicaOptions(weights_version=1.5)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from dynsched_core import (
     FullyAsyncLoop,
     HybridState,
     InMemoryReplica,
+    InMemoryReplicaOptions,
     Prompt,
     ReplicaSet,
     RetryingClient,
@@ -115,7 +116,10 @@ def build(
     standalone = [InMemoryReplica(f"s{i}", tokens_per_s=1500.0) for i in range(2)]
     hybrid = [
         InMemoryReplica(
-            f"h{i}", role="hybrid", tokens_per_s=1500.0, wake_delay_s=0.002, sleep_delay_s=0.002
+            f"h{i}",
+            role="hybrid",
+            tokens_per_s=1500.0,
+            options=InMemoryReplicaOptions(wake_delay_s=0.002, sleep_delay_s=0.002),
         )
         for i in range(2)
     ]

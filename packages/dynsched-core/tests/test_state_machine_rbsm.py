@@ -33,6 +33,7 @@ from dynsched_core import (
     GenerateRequest,
     HybridState,
     InMemoryReplica,
+    InMemoryReplicaOptions,
     LoadBalancer,
     ReplicaSet,
     RetryingClient,
@@ -155,9 +156,9 @@ class ControllerMachine(RuleBasedStateMachine):
             role="hybrid",
             tokens_per_s=100.0,
             chunk_tokens=4,
-            wake_delay_s=0.05,
-            sleep_delay_s=0.05,
-            update_delay_s=0.02,
+            options=InMemoryReplicaOptions(
+                wake_delay_s=0.05, sleep_delay_s=0.05, update_delay_s=0.02
+            ),
         )
 
     def run(self, coro: Any) -> Any:

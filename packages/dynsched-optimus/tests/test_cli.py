@@ -37,6 +37,23 @@ def test_fit_convergence(tmp_path: Path, capsys) -> None:
     assert rc == 0 and "remaining steps from 2981" in out
 
 
+def test_fit_convergence_reports_a_learning_rate_decay(tmp_path: Path, capsys) -> None:
+    ks = np.arange(1, 6001, 20)
+    loss = np.where(ks < 3000, 2.0 / (1e-3 * ks + 1) + 0.5, 0.6 / (1e-3 * (ks - 3000) + 1) + 0.1)
+    path = tmp_path / "decay.csv"
+    path.write_text("step,loss\n" + "".join(f"{k},{v}\n" for k, v in zip(ks, loss, strict=True)))
+    rc, out, _ = _run(capsys, "fit", "convergence", str(path), "--bootstrap", "8")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[2] == "learning-rate decay detected at step 3041: fit restarted"
+    assert lines[3].startswith("remaining steps from 5981: ")
+    rc, out, _ = _run(capsys, "fit", "convergence", str(path), "--json", "--bootstrap", "8")
+    res = json.loads(out)
+    assert res["lr_decay_step"] == 3041 and res["origin_step"] == 3001
+    rc, out, _ = _run(capsys, "fit", "convergence", str(path), "--no-decay", "--bootstrap", "8")
+    assert rc == 0 and "decay" not in out
+
+
 def test_fit_speed_forms(tmp_path: Path, capsys) -> None:
     job = StepTimeModel(mode="sync", batch=256)
     cfgs = plan_sampling(8, max_ps=8, max_workers=8)

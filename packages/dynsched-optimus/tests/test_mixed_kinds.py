@@ -17,7 +17,7 @@ from dynsched_optimus import (
     place,
 )
 from dynsched_optimus._allocation import allocate_reference
-from dynsched_optimus._placement import place_reference
+from dynsched_optimus.testing import place_reference
 from hypothesis import given
 from hypothesis import strategies as st
 

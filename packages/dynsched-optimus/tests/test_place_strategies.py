@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dynsched_optimus import STRATEGIES, JobPlacement, OptimusError, PlacementRequest, place
-from dynsched_optimus._placement import place_reference
+from dynsched_optimus.testing import place_reference
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dynsched_optimus import JobPlacement, OptimusError, PlacementRequest, even_split, place
-from dynsched_optimus._placement import place_reference
+from dynsched_optimus.testing import place_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -174,15 +174,6 @@ def test_wide_jobs_use_the_vectorised_block_check() -> None:
     assert set(pl.ps_per_node) == {1} and set(pl.workers_per_node) == {3}
 
 
-def _sorted_path(jobs, cap, previous=None, shrink=False, fill=False):
-    from dynsched_optimus import _placement as P
-
-    c, norm, _t, kept_ids, order, _s = P._prepare(jobs, cap, previous)
-    free = c.copy()
-    pl, kept = P._reserve_kept(jobs, previous or {}, kept_ids, free, c)
-    return P._place_sorted(jobs, c, norm, order, free, pl, kept, shrink, fill)
-
-
 @settings(deadline=None, max_examples=150)
 @given(
     jobs=placement_jobs,
@@ -196,27 +187,53 @@ def _sorted_path(jobs, cap, previous=None, shrink=False, fill=False):
     shrink=st.booleans(),
     fill=st.booleans(),
 )
-def test_bucketed_servers_equal_the_sorted_list_and_reference(
+def test_bucketed_servers_equal_the_reference(
     jobs, kinds, n_nodes, keep_every, shrink, fill
 ) -> None:
-    """Few distinct server shapes take the bucketed path: same result as the sorted list
-    of server keys and as the reference, with and without fill, shrink and kept jobs."""
+    """Few distinct server shapes (large buckets of equal servers): same result as the
+    test oracle, with and without fill, shrink and kept jobs."""
     cap = np.array([kinds[i % len(kinds)] for i in range(n_nodes)])
     prev = None
     for _round in range(2):
-        a = place(jobs, cap, previous=prev, shrink=shrink, fill=fill)
-        b = _sorted_path(jobs, cap, previous=prev, shrink=shrink, fill=fill)
-        r = place_reference(jobs, cap, previous=prev, shrink=shrink, fill=fill)
-        for other in (b, r):
-            assert a.placements == other.placements
-            assert a.unplaced == other.unplaced and a.kept == other.kept
-            assert dict(a.shrunk) == dict(other.shrunk)
-        assert np.array_equal(a.free, b.free)
-        assert (a.free >= -1e-9 * cap).all()
+        a = _same_as_oracle(jobs, cap, previous=prev, shrink=shrink, fill=fill)
         prev = {k: v for i, (k, v) in enumerate(sorted(a.placements.items())) if i % keep_every}
 
 
-def test_benchmark_like_cluster_takes_the_bucketed_path_and_matches() -> None:
+def _same_as_oracle(jobs, cap, **kw):
+    """``place`` equals the test oracle exactly (free resources bit for bit)."""
+    a = place(jobs, cap, **kw)
+    r = place_reference(jobs, cap, **kw)
+    assert a.placements == r.placements
+    assert a.unplaced == r.unplaced and a.kept == r.kept
+    assert dict(a.shrunk) == dict(r.shrunk)
+    assert np.array_equal(a.free, r.free)
+    assert (a.free >= -1e-9 * np.asarray(cap)).all()
+    return a
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    jobs=placement_jobs,
+    caps=st.lists(
+        st.tuples(st.integers(2, 24), st.integers(2, 24)).map(lambda t: (float(t[0]), float(t[1]))),
+        min_size=1,
+        max_size=30,
+    ),
+    keep_every=st.integers(1, 3),
+    shrink=st.booleans(),
+    fill=st.booleans(),
+)
+def test_heterogeneous_servers_equal_the_reference(jobs, caps, keep_every, shrink, fill) -> None:
+    """Mostly distinct servers (buckets of one server, several buckets under one key):
+    the one implementation equals the oracle over two rounds with kept placements."""
+    cap = np.array(caps)
+    prev = None
+    for _round in range(2):
+        a = _same_as_oracle(jobs, cap, previous=prev, shrink=shrink, fill=fill)
+        prev = {k: v for i, (k, v) in enumerate(sorted(a.placements.items())) if i % keep_every}
+
+
+def test_benchmark_like_cluster_matches_the_reference() -> None:
     """Homogeneous servers, three demand classes, capacity-bound: fragmentation, fill."""
     rng = np.random.default_rng(3)
     classes = [((4.0, 8.0, 2.0), (4.0, 8.0, 1.0)), ((5.0, 8.0, 2.0), (5.0, 12.0, 1.0))]
@@ -228,8 +245,5 @@ def test_benchmark_like_cluster_takes_the_bucketed_path_and_matches() -> None:
         )
     cap = np.tile([32.0, 128.0, 10.0], (200, 1))
     for kw in ({}, {"shrink": True}, {"fill": True, "shrink": True}):
-        a = place(jobs, cap, **kw)
-        b = _sorted_path(jobs, cap, **kw)
-        assert a.placements == b.placements and a.unplaced == b.unplaced
-        assert dict(a.shrunk) == dict(b.shrunk) and np.array_equal(a.free, b.free)
+        a = _same_as_oracle(jobs, cap, **kw)
     assert a.shrunk or a.unplaced  # the instance is fragmented

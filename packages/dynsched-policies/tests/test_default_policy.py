@@ -80,16 +80,31 @@ def test_waited_samples_without_wait_time_still_count_as_bottleneck() -> None:
     assert p.per_sample_time_s == 1000.0  # W == 0: estimate not replaced
 
 
-def test_ratio_is_clamped_to_the_guard_rails_range() -> None:
+def test_ratio_ignores_the_guard_rails_range_and_the_driver_bounds_the_wait() -> None:
+    """The policy keeps its ratio in its own domain [0, 1]; the framework's range is the
+    driver's guard rails' business (applied to the wait, the same for every policy)."""
     p = DefaultDynamicSchedulePolicy(deactivate_ratio=0.2)
-    p.update_after_step(1, ctx(bounds=(0.19, 0.25)))
-    assert p.deactivate_ratio == 0.19
+    narrow = ctx(bounds=(0.19, 0.25))
+    p.update_after_step(1, narrow)
+    assert p.deactivate_ratio == 0.18  # not clamped to 0.19 by the policy
+    rails = GuardRails(min_deactivate_ratio=0.19, max_deactivate_ratio=0.25)
+    target, overrides = rails.wait_target(
+        p.deactivate_wait_samples(narrow), narrow, cycle_remaining=40
+    )
+    assert p.deactivate_wait_samples(narrow) == 7 and target == 7  # floor(0.19 * 40) = 7
     p.update_after_step(2, ctx(waits=((1.0, 40),), bounds=(0.19, 0.25)))
     p.update_after_step(3, ctx(waits=((1.0, 40),), bounds=(0.19, 0.25)))
-    assert p.deactivate_ratio == 0.25
-    for g in range(4, 30):  # the default range is [0, 1]: no lower bound drift below 0
+    assert p.deactivate_ratio == 0.38
+    target, overrides = rails.wait_target(
+        p.deactivate_wait_samples(narrow), narrow, cycle_remaining=40
+    )
+    assert (target, [o.rule for o in overrides]) == (10, ["ratio_range"])  # 15 -> 10
+    for g in range(4, 30):  # no lower bound drift below 0
         p.update_after_step(g, ctx())
     assert p.deactivate_ratio == 0.0
+    for g in range(30, 50):  # nor above 1
+        p.update_after_step(g, ctx(waits=((1.0, 40),)))
+    assert p.deactivate_ratio == 1.0
 
 
 def test_no_drift_over_many_steps() -> None:
@@ -243,18 +258,21 @@ def bounds(draw: st.DrawFn) -> tuple[float, float, float]:
 
 
 @given(b=bounds(), steps=st.lists(st.tuples(st.integers(-2, 10**6), contexts()), max_size=30))
-def test_ratio_never_leaves_the_guard_rails_range(
+def test_ratio_stays_in_its_domain_and_the_driver_keeps_the_wait_in_range(
     b: tuple[float, float, float], steps: list[tuple[int, DynamicScheduleContext]]
 ) -> None:
     lo, ratio, hi = b
     p = DefaultDynamicSchedulePolicy(deactivate_ratio=ratio)
+    rails = GuardRails(min_deactivate_ratio=lo, max_deactivate_ratio=hi)
     for g, c in steps:
         c = c.evolve(min_deactivate_ratio=lo, max_deactivate_ratio=hi)
         p.update_after_step(g, c)
-        if g > 0 and not c.only_hybrid:
-            assert lo <= p.deactivate_ratio <= hi
-        assert lo <= p.deactivate_ratio <= hi
-        assert 0 <= p.deactivate_wait_samples(c) <= c.step_required_samples
+        assert 0.0 <= p.deactivate_ratio <= 1.0
+        proposed = p.deactivate_wait_samples(c)
+        assert 0 <= proposed <= c.step_required_samples
+        low, high = rails.wait_range(c.step_required_samples)
+        target, _ = rails.wait_target(proposed, c.evolve(only_hybrid=False), cycle_remaining=0)
+        assert low <= target <= high
         assert len(p.switch_overheads_s) <= 3
         assert math.isfinite(p.per_sample_time_s) and p.per_sample_time_s >= 0
 

@@ -58,6 +58,6 @@ def rl_batch(tiny_model_dir: Path) -> Any:
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model after the addition task's supervised warm-up, built once per session."""
-    from dynsched_ray._rl_task import AdditionTask, WarmUpOptions, warm_up
+    from dynsched_ray.task.addition import AdditionTask, WarmUpOptions, warm_up
 
     return warm_up(tmp_path_factory.mktemp("warm"), AdditionTask(), WarmUpOptions())

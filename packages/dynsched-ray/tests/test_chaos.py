@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from dynsched_core.events import SampleEvent
 from dynsched_ray import FAULT_KINDS, ChaosFault, ChaosSchedule, account_samples, run_chaos_soak
-from dynsched_ray._chaos import _Lifetime
-from dynsched_ray._proxies import RayQueue
+from dynsched_ray.drills.chaos import _Lifetime
+from dynsched_ray.runtime.proxies import RayQueue
 
 HERE = Path(__file__).resolve().parent
 

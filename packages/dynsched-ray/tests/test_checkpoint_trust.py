@@ -25,23 +25,24 @@ from dynsched_core import ConfigError, DynamicScheduleConfig
 from dynsched_core.cli import main as dynsched_main
 from dynsched_core.events import TrainStepEvent
 from dynsched_core.storage import LOCK_NAME, RunLock, atomic_writer
-from dynsched_ray import CheckpointWriteError, RayRunner, RayRunOptions, train_cli
-from dynsched_ray import _runner as runner_mod
-from dynsched_ray._runner import (
+from dynsched_ray import CheckpointWriteError, RayRunner, RayRunOptions
+from dynsched_ray.cli import train as train_cli
+from dynsched_ray.cli.run import DEMO_CONFIG, build_config
+from dynsched_ray.runtime import runner as runner_mod
+from dynsched_ray.runtime.runner import (
     CHECKPOINT_FORMAT,
     check_fingerprint,
     config_fingerprint,
     load_checkpoint,
     validate_checkpoint,
 )
-from dynsched_ray._train import (
+from dynsched_ray.training import (
     TrainRunner,
     TrainSettings,
     load_trainer_state,
     resolve_checkpoint_file,
     train_fingerprint,
 )
-from dynsched_ray.cli import DEMO_CONFIG, build_config
 
 RUN_CONFIG = DynamicScheduleConfig.from_dict(DEMO_CONFIG)
 
@@ -227,7 +228,7 @@ def test_dynsched_run_resume_with_another_config_is_refused_before_ray(
 
 def test_allow_config_change_and_old_checkpoints(tmp_path: Path) -> None:
     from dynsched_core.errors import UsageError
-    from dynsched_ray.cli import _check_resume
+    from dynsched_ray.cli.run import _check_resume
 
     ckpt = _write(tmp_path / "ckpt.json", _run_checkpoint())
     changed = build_config(None, ["async_training.staleness_threshold=1.0"])
@@ -463,7 +464,7 @@ def test_progress_after_resume_counts_restored_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import ray
-    from dynsched_ray import _train
+    from dynsched_ray import training as _train
 
     seen: list[str] = []
 
@@ -491,7 +492,7 @@ def test_progress_after_resume_counts_restored_steps(
 
 
 def test_fleet_line_counts_the_real_trainer_workers() -> None:
-    from dynsched_ray._trainer_group import RayTrainerSpec
+    from dynsched_ray.trainers.group import RayTrainerSpec
 
     fleet = SimpleNamespace(trainer_workers=[], spec=SimpleNamespace(trainer_gpus=2))
     spec = RayTrainerSpec(factory=object, make_batch=lambda s, v: None)

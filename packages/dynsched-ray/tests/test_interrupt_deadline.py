@@ -15,7 +15,7 @@ from pathlib import Path
 
 HANGS = r"""
 import sys, time
-from dynsched_ray.cli import _InterruptDeadline
+from dynsched_ray.cli.run import _InterruptDeadline
 d = _InterruptDeadline("partial metrics in {m} (last line marked partial)", {m!r}, 0.3)
 d.arm()
 d.arm()  # idempotent
@@ -23,7 +23,7 @@ time.sleep(3600)  # a shutdown that never returns
 """
 
 STOPS = r"""
-from dynsched_ray.cli import _InterruptDeadline
+from dynsched_ray.cli.run import _InterruptDeadline
 d = _InterruptDeadline("nothing written", None, 60.0)
 d.arm()
 d.cancel()  # the clean stop came in time
@@ -68,7 +68,7 @@ def test_a_clean_stop_disarms_the_deadline() -> None:
 
 HANGS_WITH_CHILD = r"""
 import subprocess, sys, time
-from dynsched_ray.cli import _InterruptDeadline
+from dynsched_ray.cli.run import _InterruptDeadline
 # a child that would outlive a bare os._exit (like a local Ray cluster's processes)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 print(child.pid, flush=True)

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from dynsched_core.cli import main as dynsched_main
 from dynsched_core.errors import UsageError
-from dynsched_ray import _loader, train_cli
-from dynsched_ray.cli import build_config
+from dynsched_ray.cli import config as _loader
+from dynsched_ray.cli import train as train_cli
+from dynsched_ray.cli.run import build_config
 
 VERL = (
     Path(__file__).resolve().parents[2]

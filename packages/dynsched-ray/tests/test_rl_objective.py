@@ -8,7 +8,7 @@ import pytest
 import torch
 from dynsched_core.trainer import TrainBatch, TrainResponse
 from dynsched_ray import RLObjective
-from dynsched_ray._rl_objective import (
+from dynsched_ray.task.objective import (
     batch_advantages,
     group_advantages,
     pack_responses,

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 from dynsched_core.errors import UsageError
-from dynsched_ray._security import LOOPBACK, plan_ray_start
+from dynsched_ray.runtime.security import LOOPBACK, plan_ray_start
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -259,7 +259,7 @@ print("JOINED", sorted(a["name"] for a in ray.util.list_named_actors(all_namespa
 
 JOIN_LIKE_THE_CLI = """
 import sys, ray
-from dynsched_ray._security import init_ray, plan_ray_start
+from dynsched_ray.runtime.security import init_ray, plan_ray_start
 init_ray(ray, plan_ray_start(sys.argv[1]), namespace=None, prog="client")
 print("JOINED", sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)))
 """

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from dynsched_core import DynamicScheduleConfig
 from dynsched_ray import RayRunOptions
-from dynsched_ray._rl_task import AdditionTask, TaskTokenizer, WarmUpOptions, warm_up
-from dynsched_ray._train import TrainRunner, TrainSettings, lag_bound, read_metrics
+from dynsched_ray.task.addition import AdditionTask, TaskTokenizer, WarmUpOptions, warm_up
+from dynsched_ray.training import TrainRunner, TrainSettings, lag_bound, read_metrics
 
 from ._policies import AlwaysSwitchPolicy, PartialMidCyclePolicy
 
@@ -280,7 +280,7 @@ def test_warm_up_is_cached_and_earns_a_reward(tmp_path: Path, warm_model: Path) 
 async def test_hf_replica_samples_with_logprobs_and_loads_weights(warm_model: Path) -> None:
     import torch
     from dynsched_core import GenerateRequest
-    from dynsched_ray._hf_engine import HFReplica
+    from dynsched_ray.engines.hf.replica import HFReplica
     from safetensors.torch import save
 
     tok = TaskTokenizer(warm_model)

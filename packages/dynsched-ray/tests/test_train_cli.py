@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from dynsched_core.cli import main as dynsched_main
-from dynsched_ray import train_cli
-from dynsched_ray._train import TrainSettings
+from dynsched_ray.cli import train as train_cli
+from dynsched_ray.training import TrainSettings
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_addition.yaml"
 
@@ -41,7 +41,8 @@ def test_example_config_reads_with_verl_keys() -> None:
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--engine", "sglang"], "invalid choice"),
+        (["--engine", "sglang"], "unknown engine 'sglang'"),
+        (["--trainer", "megatrom"], "Did you mean 'megatron'?"),
         (["--set", "async_training.staleness_threshold=-1"], "staleness_threshold"),
         (["--set", "nonsense"], "KEY=VALUE"),
         (["--policy", "no-such-policy"], "no-such-policy"),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from dynsched_core import DynamicScheduleConfig
 from dynsched_ray import RayRunOptions
-from dynsched_ray._train import TrainRunner, TrainSettings, lag_bound
+from dynsched_ray.training import TrainRunner, TrainSettings, lag_bound
 
 from ._policies import AlwaysSwitchPolicy
 

@@ -68,7 +68,7 @@ async def test_data_parallel_workers_on_the_trainer_bundles_and_the_hand_over(
         assert metrics.grad_norm == pytest.approx(expected.grad_norm, rel=1e-4)
         assert metrics.num_tokens == rl_batch.num_response_tokens and metrics.version == 1
         w0 = load((await group.export_weights())[1])
-        from dynsched_ray._remote import await_ref
+        from dynsched_ray.runtime.remote import await_ref
 
         _, blob1 = await await_ref(
             group.workers[1].export_weights.remote(True), timeout_s=60, what="export"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 
-from dynsched_ray._vllm_replica import _shutdown_engine
+from dynsched_ray.engines.vllm.replica import _shutdown_engine
 
 
 class AsyncLLM:

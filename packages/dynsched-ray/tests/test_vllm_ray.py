@@ -27,7 +27,7 @@ from dynsched_core import (
     RetryingClient,
 )
 from dynsched_ray import RayReplica, ReplicaActor, remote_class
-from dynsched_ray._vllm_replica import VLLMReplica
+from dynsched_ray.engines.vllm.replica import VLLMReplica
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(1500)]
 

@@ -19,7 +19,7 @@ import pytest
 from dynsched_core import GenerateRequest, ReplicaSet, RetryingClient, RolloutReplica
 from dynsched_core._inmemory import ReplicaNotReadyError
 from dynsched_ray import EngineStartError, ModelFilesError, TinyModelSpec, build_tiny_model
-from dynsched_ray._vllm_replica import VLLMReplica, check_model_folder
+from dynsched_ray.engines.vllm.replica import VLLMReplica, check_model_folder
 
 from ._vllm_helpers import PROMPTS, LoopThread, greedy, hf_greedy
 

@@ -12,6 +12,7 @@ from dynsched_sim import (
     LLMModel,
     ReplicaNotServingError,
     SimReplica,
+    SimReplicaOptions,
     run_virtual,
 )
 from hypothesis import given
@@ -148,7 +149,14 @@ def test_sleep_wake_resume_cycle_and_costs() -> None:
 
     async def main() -> tuple[float, float, float]:
         loop = asyncio.get_running_loop()
-        rep = SimReplica("h", engine, HW, LLM, role="hybrid", extra_wake_s=3.0, extra_sleep_s=1.0)
+        rep = SimReplica(
+            "h",
+            engine,
+            HW,
+            LLM,
+            role="hybrid",
+            options=SimReplicaOptions(extra_wake_s=3.0, extra_sleep_s=1.0),
+        )
         with pytest.raises(ReplicaNotServingError):
             await rep.generate(GenerateRequest(request_id="x", max_tokens=5))
         t0 = loop.time()
@@ -236,3 +244,28 @@ def test_event_count_grows_linearly_with_requests() -> None:
     events, running = run_virtual(main())
     assert running >= n
     assert events < 8 * n  # measured: 5 per request
+
+
+@pytest.mark.parametrize("role", ["standalone", "hybrid"])
+def test_identity_comes_from_the_core_base(role: str) -> None:
+    from dynsched_core.rollout import ReplicaIdentity
+
+    rep = SimReplica("r7", _engine(), HW, LLM, role=role, options=SimReplicaOptions(node="n2"))
+    assert isinstance(rep, ReplicaIdentity) and isinstance(rep, RolloutReplica)
+    assert (rep.replica_id, rep.role) == ("r7", role)
+    assert (rep.capabilities.role, rep.capabilities.node) == (role, "n2")
+    assert rep.capabilities.num_gpus == _engine().gpus_per_replica
+
+
+@pytest.mark.parametrize("field", ["extra_wake_s", "extra_sleep_s"])
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_options_reject_bad_switch_costs_naming_the_field(field: str, bad: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        SimReplicaOptions(**{field: bad})
+
+
+def test_options_group_defaults_to_the_replica_id() -> None:
+    rep = SimReplica("r9", _engine(), HW, LLM, options=SimReplicaOptions(node="n1"))
+    assert rep._group == "r9" and rep.capabilities.node == "n1"
+    grouped = SimReplica("r9", _engine(), HW, LLM, options=SimReplicaOptions(group="g"))
+    assert grouped._group == "g"

@@ -35,7 +35,7 @@ from dynsched_core._state import HybridState
 # the reference fully-async loop and its parts
 # isort: split
 from dynsched_core._client import ClientOptions, RetryingClient
-from dynsched_core._inmemory import InMemoryReplica
+from dynsched_core._inmemory import InMemoryReplica, InMemoryReplicaOptions
 from dynsched_core._loop import FullyAsyncLoop, LoopResult, TrainerBackend
 from dynsched_core._queue import AsyncSampleQueue
 from dynsched_core._rollouter import Prompt, Rollouter, RollouterOptions, RolloutSample
@@ -82,6 +82,7 @@ __all__ = [
     "GuardRails",
     "HybridState",
     "InMemoryReplica",
+    "InMemoryReplicaOptions",
     "LoadBalancer",
     "LoopResult",
     "Prompt",

@@ -183,11 +183,8 @@ class RetryingClient:
         on_replica_failure: ReplicaFailureCallback | None = None,
         clock: Clock | None = None,
     ) -> None:
-        if not isinstance(replicas, ReplicaSet):
-            raise TypeError(f"replicas must be a ReplicaSet, got {type(replicas).__name__}")
-        self.options = options if options is not None else ClientOptions()
-        if not isinstance(self.options, ClientOptions):
-            raise TypeError(f"options must be a ClientOptions, got {self.options!r}")
+        v.expect_instance("replicas", replicas, ReplicaSet, by_type=True)
+        self.options = v.options_or_default(options, ClientOptions)
         self._replicas = replicas
         self._router = replicas.router
         self._on_replica_failure = on_replica_failure

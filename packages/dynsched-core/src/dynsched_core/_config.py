@@ -255,12 +255,7 @@ class DynamicScheduleConfig:
             self.dynamic_schedule_min_deactivate_ratio,
             self.dynamic_schedule_max_deactivate_ratio,
         )
-        if hi < lo:
-            raise ConfigError(
-                f"{type(self).__name__}.dynamic_schedule_max_deactivate_ratio must be in "
-                f"[dynamic_schedule_min_deactivate_ratio ({lo:g}), 1], got {hi:g}",
-                key="dynamic_schedule_max_deactivate_ratio",
-            )
+        derived.check_ratio_range(type(self).__name__, lo, hi, prefix="dynamic_schedule_")
         if not lo <= self.dynamic_schedule_deactivate_ratio <= hi:
             raise ConfigError(
                 f"{type(self).__name__}.dynamic_schedule_deactivate_ratio must be in "

@@ -7,8 +7,7 @@ from typing import Any
 import attrs
 
 from dynsched_core import validators as v
-from dynsched_core._errors import ConfigError
-from dynsched_core.derived import step_required_samples
+from dynsched_core.derived import check_ratio_range, step_required_samples
 
 __all__ = ["DynamicScheduleContext"]
 
@@ -118,13 +117,9 @@ class DynamicScheduleContext:
     )
 
     def __attrs_post_init__(self) -> None:
-        if self.max_deactivate_ratio < self.min_deactivate_ratio:
-            raise ConfigError(
-                "DynamicScheduleContext.max_deactivate_ratio must be in "
-                f"[min_deactivate_ratio ({self.min_deactivate_ratio:g}), 1], got "
-                f"{self.max_deactivate_ratio:g}",
-                key="max_deactivate_ratio",
-            )
+        check_ratio_range(
+            "DynamicScheduleContext", self.min_deactivate_ratio, self.max_deactivate_ratio
+        )
         if len(self.hybrid_replica_nodes) != len(self.hybrid_replica_ids):
             raise ValueError(
                 "DynamicScheduleContext.hybrid_replica_nodes must name the node of each of "

@@ -162,11 +162,8 @@ class DynamicResourceController:
         clock: Clock | None = None,
         events: EventBus | None = None,
     ) -> None:
-        if not isinstance(replicas, ReplicaSet):
-            raise TypeError(f"replicas must be a ReplicaSet, got {type(replicas).__name__}")
-        self.options = options if options is not None else ControllerOptions()
-        if not isinstance(self.options, ControllerOptions):
-            raise TypeError(f"options must be a ControllerOptions, got {self.options!r}")
+        v.expect_instance("replicas", replicas, ReplicaSet, by_type=True)
+        self.options = v.options_or_default(options, ControllerOptions)
         self._replicas = replicas
         self._router = replicas.router
         self._clock: Clock = clock if clock is not None else LoopClock()
@@ -523,14 +520,21 @@ class DynamicResourceController:
 
         A replica that died since the switch started fails its step.
         """
+        # each task builds its own call when it starts: a task cancelled before it runs (Ctrl-C
+        # at the wrong moment) then leaves no never-awaited coroutine behind
         results = await asyncio.gather(
-            *(self._bounded(self._call_on(rid, call)) for rid in ids), return_exceptions=True
+            *(self._bounded_call_on(rid, call) for rid in ids), return_exceptions=True
         )
         for rid, result in zip(ids, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
                 raise _StepFailed(step, rid, result)
+
+    async def _bounded_call_on(
+        self, replica_id: str, call: Callable[[RolloutReplica], Awaitable[T]]
+    ) -> T:
+        return await self._bounded(self._call_on(replica_id, call))
 
     async def _call_on(self, replica_id: str, call: Callable[[RolloutReplica], Awaitable[T]]) -> T:
         replica = self._replicas.get(replica_id)

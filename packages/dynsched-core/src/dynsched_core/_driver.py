@@ -35,6 +35,10 @@ and reports a `FailoverEvent`. Hybrid replicas woken during a collection are put
 to sleep when it ends (the trainer needs their GPUs); with no live standalone replica
 the guard rails' colocated schedule then runs the cycles until standalone replicas
 come back.
+
+The decisions themselves live in the sans-I/O `DriverCore` (``_decide``): this class only
+performs the actions the core asks for (observe, report, activate, rebalance, wait,
+deactivate) and sends their outcomes back.
 """
 
 from __future__ import annotations
@@ -42,17 +46,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import attrs
 
+from dynsched_core import _decide as d
 from dynsched_core import validators as v
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._config import DynamicScheduleConfig
 from dynsched_core._context import DynamicScheduleContext
-from dynsched_core._controller import DynamicResourceController, RebalanceReport
+from dynsched_core._controller import DynamicResourceController
+from dynsched_core._decide import (
+    _COUNTERS,
+    _INT_STATE,
+    _OPTIONAL_STATE,
+    _STATE_KEYS,
+    AfterSyncResult,
+    BeforeStepResult,
+    check_driver_state,
+)
 from dynsched_core._errors import SampleWaitTimeoutError, SwitchError
 from dynsched_core._events import EventBus, FailoverEvent, GuardRailEvent
 from dynsched_core._guards import GuardRailOverride, GuardRails, is_colocated
@@ -65,29 +78,8 @@ __all__ = ["AfterSyncResult", "BeforeStepResult", "DriverOptions", "ScheduleDriv
 
 logger = logging.getLogger(__name__)
 
-_STATE_FORMAT = 1
-#: State keys added after format 1 (absent from older checkpoints).
-_OPTIONAL_STATE = frozenset({"failovers"})
-#: The checkpointed counters, restored as attributes of the same names.
-_COUNTERS = (
-    "requested_samples",
-    "param_version",
-    "cycles",
-    "activations",
-    "deactivations",
-    "skipped_hybrid_syncs",
-    "switch_errors",
-)
-_INT_STATE = (*_COUNTERS, "cycle_requested", "failovers")
-_STATE_KEYS = (
-    "format",
-    "policy",
-    *_INT_STATE,
-    "wait_times",
-    "wait_samples",
-    "cycle_activate_s",
-    "cycle_deactivate_s",
-)
+#: Kept importable from here (checkpoint checks elsewhere read them).
+_STATE_NAMES = (_COUNTERS, _INT_STATE, _OPTIONAL_STATE, _STATE_KEYS)
 
 #: Failover events kept by a driver (the oldest are dropped: a long run stays bounded).
 _MAX_FAILOVER_EVENTS = 256
@@ -96,74 +88,16 @@ _MAX_FAILOVER_EVENTS = 256
 _POLICY_ERRORS = frozenset({"ratio_range", "queue_capacity"})
 
 
-@attrs.frozen(kw_only=True)
-class BeforeStepResult:
-    """What `ScheduleDriver.before_train_step` did.
+def _state_field(name: str, doc: str) -> Any:
+    """A driver attribute kept in the core's `DriverState`."""
 
-    Attributes:
-        global_steps: The step passed in.
-        should_deactivate: The policy's decision.
-        wait_target: Samples waited for before deactivating (None when not deciding to).
-        buffered: Samples buffered when the wait ended (None without a wait).
-        wait_s: Seconds spent waiting (verl's ``wait_for_enough_samples``).
-        wait_timed_out: The wait hit ``wait_timeout_s`` (deactivation went ahead anyway).
-        deactivated: Hybrid replicas were switched off.
-        deactivate_s: Seconds the deactivation took.
-        error: The switch error, when deactivation failed (hybrid is then out anyway).
-        context: The context given to the policy (None when scheduling is disabled).
-        proposed_wait: What ``deactivate_wait_samples`` returned (None when not called).
-        overrides: The guard rails' corrections of the wait target.
-        activated_mid_cycle: Hybrid replicas were lent at this step boundary
-            (``should_activate_mid_cycle``), before ``should_deactivate`` was asked.
-        mid_cycle_activate_s: Seconds that activation took.
-    """
+    def get(self: ScheduleDriver) -> Any:
+        return getattr(self.core.state, name)
 
-    global_steps: int
-    should_deactivate: bool = False
-    wait_target: int | None = None
-    buffered: int | None = None
-    wait_s: float = 0.0
-    wait_timed_out: bool = False
-    deactivated: bool = False
-    deactivate_s: float = 0.0
-    error: SwitchError | None = attrs.field(default=None, eq=False)
-    context: DynamicScheduleContext | None = None
-    proposed_wait: int | None = None
-    overrides: tuple[GuardRailOverride, ...] = ()
-    activated_mid_cycle: bool = False
-    mid_cycle_activate_s: float = 0.0
+    def set_(self: ScheduleDriver, value: Any) -> None:
+        setattr(self.core.state, name, value)
 
-
-@attrs.frozen(kw_only=True)
-class AfterSyncResult:
-    """What `ScheduleDriver.after_weight_sync` did.
-
-    Attributes:
-        global_steps: The step passed in.
-        version: The weight version synced.
-        should_activate: The policy's decision.
-        forced: A guard rail overrode the decision (see ``overrides``).
-        activated: Hybrid replicas were woken, synced and routed.
-        hybrid_sync_skipped: The hybrid weight sync was skipped (no activation).
-        rebalance: The rebalance report, when one ran.
-        activate_s: Seconds the activation (with rebalance) took.
-        error: The switch error, when activation failed.
-        context: The context given to ``should_activate_after_step`` and
-            ``update_after_step`` (None when scheduling is disabled).
-        overrides: The guard rails' corrections of the activation decision.
-    """
-
-    global_steps: int
-    version: int
-    should_activate: bool = False
-    forced: bool = False
-    activated: bool = False
-    hybrid_sync_skipped: bool = False
-    rebalance: RebalanceReport | None = None
-    activate_s: float = 0.0
-    error: SwitchError | None = attrs.field(default=None, eq=False)
-    context: DynamicScheduleContext | None = None
-    overrides: tuple[GuardRailOverride, ...] = ()
+    return property(get, set_, doc=doc)
 
 
 @attrs.frozen(kw_only=True)
@@ -228,6 +162,16 @@ class ScheduleDriver:
         (True, True)
     """
 
+    requested_samples = _state_field("requested_samples", "Samples the trainer asked for.")
+    param_version = _state_field("param_version", "Version of the last weight sync.")
+    cycles = _state_field("cycles", "Weight-sync cycles ended.")
+    activations = _state_field("activations", "Successful activations.")
+    deactivations = _state_field("deactivations", "Successful deactivations.")
+    skipped_hybrid_syncs = _state_field("skipped_hybrid_syncs", "Hybrid weight syncs skipped.")
+    switch_errors = _state_field("switch_errors", "Switches that failed.")
+    failovers = _state_field("failovers", "Successful failovers.")
+    mid_cycle_activations = _state_field("mid_cycle_activations", "Lends at a step boundary.")
+
     def __init__(
         self,
         policy: DynamicSchedulePolicyBase,
@@ -241,41 +185,20 @@ class ScheduleDriver:
     ) -> None:
         if not isinstance(policy, DynamicSchedulePolicyBase):
             raise TypeError(f"policy must be a DynamicSchedulePolicyBase, got {policy!r}")
-        if not isinstance(controller, DynamicResourceController):
-            raise TypeError(f"controller must be a DynamicResourceController, got {controller!r}")
-        self.options = options if options is not None else DriverOptions()
-        if not isinstance(self.options, DriverOptions):
-            raise TypeError(f"options must be a DriverOptions, got {self.options!r}")
-        self.policy = policy
+        v.expect_instance("controller", controller, DynamicResourceController)
+        self.options = v.options_or_default(options, DriverOptions)
+        self._config = config
+        self.core = d.DriverCore(policy, config)
         self.controller = controller
         self.queue = queue
-        self.config = config
         self.events = events
-        self.guard_rails = GuardRails.from_config(config)
         self._clock: Clock = clock if clock is not None else LoopClock()
-        # Counters (checkpointed).
-        self.requested_samples = 0
-        self.param_version = 0
-        self.cycles = 0
-        self.activations = 0
-        self.deactivations = 0
-        self.skipped_hybrid_syncs = 0
-        self.switch_errors = 0
         # Guard-rail corrections made by this driver (not checkpointed).
         self.overrides = 0
         self._warned_rules: set[tuple[str, str]] = set()
-        # Observations of the current cycle.
-        self._wait_times: list[float] = []
-        self._wait_samples: list[int] = []
-        self._cycle_activate_s = 0.0
-        self._cycle_deactivate_s = 0.0
-        self._cycle_requested = 0
-        # Wider decision space (optional hooks): mid-cycle lends, what they load.
-        self.mid_cycle_activations = 0
         if events is not None and _overrides(policy, "observe"):
             events.subscribe(policy.observe)
         # Failover (not checkpointed except the counter).
-        self.failovers = 0
         self.failover_events: list[FailoverEvent] = []
         self._weights: Any = None
         self._waits: list[int] = []  # samples each running trainer wait needs
@@ -283,6 +206,21 @@ class ScheduleDriver:
         self.replicas.subscribe(self._on_membership)
 
     # ------------------------------------------------------------------ properties
+    @property
+    def policy(self) -> DynamicSchedulePolicyBase:
+        """The scheduling policy (the core's)."""
+        return self.core.policy
+
+    @property
+    def config(self) -> DynamicScheduleConfig:
+        """Scheduler settings."""
+        return self._config
+
+    @property
+    def guard_rails(self) -> GuardRails:
+        """The bounds applied after every policy decision (from the config)."""
+        return self.core.guard_rails
+
     @property
     def wait_timeout_s(self) -> float:
         """Bound of the wait before a deactivation (`DriverOptions.wait_timeout_s`)."""
@@ -296,7 +234,7 @@ class ScheduleDriver:
     @property
     def enabled(self) -> bool:
         """Whether dynamic scheduling is on (otherwise the policy is never called)."""
-        return self.config.use_dynamic_resource_scheduling
+        return self.core.enabled
 
     @property
     def num_standalone_replicas(self) -> int:
@@ -328,49 +266,9 @@ class ScheduleDriver:
 
         Call before collecting the samples of a micro-step.
         """
-        self.requested_samples += self.config.required_samples
-        self._cycle_requested += self.config.required_samples
-        if not self.enabled:
-            return BeforeStepResult(global_steps=global_steps)
-        ctx = await self.context(global_steps, is_last_step=is_last_step)
-        mid: AfterSyncResult | None = None
-        if self._may_activate_mid_cycle(ctx) and self.policy.should_activate_mid_cycle(
-            global_steps, self.controller.is_hybrid_active, ctx
-        ):
-            mid = await self._activate_mid_cycle(global_steps, ctx)
-            ctx = await self.context(global_steps, is_last_step=is_last_step)
-        if not self.policy.should_deactivate(global_steps, self.controller.is_hybrid_active, ctx):
-            return self._with_mid_cycle(
-                BeforeStepResult(global_steps=global_steps, context=ctx), mid
-            )
-        proposed = self._checked_wait(self.policy.deactivate_wait_samples(ctx))
-        target, overrides = self.guard_rails.wait_target(
-            proposed,
-            ctx,
-            cycle_remaining=self._cycle_remaining(),
-            capacity=_capacity_of(self.queue),
-        )
-        self._report(global_steps, overrides)
-        buffered, wait_s, timed_out = await self._wait_for_samples(target)
-        switched, took, error = await self._switch(self.controller.deactivate)
-        if switched:
-            self.deactivations += 1
-            self._cycle_deactivate_s += took
-        result = BeforeStepResult(
-            global_steps=global_steps,
-            should_deactivate=True,
-            wait_target=target,
-            buffered=buffered,
-            wait_s=wait_s,
-            wait_timed_out=timed_out,
-            deactivated=switched,
-            deactivate_s=took,
-            error=error,
-            context=ctx,
-            proposed_wait=proposed,
-            overrides=overrides,
-        )
-        return self._with_mid_cycle(result, mid)
+        result = await self._run(d.BeforeStep(global_steps=global_steps, is_last_step=is_last_step))
+        assert isinstance(result, BeforeStepResult)
+        return result
 
     def record_collection(self, wait_s: float, waited_samples: int) -> None:
         """Report one sample collection of the trainer.
@@ -380,14 +278,7 @@ class ScheduleDriver:
             waited_samples: Samples that were not buffered when the collection started
                 and had to be waited for (>= 0).
         """
-        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not wait_s >= 0:
-            raise ValueError(f"wait_s must be a number >= 0, got {wait_s!r}")
-        if isinstance(waited_samples, bool) or not isinstance(waited_samples, int):
-            raise ValueError(f"waited_samples must be an int >= 0, got {waited_samples!r}")
-        if waited_samples < 0:
-            raise ValueError(f"waited_samples must be an int >= 0, got {waited_samples!r}")
-        self._wait_times.append(float(wait_s))
-        self._wait_samples.append(waited_samples)
+        self.core.record_collection(wait_s, waited_samples)
 
     async def after_weight_sync(
         self,
@@ -403,35 +294,10 @@ class ScheduleDriver:
         Call after the weights of ``version`` reached the standalone replicas; ``weights``
         is forwarded to the hybrid replicas' ``update_weights``.
         """
-        self.param_version = version
         self._weights = weights
-        if not self.enabled:
-            self._end_cycle(0.0)
-            return AfterSyncResult(global_steps=global_steps, version=version)
-        ctx = await self.context(global_steps, is_last_step=is_last_step)
-        wants = bool(
-            self.policy.should_activate_after_step(
-                global_steps, self.controller.is_hybrid_active, ctx
-            )
-        )
-        activate, overrides = self.guard_rails.activation(wants, ctx)
-        self._report(global_steps, overrides)
-        result = AfterSyncResult(
-            global_steps=global_steps,
-            version=version,
-            should_activate=wants,
-            forced=bool(overrides),
-            context=ctx,
-            overrides=overrides,
-        )
-        if activate and self.controller.has_hybrid_replicas:
-            result = await self._activate(result, weights)
-        elif self.controller.has_hybrid_replicas:
-            self.skipped_hybrid_syncs += 1
-            result = attrs.evolve(result, hybrid_sync_skipped=True)
-            logger.debug("step %s: hybrid weight sync skipped (no activation)", global_steps)
-        self.policy.update_after_step(global_steps, ctx)
-        self._end_cycle(result.activate_s if result.activated else 0.0)
+        command = d.AfterSync(global_steps=global_steps, version=version, is_last_step=is_last_step)
+        result = await self._run(command)
+        assert isinstance(result, AfterSyncResult)
         return result
 
     async def initial_activation(self, version: int = 0, weights: Any = None) -> AfterSyncResult:
@@ -440,62 +306,61 @@ class ScheduleDriver:
         Calls only ``should_activate_after_step`` (there is no finished step to update
         on), with the guard rails; the activation time counts for the first cycle.
         """
-        self.param_version = version
         self._weights = weights
-        if not self.enabled:
-            return AfterSyncResult(global_steps=0, version=version)
-        ctx = await self.context(0)
-        wants = bool(
-            self.policy.should_activate_after_step(0, self.controller.is_hybrid_active, ctx)
-        )
-        activate, overrides = self.guard_rails.activation(wants, ctx)
-        self._report(0, overrides)
-        result = AfterSyncResult(
-            global_steps=0,
-            version=version,
-            should_activate=wants,
-            forced=bool(overrides),
-            context=ctx,
-            overrides=overrides,
-        )
-        if activate and self.controller.has_hybrid_replicas:
-            result = await self._activate(result, weights, allow_rebalance=False)
-            self._cycle_activate_s = result.activate_s if result.activated else 0.0
+        result = await self._run(d.InitialActivation(version=version))
+        assert isinstance(result, AfterSyncResult)
         return result
 
     async def context(
         self, global_steps: int = 0, *, is_last_step: bool = False
     ) -> DynamicScheduleContext:
         """Build the policy context from the config, the queue and the observations."""
+        obs = await self._observe()
+        return self.core.context(global_steps, obs, is_last_step=is_last_step)
+
+    # ------------------------------------------------------------------ performing actions
+    async def _run(self, command: d.Command) -> BeforeStepResult | AfterSyncResult:
+        """Drive the core through one sequence, performing each action it asks for."""
+        action: d.Action = self.core.step(command)
+        while not isinstance(action, d.Done):
+            action = self.core.step(await self._perform(action))
+        return action.result
+
+    async def _perform(self, action: d.Action) -> d.Outcome:
+        if isinstance(action, d.Observe):
+            return await self._observe()
+        if isinstance(action, d.ReportOverrides):
+            self._report(action.global_steps, action.overrides)
+            return d.Ack()
+        if isinstance(action, d.WaitForSamples):
+            return await self._wait_for_samples(action.target)
+        if isinstance(action, d.Activate):
+            version, ids = action.version, action.replica_ids
+            weights = self._weights
+            return await self._switch(
+                lambda: self.controller.activate(
+                    version, weights, replica_ids=None if ids is None else list(ids)
+                )
+            )
+        if isinstance(action, d.Rebalance):
+            return await self._switch(self.controller.rebalance)
+        assert isinstance(action, d.Deactivate), action
+        return await self._switch(self.controller.deactivate)
+
+    async def _observe(self) -> d.Observation:
         stats = await self.queue.stats()
-        cfg = self.config
-        hybrid_ids = self.replicas.hybrid_ids
-        return DynamicScheduleContext(
-            required_samples=cfg.required_samples,
-            trigger_parameter_sync_step=cfg.trigger_parameter_sync_step,
-            total_generated_samples=stats.produced,
-            expected_samples=self.requested_samples,
-            buffer_samples=cfg.buffer_samples,
-            step_wait_times=tuple(self._wait_times),
-            step_wait_samples=tuple(self._wait_samples),
-            only_hybrid=self.only_hybrid,
-            last_activate_duration_s=self._cycle_activate_s,
-            last_deactivate_duration_s=self._cycle_deactivate_s,
+        hybrid_ids = tuple(self.replicas.hybrid_ids)
+        return d.Observation(
+            produced=stats.produced,
             queue_size=stats.size,
-            num_standalone_replicas=self.replicas.num_standalone,
-            num_hybrid_replicas=self.replicas.num_hybrid,
-            standalone_gpus=cfg.standalone_gpus,
-            hybrid_gpus=cfg.hybrid_gpus,
             producer_finished=stats.closed,
-            is_last_step=is_last_step,
-            param_version=self.param_version,
             now=self._clock.now(),
-            min_deactivate_ratio=self.guard_rails.min_deactivate_ratio,
-            max_deactivate_ratio=self.guard_rails.max_deactivate_ratio,
-            num_active_hybrid_replicas=len(self.controller.active_hybrid_ids),
-            cycle_step=self._cycle_requested // cfg.required_samples,
-            hybrid_replica_ids=hybrid_ids,
-            hybrid_replica_nodes=[self.replicas[rid].capabilities.node for rid in hybrid_ids],
+            num_standalone=self.replicas.num_standalone,
+            hybrid_ids=hybrid_ids,
+            hybrid_nodes=tuple(self.replicas[rid].capabilities.node for rid in hybrid_ids),
+            active_hybrid=len(self.controller.active_hybrid_ids),
+            is_hybrid_active=self.controller.is_hybrid_active,
+            capacity=_capacity_of(self.queue),
         )
 
     # ------------------------------------------------------------------ failover
@@ -528,10 +393,10 @@ class ScheduleDriver:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(task), self.controller.call_timeout_s * 4)
             if release_after and self.failovers > before and self.controller.is_hybrid_active:
-                switched, took, _ = await self._switch(self.controller.deactivate)
-                if switched:
-                    self.deactivations += 1
-                    self._cycle_deactivate_s += took
+                switched = await self._switch(self.controller.deactivate)
+                if switched.value:
+                    self.core.state.deactivations += 1
+                    self.core.state.cycle_deactivate_s += switched.ended - switched.started
 
     def failover_reason(self) -> str | None:
         """Why a failover is due now (None when it is not).
@@ -570,13 +435,12 @@ class ScheduleDriver:
             self.param_version,
         )
         version = self.param_version
-        switched, took, error = await self._switch(
-            lambda: self.controller.activate(version, self._weights)
-        )
-        ok = bool(switched) and self.controller.is_hybrid_active
+        switched = await self._switch(lambda: self.controller.activate(version, self._weights))
+        error = switched.error
+        ok = bool(switched.value) and self.controller.is_hybrid_active
         if ok:
-            self.failovers += 1
-            self._cycle_activate_s += took
+            self.core.state.failovers += 1
+            self.core.state.cycle_activate_s += switched.ended - switched.started
         event = FailoverEvent(
             time=start,
             end=self._clock.now(),
@@ -620,23 +484,7 @@ class ScheduleDriver:
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
         """Policy state plus the driver's counters, as plain data."""
-        return {
-            "format": _STATE_FORMAT,
-            "policy": dict(self.policy.state_dict()),
-            "requested_samples": self.requested_samples,
-            "param_version": self.param_version,
-            "cycles": self.cycles,
-            "activations": self.activations,
-            "deactivations": self.deactivations,
-            "skipped_hybrid_syncs": self.skipped_hybrid_syncs,
-            "switch_errors": self.switch_errors,
-            "wait_times": list(self._wait_times),
-            "wait_samples": list(self._wait_samples),
-            "cycle_activate_s": self._cycle_activate_s,
-            "cycle_deactivate_s": self._cycle_deactivate_s,
-            "cycle_requested": self._cycle_requested,
-            "failovers": self.failovers,
-        }
+        return self.core.state_dict()
 
     @staticmethod
     def check_state_dict(state: Any) -> None:
@@ -647,31 +495,7 @@ class ScheduleDriver:
             ValueError: not a mapping, unknown format, missing keys or a value of the
                 wrong type; the message names the key.
         """
-        if not isinstance(state, Mapping):
-            raise ValueError(f"ScheduleDriver state must be a mapping, got {type(state).__name__}")
-        if state.get("format") != _STATE_FORMAT:
-            raise ValueError(
-                f"unsupported ScheduleDriver state format {state.get('format')!r} "
-                f"(this version reads format {_STATE_FORMAT})"
-            )
-        missing = set(_STATE_KEYS) - set(state) - _OPTIONAL_STATE
-        if missing:
-            raise ValueError(f"ScheduleDriver state lacks keys {sorted(missing)}")
-        if not isinstance(state["policy"], Mapping):
-            raise ValueError("ScheduleDriver state key 'policy' must be a mapping")
-        for key in _INT_STATE:
-            if key in state and (isinstance(state[key], bool) or not isinstance(state[key], int)):
-                raise ValueError(f"ScheduleDriver state key {key!r} must be an int")
-        for key in ("cycle_activate_s", "cycle_deactivate_s"):
-            value = state[key]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"ScheduleDriver state key {key!r} must be a number")
-        for key, kind in (("wait_times", (int, float)), ("wait_samples", (int,))):
-            items = state[key]
-            if not isinstance(items, list | tuple) or not all(
-                isinstance(x, kind) and not isinstance(x, bool) for x in items
-            ):
-                raise ValueError(f"ScheduleDriver state key {key!r} must be a list of numbers")
+        check_driver_state(state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what `state_dict` returned.
@@ -679,40 +503,9 @@ class ScheduleDriver:
         Raises:
             ValueError: unknown format or missing keys.
         """
-        self.check_state_dict(state)
-        self.policy.load_state_dict(state["policy"])
-        for key in _COUNTERS:
-            setattr(self, key, int(state[key]))
-        self._wait_times = [float(x) for x in state["wait_times"]]
-        self._wait_samples = [int(x) for x in state["wait_samples"]]
-        self._cycle_activate_s = float(state["cycle_activate_s"])
-        self._cycle_deactivate_s = float(state["cycle_deactivate_s"])
-        self._cycle_requested = int(state["cycle_requested"])
-        self.failovers = int(state.get("failovers", 0))
+        self.core.load_state_dict(state)
 
     # ------------------------------------------------------------------ internals
-    def _checked_wait(self, raw: Any) -> int:
-        """The policy's wait as an int (its range is the guard rails' business)."""
-        try:
-            target = operator.index(raw)
-        except TypeError:
-            raise TypeError(
-                f"{type(self.policy).__name__}.deactivate_wait_samples must return an int, "
-                f"got {raw!r}"
-            ) from None
-        if isinstance(raw, bool):
-            raise TypeError(
-                f"{type(self.policy).__name__}.deactivate_wait_samples must return an int, "
-                f"got {raw!r}"
-            )
-        return target
-
-    def _cycle_remaining(self) -> int:
-        """Samples the rest of the current cycle needs, this micro-step's included."""
-        return (
-            self.config.step_required_samples - self._cycle_requested + self.config.required_samples
-        )
-
     def _report(self, global_steps: int, overrides: tuple[GuardRailOverride, ...]) -> None:
         """Count, log and publish the guard rails' corrections."""
         for override in overrides:
@@ -734,7 +527,7 @@ class ScheduleDriver:
             if self.events is not None:
                 self.events.emit(GuardRailEvent(self._clock.now(), global_steps, override))
 
-    async def _wait_for_samples(self, target: int) -> tuple[int, float, bool]:
+    async def _wait_for_samples(self, target: int) -> d.Waited:
         """Wait until ``target`` samples are buffered, end-of-stream, or the timeout."""
         start = self._clock.now()
         timed_out = False
@@ -749,181 +542,32 @@ class ScheduleDriver:
                 target,
                 exc.available,
             )
-        return buffered, self._clock.now() - start, timed_out
-
-    async def _activate(
-        self, result: AfterSyncResult, weights: Any, *, allow_rebalance: bool = True
-    ) -> AfterSyncResult:
-        start = self._clock.now()
-        version = result.version
-        ids = self._activation_ids(result.global_steps, result.context)
-        switched, _, error = await self._switch(
-            lambda: self.controller.activate(version, weights, replica_ids=ids)
-        )
-        report: RebalanceReport | None = None
-        if switched:
-            self.activations += 1
-            if allow_rebalance and self._wants_rebalance(result):
-                ok, _, rb_error = await self._switch(self.controller.rebalance)
-                report = ok if isinstance(ok, RebalanceReport) else None
-                error = error or rb_error
-        return attrs.evolve(
-            result,
-            activated=switched and self.controller.is_hybrid_active,
-            rebalance=report,
-            activate_s=self._clock.now() - start,
-            error=error,
+        return d.Waited(
+            buffered=buffered, started=start, ended=self._clock.now(), timed_out=timed_out
         )
 
-    # ------------------------------------------------------------------ wider decisions
-    def _may_activate_mid_cycle(self, ctx: DynamicScheduleContext) -> bool:
-        """Whether ``should_activate_mid_cycle`` is asked: nothing lent, something to lend,
-        not colocated (the colocated schedule decides there), not at the end of the run."""
-        return (
-            not self.controller.is_hybrid_active
-            and self.controller.has_hybrid_replicas
-            and not ctx.only_hybrid
-            and not ctx.is_last_step
-            and not ctx.producer_finished
-        )
-
-    async def _activate_mid_cycle(
-        self, global_steps: int, ctx: DynamicScheduleContext
-    ) -> AfterSyncResult:
-        """Lend hybrid replicas at a step boundary: they load the current weights (version
-        ``param_version``) from their own trainer GPUs; then ``request_rebalance`` as after
-        a weight sync (when rebalance is enabled)."""
-        pending = AfterSyncResult(
-            global_steps=global_steps,
-            version=self.param_version,
-            should_activate=True,
-            context=ctx,
-        )
-        result = await self._activate(pending, self._weights)
-        if result.activated:
-            self.mid_cycle_activations += 1
-            self._cycle_activate_s += result.activate_s
-            logger.debug(
-                "step %s: %d hybrid replica(s) lent mid-cycle in %.3g s",
-                global_steps,
-                len(self.controller.active_hybrid_ids),
-                result.activate_s,
-            )
-        return result
-
-    @staticmethod
-    def _with_mid_cycle(result: BeforeStepResult, mid: AfterSyncResult | None) -> BeforeStepResult:
-        if mid is None:
-            return result
-        return attrs.evolve(
-            result,
-            activated_mid_cycle=mid.activated,
-            mid_cycle_activate_s=mid.activate_s,
-            error=result.error or mid.error,
-        )
-
-    def _activation_ids(
-        self, global_steps: int, ctx: DynamicScheduleContext | None
-    ) -> list[str] | None:
-        """The hybrid replicas to lend: None (all) unless the policy names a subset
-        (``hybrid_replica_ids_to_activate``) or asks for k < m (``hybrid_replicas_to_activate``)."""
-        if ctx is None:
-            return None
-        live = self.controller.hybrid_ids
-        chosen = self.policy.hybrid_replica_ids_to_activate(global_steps, ctx)
-        if chosen is not None:
-            return self._checked_ids(global_steps, chosen, live)
-        raw = self.policy.hybrid_replicas_to_activate(global_steps, ctx)
-        if raw is None:
-            return None
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise TypeError(
-                f"{type(self.policy).__name__}.hybrid_replicas_to_activate must return an int "
-                f"or None, got {raw!r}"
-            )
-        if raw >= len(live):
-            return None
-        if raw < 1:
-            logger.warning(
-                "step %s: %s.hybrid_replicas_to_activate returned %d; lending 1 (not lending "
-                "is the activation hooks' decision)",
-                global_steps,
-                type(self.policy).__name__,
-                raw,
-            )
-        return list(live[: max(1, raw)])
-
-    def _checked_ids(self, global_steps: int, chosen: Any, live: Sequence[str]) -> list[str] | None:
-        """``hybrid_replica_ids_to_activate``'s answer, bounded to live hybrid replicas."""
-        name = type(self.policy).__name__
-        if isinstance(chosen, str | bytes) or not isinstance(chosen, Iterable):
-            raise TypeError(
-                f"{name}.hybrid_replica_ids_to_activate must return a sequence of replica ids "
-                f"or None, got {chosen!r}"
-            )
-        proposed = tuple(chosen)
-        bad = [x for x in proposed if not isinstance(x, str)]
-        if bad:
-            raise TypeError(
-                f"{name}.hybrid_replica_ids_to_activate must return replica ids (str), "
-                f"got {bad[0]!r}"
-            )
-        known = set(live)
-        order = {rid: i for i, rid in enumerate(live)}
-        kept = tuple(sorted({x for x in proposed if x in known}, key=order.__getitem__))
-        applied = kept or tuple(live[:1])
-        if len(applied) != len(proposed) or set(applied) != set(proposed):
-            dropped = sorted(set(proposed) - known)
-            why = f"not live hybrid replicas: {dropped}" if dropped else "duplicates"
-            if not kept:
-                why += "; nothing left, lending the first (not lending is the activation hooks' decision)"
-            self._report(
-                global_steps,
-                (
-                    GuardRailOverride(
-                        decision="hybrid_replica_ids_to_activate",
-                        rule="live_hybrid_replicas",
-                        proposed=proposed,
-                        applied=applied,
-                        reason=(
-                            f"hybrid_replica_ids_to_activate {list(proposed)} corrected ({why}): "
-                            f"lending {list(applied)}"
-                        ),
-                    ),
-                ),
-            )
-        if set(applied) == known:
-            return None
-        return list(applied)
-
-    def _wants_rebalance(self, result: AfterSyncResult) -> bool:
-        if not self.config.dynamic_schedule_enable_rebalance or result.context is None:
-            return False
-        decision = self.policy.request_rebalance(result.global_steps, result.context)
-        return decision is None or bool(decision)
-
-    async def _switch(
-        self, operation: Callable[[], Awaitable[Any]]
-    ) -> tuple[Any, float, SwitchError | None]:
+    async def _switch(self, operation: Callable[[], Awaitable[Any]]) -> d.Switched:
         """Run a controller operation, timing it; apply ``on_switch_error``."""
         start = self._clock.now()
         try:
             outcome = await operation()
         except SwitchError as exc:
-            self.switch_errors += 1
+            self.core.state.switch_errors += 1
             if self.options.on_switch_error == "raise":
                 raise
             logger.error("%s; continuing with standalone replicas only", exc)
-            return False, self._clock.now() - start, exc
-        return outcome, self._clock.now() - start, None
+            return self._switched(False, start, exc)
+        return self._switched(outcome, start, None)
 
-    def _end_cycle(self, next_activate_s: float) -> None:
-        self.cycles += 1
-        self._wait_times.clear()
-        self._wait_samples.clear()
-        self._cycle_deactivate_s = 0.0
-        self._cycle_requested = 0
-        self._cycle_activate_s = next_activate_s
+    def _switched(self, value: Any, start: float, error: SwitchError | None) -> d.Switched:
+        return d.Switched(
+            value=value,
+            started=start,
+            ended=self._clock.now(),
+            error=error,
+            is_hybrid_active=self.controller.is_hybrid_active,
+            active_hybrid=len(self.controller.active_hybrid_ids),
+        )
 
     def __repr__(self) -> str:
         return (

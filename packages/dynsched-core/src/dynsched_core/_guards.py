@@ -25,14 +25,13 @@ Colocated mode is derived in one place, `is_colocated`, from the live membership
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Literal
 
 import attrs
 
 from dynsched_core import validators as v
 from dynsched_core._context import DynamicScheduleContext
-from dynsched_core._errors import ConfigError
+from dynsched_core.derived import check_ratio_range, ratio_samples
 
 __all__ = ["GuardRailOverride", "GuardRailRule", "GuardRails", "is_colocated"]
 
@@ -45,9 +44,6 @@ Decision = Literal[
     "deactivate_wait_samples", "should_activate_after_step", "hybrid_replica_ids_to_activate"
 ]
 
-#: ``ratio * samples`` within this of an integer counts as that integer (``0.29 * 100``).
-_FLOOR_EPS = 1e-9
-
 
 def is_colocated(scheduling_enabled: bool, standalone_replicas: int) -> bool:
     """Colocated (``only_hybrid``) mode: dynamic scheduling on and no standalone replica.
@@ -56,10 +52,6 @@ def is_colocated(scheduling_enabled: bool, standalone_replicas: int) -> bool:
     driver to the live membership.
     """
     return scheduling_enabled and standalone_replicas == 0
-
-
-def _floor(ratio: float, samples: int) -> int:
-    return max(0, math.floor(ratio * samples + _FLOOR_EPS))
 
 
 @attrs.frozen(kw_only=True)
@@ -81,6 +73,38 @@ class GuardRailOverride:
     proposed: int | bool | tuple[str, ...]
     applied: int | bool | tuple[str, ...]
     reason: str
+
+
+#: How each decision's override reads (after the decision's name).
+_OVERRIDE_REASONS: dict[Decision, str] = {
+    "deactivate_wait_samples": "{proposed} {why}: waiting for {applied}",
+    "should_activate_after_step": "{proposed} overridden ({why}): {applied}",
+    "hybrid_replica_ids_to_activate": "{proposed} corrected ({why}): lending {applied}",
+}
+
+
+def guard_override(
+    decision: Decision,
+    rule: GuardRailRule,
+    proposed: int | bool | tuple[str, ...],
+    applied: int | bool | tuple[str, ...],
+    why: str,
+) -> GuardRailOverride:
+    """The `GuardRailOverride` of ``rule`` correcting ``decision``, its reason worded once."""
+
+    def shown(value: int | bool | tuple[str, ...]) -> object:
+        return list(value) if isinstance(value, tuple) else value
+
+    text = _OVERRIDE_REASONS[decision].format(
+        proposed=shown(proposed), applied=shown(applied), why=why
+    )
+    return GuardRailOverride(
+        decision=decision,
+        rule=rule,
+        proposed=proposed,
+        applied=applied,
+        reason=f"{decision} {text}",
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -106,13 +130,7 @@ class GuardRails:
     max_deactivate_ratio: float = attrs.field(default=1.0, validator=v.float_in(0.0, 1.0))
 
     def __attrs_post_init__(self) -> None:
-        if self.max_deactivate_ratio < self.min_deactivate_ratio:
-            raise ConfigError(
-                f"{type(self).__name__}.max_deactivate_ratio must be in "
-                f"[min_deactivate_ratio ({self.min_deactivate_ratio:g}), 1], got "
-                f"{self.max_deactivate_ratio:g}",
-                key="max_deactivate_ratio",
-            )
+        check_ratio_range(type(self).__name__, self.min_deactivate_ratio, self.max_deactivate_ratio)
 
     @classmethod
     def from_config(cls, config: Any) -> GuardRails:
@@ -125,8 +143,8 @@ class GuardRails:
     def wait_range(self, step_required_samples: int) -> tuple[int, int]:
         """The allowed wait before deactivating, in samples: ``(low, high)``."""
         return (
-            _floor(self.min_deactivate_ratio, step_required_samples),
-            _floor(self.max_deactivate_ratio, step_required_samples),
+            ratio_samples(self.min_deactivate_ratio, step_required_samples),
+            ratio_samples(self.max_deactivate_ratio, step_required_samples),
         )
 
     def wait_target(
@@ -154,7 +172,8 @@ class GuardRails:
         if not low <= target <= high:
             bounded = min(max(target, low), high)
             overrides.append(
-                self._wait_override(
+                guard_override(
+                    "deactivate_wait_samples",
                     "ratio_range",
                     target,
                     bounded,
@@ -166,7 +185,8 @@ class GuardRails:
             target = bounded
         if ctx.only_hybrid and target < cycle_remaining:
             overrides.append(
-                self._wait_override(
+                guard_override(
+                    "deactivate_wait_samples",
                     "colocated",
                     target,
                     cycle_remaining,
@@ -177,8 +197,12 @@ class GuardRails:
             target = cycle_remaining
         if capacity is not None and target > capacity:
             overrides.append(
-                self._wait_override(
-                    "queue_capacity", target, capacity, "above the queue's capacity"
+                guard_override(
+                    "deactivate_wait_samples",
+                    "queue_capacity",
+                    target,
+                    capacity,
+                    "above the queue's capacity",
                 )
             )
             target = capacity
@@ -196,10 +220,13 @@ class GuardRails:
             if not wants:
                 return False, ()
             why = "the last training step" if ctx.is_last_step else "the producer has finished"
-            return False, (self._activation_override("end_of_run", wants, False, why),)
+            return False, (
+                guard_override("should_activate_after_step", "end_of_run", wants, False, why),
+            )
         if ctx.only_hybrid and not wants:
             return True, (
-                self._activation_override(
+                guard_override(
+                    "should_activate_after_step",
                     "colocated",
                     wants,
                     True,
@@ -207,27 +234,3 @@ class GuardRails:
                 ),
             )
         return wants, ()
-
-    @staticmethod
-    def _wait_override(
-        rule: GuardRailRule, proposed: int, applied: int, why: str
-    ) -> GuardRailOverride:
-        return GuardRailOverride(
-            decision="deactivate_wait_samples",
-            rule=rule,
-            proposed=proposed,
-            applied=applied,
-            reason=f"deactivate_wait_samples {proposed} {why}: waiting for {applied}",
-        )
-
-    @staticmethod
-    def _activation_override(
-        rule: GuardRailRule, proposed: bool, applied: bool, why: str
-    ) -> GuardRailOverride:
-        return GuardRailOverride(
-            decision="should_activate_after_step",
-            rule=rule,
-            proposed=proposed,
-            applied=applied,
-            reason=f"should_activate_after_step {proposed} overridden ({why}): {applied}",
-        )

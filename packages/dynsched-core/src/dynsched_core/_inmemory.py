@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import attrs
+
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._errors import DynschedError
 from dynsched_core._protocols import (
@@ -24,6 +26,7 @@ from dynsched_core._protocols import (
     GenerateRequest,
     GenerateResult,
     ReplicaCapabilities,
+    ReplicaIdentity,
     ReplicaRole,
 )
 
@@ -31,6 +34,7 @@ __all__ = [
     "REPLICA_METHODS",
     "CallSink",
     "InMemoryReplica",
+    "InMemoryReplicaOptions",
     "ReplicaDeadError",
     "ReplicaNotReadyError",
     "TokenFn",
@@ -70,7 +74,42 @@ _ABORT = "abort"
 _DEAD = "dead"
 
 
-class InMemoryReplica:
+def _delay(inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not (
+        isinstance(value, int | float) and math.isfinite(value) and value >= 0
+    ):
+        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+def _version(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{attribute.name} must be an int, got {value!r}")
+
+
+@attrs.frozen
+class InMemoryReplicaOptions:
+    """How long an `InMemoryReplica`'s switches take, and its weights and tokens.
+
+    Args:
+        sleep_delay_s: Duration of ``sleep`` (finite, >= 0).
+        wake_delay_s: Duration of ``wake_up`` (finite, >= 0).
+        resume_delay_s: Duration of ``resume`` (finite, >= 0).
+        update_delay_s: Duration of ``update_weights`` (finite, >= 0).
+        abort_delay_s: Duration of ``abort`` (finite, >= 0).
+        weights_version: Initial weight version.
+        token_fn: Token id function (default: `position_token`).
+    """
+
+    sleep_delay_s: float = attrs.field(default=0.0, validator=_delay)
+    wake_delay_s: float = attrs.field(default=0.0, validator=_delay)
+    resume_delay_s: float = attrs.field(default=0.0, validator=_delay)
+    update_delay_s: float = attrs.field(default=0.0, validator=_delay)
+    abort_delay_s: float = attrs.field(default=0.0, validator=_delay)
+    weights_version: int = attrs.field(default=0, validator=_version)
+    token_fn: TokenFn = position_token
+
+
+class InMemoryReplica(ReplicaIdentity):
     """An in-process `RolloutReplica` that generates on the loop clock.
 
     Generation: the response reaches ``request.target_len`` tokens in total when given
@@ -98,15 +137,10 @@ class InMemoryReplica:
         recorder: Receives every call (``in_flight`` excluded), e.g. a shared
             ``dynsched_core.testing.CallRecorder``.
         asleep: Initial state; ``None`` means asleep for hybrid, awake for standalone.
-        weights_version: Initial weight version.
-        sleep_delay_s: Duration of ``sleep``.
-        wake_delay_s: Duration of ``wake_up``.
-        resume_delay_s: Duration of ``resume``.
-        update_delay_s: Duration of ``update_weights``.
-        abort_delay_s: Duration of ``abort``.
-        token_fn: Token id function (default: position).
         clock: Time source (default: the running loop).
         node: The node it reports in its capabilities (`ReplicaCapabilities.node`).
+        options: Switch durations, initial weight version and token id function
+            (`InMemoryReplicaOptions`; default: instant switches, version 0, positions).
     """
 
     def __init__(
@@ -119,15 +153,9 @@ class InMemoryReplica:
         num_gpus: int = 1,
         recorder: CallSink | None = None,
         asleep: bool | None = None,
-        weights_version: int = 0,
-        sleep_delay_s: float = 0.0,
-        wake_delay_s: float = 0.0,
-        resume_delay_s: float = 0.0,
-        update_delay_s: float = 0.0,
-        abort_delay_s: float = 0.0,
-        token_fn: TokenFn | None = None,
         clock: Clock | None = None,
         node: str = "",
+        options: InMemoryReplicaOptions | None = None,
     ) -> None:
         if not isinstance(replica_id, str) or not replica_id:
             raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
@@ -139,15 +167,7 @@ class InMemoryReplica:
             raise ValueError(f"tokens_per_s must be a finite number > 0, got {tokens_per_s!r}")
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be an int >= 1, got {chunk_tokens!r}")
-        for name, delay in (
-            ("sleep_delay_s", sleep_delay_s),
-            ("wake_delay_s", wake_delay_s),
-            ("resume_delay_s", resume_delay_s),
-            ("update_delay_s", update_delay_s),
-            ("abort_delay_s", abort_delay_s),
-        ):
-            if not (isinstance(delay, int | float) and math.isfinite(delay) and delay >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {delay!r}")
+        opts = options if options is not None else InMemoryReplicaOptions()
         self._id = replica_id
         self._caps = ReplicaCapabilities(role=role, num_gpus=num_gpus, node=node)
         self.tokens_per_s = float(tokens_per_s)
@@ -156,13 +176,14 @@ class InMemoryReplica:
         self._asleep = (role == "hybrid") if asleep is None else bool(asleep)
         self._accepting = not self._asleep
         self._alive = True
-        self._version = weights_version
-        self.sleep_delay_s = float(sleep_delay_s)
-        self.wake_delay_s = float(wake_delay_s)
-        self.resume_delay_s = float(resume_delay_s)
-        self.update_delay_s = float(update_delay_s)
-        self.abort_delay_s = float(abort_delay_s)
-        self._token_fn: TokenFn = token_fn if token_fn is not None else position_token
+        self._version = opts.weights_version
+        # Mutable copies: drills and tests change a live replica's switch durations.
+        self.sleep_delay_s = float(opts.sleep_delay_s)
+        self.wake_delay_s = float(opts.wake_delay_s)
+        self.resume_delay_s = float(opts.resume_delay_s)
+        self.update_delay_s = float(opts.update_delay_s)
+        self.abort_delay_s = float(opts.abort_delay_s)
+        self._token_fn: TokenFn = opts.token_fn
         self._clock: Clock = clock if clock is not None else LoopClock()
         self._running: dict[str, asyncio.Future[str]] = {}
         self._failures: dict[str, deque[BaseException]] = {}
@@ -174,21 +195,8 @@ class InMemoryReplica:
         self.max_concurrency = 0
 
     # --------------------------------------------------------------- properties
-    @property
-    def replica_id(self) -> str:
-        """Stable, unique id."""
-        return self._id
-
-    @property
-    def capabilities(self) -> ReplicaCapabilities:
-        """Role and GPU count; every feature supported."""
-        return self._caps
-
-    @property
-    def role(self) -> ReplicaRole:
-        """``"standalone"`` or ``"hybrid"``."""
-        return self._caps.role
-
+    # replica_id, capabilities (role and GPU count; every feature supported) and role
+    # come from ReplicaIdentity.
     @property
     def is_asleep(self) -> bool:
         """True after `sleep` (or at start for a hybrid replica) until `wake_up`."""
@@ -263,13 +271,9 @@ class InMemoryReplica:
         self._record("generate", rid, request.partial_len, request.max_tokens)
         self._check("generate")
         if self._asleep:
-            raise ReplicaNotReadyError(
-                f"replica {self._id!r} is asleep: generate({rid!r}) refused (wake_up and resume first)"
-            )
+            raise self._refused("asleep", f"generate({rid!r})", "wake_up and resume")
         if not self._accepting:
-            raise ReplicaNotReadyError(
-                f"replica {self._id!r} is paused: generate({rid!r}) refused (resume first)"
-            )
+            raise self._refused("paused", f"generate({rid!r})", "resume")
         if rid in self._running:
             raise RuntimeError(f"request {rid!r} is already running on replica {self._id!r}")
         self.received.append(request)
@@ -353,9 +357,7 @@ class InMemoryReplica:
         self._record("resume")
         self._check("resume")
         if self._asleep:
-            raise ReplicaNotReadyError(
-                f"replica {self._id!r} is asleep: resume refused (wake_up first)"
-            )
+            raise self._refused("asleep", "resume", "wake_up")
         await asyncio.sleep(self.resume_delay_s)
         self._accepting = True
 
@@ -368,9 +370,7 @@ class InMemoryReplica:
         self._record("update_weights", version)
         self._check("update_weights")
         if self._asleep:
-            raise ReplicaNotReadyError(
-                f"replica {self._id!r} is asleep: update_weights({version}) refused (wake_up first)"
-            )
+            raise self._refused("asleep", f"update_weights({version})", "wake_up")
         await asyncio.sleep(self.update_delay_s)
         self._version = version
 
@@ -383,6 +383,11 @@ class InMemoryReplica:
     def _record(self, method: str, *args: Any) -> None:
         if self._recorder is not None:
             self._recorder.record(self._id, method, *args)
+
+    def _refused(self, state: str, call: str, first: str) -> ReplicaNotReadyError:
+        return ReplicaNotReadyError(
+            f"replica {self._id!r} is {state}: {call} refused ({first} first)"
+        )
 
     def _check(self, method: str) -> None:
         if not self._alive:

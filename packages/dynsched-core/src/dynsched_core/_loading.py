@@ -37,7 +37,7 @@ import logging
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -191,43 +191,19 @@ def check_tree(data: Any, *, limits: LoadLimits = DEFAULT_LIMITS) -> None:
         ConfigError: too many values, too deep, an integer too long, or a cycle (the key
             named).
     """
-    memo: dict[int, tuple[int, int]] = {}
-    active: set[int] = set()
 
-    def walk(value: Any, path: str, depth: int) -> tuple[int, int]:
-        if isinstance(value, bool) or value is None:
-            return 1, 0
-        if isinstance(value, int):
+    def is_leaf(value: Any, path: str) -> bool:
+        if isinstance(value, int) and not isinstance(value, bool):
             _check_int_value(value, path, limits)
-            return 1, 0
-        if not isinstance(value, Mapping | list | tuple):
-            return 1, 0
-        key = id(value)
-        if key in memo:
-            return memo[key]
-        if key in active:
-            raise ConfigError(f"{path or 'the config'} contains itself", key=path or None)
-        if depth >= limits.max_depth:
-            raise _too_deep(path, limits)
-        active.add(key)
-        size, height = 1, 0
-        items = (
-            value.items()
-            if isinstance(value, Mapping)
-            else ((f"[{i}]", v) for i, v in enumerate(value))
-        )
-        for k, v in items:
-            sub = _join(path, k)
-            n, h = walk(v, sub, depth + 1)
-            size += n + 1
-            height = max(height, h + 1)
-            if size > limits.max_nodes:
-                raise _too_big(sub, limits)
-        active.discard(key)
-        memo[key] = (size, height)
-        return size, height
+        return not isinstance(value, Mapping | list | tuple)
 
-    walk(data, "", 0)
+    def children(value: Any, path: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        for k, v in items:
+            # a key counts as one value (None: a leaf) and is not checked itself
+            yield _join(path, k if isinstance(value, Mapping) else f"[{k}]"), (None, v)
+
+    _measure(data, limits, is_leaf, children, ("the config", "contains itself"))
 
 
 # ------------------------------------------------------------------------------ internals
@@ -306,40 +282,63 @@ def _check_graph(root: Any, limits: LoadLimits) -> None:
     """Expanded size and depth of a composed YAML node graph, each node visited once."""
     import yaml
 
+    def is_leaf(node: Any, path: str) -> bool:
+        if not isinstance(node, yaml.ScalarNode):
+            return False
+        if node.tag == _INT_TAG:
+            digits = len(node.value.lstrip("+-").replace("_", ""))
+            if digits > limits.max_int_digits:
+                raise _huge_int(path, f"{digits}-digit", limits)
+        return True
+
+    def children(node: Any, path: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        if isinstance(node, yaml.MappingNode):
+            for i, (k, v) in enumerate(node.value):
+                label = k.value if isinstance(k, yaml.ScalarNode) else f"[{i}]"
+                yield _join(path, label), (k, v)
+        else:
+            for i, child in enumerate(node.value):
+                yield _join(path, f"[{i}]"), (child,)
+
+    cycle = "refers to itself (a YAML alias inside its own anchor)"
+    _measure(root, limits, is_leaf, children, ("the document", cycle))
+
+
+def _measure(
+    root: Any,
+    limits: LoadLimits,
+    is_leaf: Callable[[Any, str], bool],
+    children: Callable[[Any, str], Iterator[tuple[str, tuple[Any, ...]]]],
+    cycle: tuple[str, str],
+) -> None:
+    """Expanded size and depth of a value graph, each shared part visited once.
+
+    ``is_leaf`` checks a leaf and says whether it is one; ``children`` yields each entry's
+    path and the nodes it counts (its value last: the depth follows the value).
+    ``cycle`` is (what the root is called, how a self-containing part is described).
+
+    Raises:
+        ConfigError: too many values, too deep, or a part that contains itself.
+    """
     memo: dict[int, tuple[int, int]] = {}
     active: set[int] = set()
 
     def walk(node: Any, path: str, depth: int) -> tuple[int, int]:
-        if isinstance(node, yaml.ScalarNode):
-            if node.tag == _INT_TAG:
-                digits = len(node.value.lstrip("+-").replace("_", ""))
-                if digits > limits.max_int_digits:
-                    raise _huge_int(path, f"{digits}-digit", limits)
+        if is_leaf(node, path):
             return 1, 0
         key = id(node)
         if key in memo:
             return memo[key]
         if key in active:
-            raise ConfigError(
-                f"{path or 'the document'} refers to itself (a YAML alias inside its own anchor)",
-                key=path or None,
-            )
+            raise ConfigError(f"{path or cycle[0]} {cycle[1]}", key=path or None)
         if depth >= limits.max_depth:
             raise _too_deep(path, limits)
         active.add(key)
         size, height = 1, 0
-        if isinstance(node, yaml.MappingNode):
-            pairs: Any = node.value
-        else:
-            pairs = ((None, child) for child in node.value)
-        for i, (k, v) in enumerate(pairs):
-            label = k.value if isinstance(k, yaml.ScalarNode) else f"[{i}]"
-            sub = _join(path, label)
-            if k is not None:
-                n, h = walk(k, sub, depth + 1)
+        for sub, nodes in children(node, path):
+            for child in nodes:
+                n, h = walk(child, sub, depth + 1)
                 size += n
-            n, h = walk(v, sub, depth + 1)
-            size += n
             height = max(height, h + 1)
             if size > limits.max_nodes:
                 raise _too_big(sub, limits)

@@ -272,9 +272,8 @@ class FullyAsyncLoop:
             wait_timeout_s: Bound of every wait for samples (> 0).
             max_tokens: Response budget for raw prompt payloads (default:
                 ``config.max_response_length``).
-            client_options: `RetryingClient` settings (default: from the config; without
-                standalone replicas an aborted request waits up to ``wait_timeout_s``
-                for a routable replica, a whole training phase in colocated mode).
+            client_options: `RetryingClient` settings (default: from the config, with a
+                colocated wait for a routable replica: `_default_client`).
             controller_options: `DynamicResourceController` settings.
             driver_options: `ScheduleDriver` settings (default:
                 ``DriverOptions(wait_timeout_s=wait_timeout_s)``; when given, its own
@@ -286,45 +285,21 @@ class FullyAsyncLoop:
         """
         events = events if events is not None else EventBus()
         clock = clock if clock is not None else LoopClock()
-        if replicas is None:
-            replicas = ReplicaSet(
-                router, standalone=standalone, hybrid=hybrid, clock=clock, events=events
-            )
-        elif standalone or hybrid or router is not None:
-            raise ValueError("pass either replicas= or standalone=/hybrid=/router=, not both")
+        replicas = _replica_set(replicas, router, standalone, hybrid, clock, events)
         queue = queue if queue is not None else AsyncSampleQueue(capacity=config.max_queue_size)
         if client is None:
-            if client_options is None:
-                colocated = (
-                    {} if replicas.num_standalone else {"no_replica_timeout_s": wait_timeout_s}
-                )
-                client_options = ClientOptions.from_config(config, **colocated)
-            client = RetryingClient(replicas, client_options, clock=clock)
+            client = _default_client(config, replicas, client_options, wait_timeout_s, clock)
         controller = DynamicResourceController(
             replicas, controller_options, clock=clock, events=events
         )
+        tokens = config.max_response_length if max_tokens is None else max_tokens
+        options_r = RollouterOptions.from_config(config, max_tokens=tokens)
         rollouter = Rollouter(
-            prompts,
-            client,
-            replicas,
-            queue,
-            RollouterOptions.from_config(
-                config,
-                max_tokens=config.max_response_length if max_tokens is None else max_tokens,
-            ),
-            clock=clock,
-            events=events,
+            prompts, client, replicas, queue, options_r, clock=clock, events=events
         )
+        options = driver_options or DriverOptions(wait_timeout_s=wait_timeout_s)
         driver = ScheduleDriver(
-            policy,
-            controller,
-            queue,
-            config,
-            driver_options
-            if driver_options is not None
-            else DriverOptions(wait_timeout_s=wait_timeout_s),
-            clock=clock,
-            events=events,
+            policy, controller, queue, config, options, clock=clock, events=events
         )
         return cls(
             config,
@@ -564,3 +539,34 @@ async def run_fully_async(
     """Build a `FullyAsyncLoop` (``kwargs`` as `FullyAsyncLoop.build`) and run it."""
     loop = FullyAsyncLoop.build(config, policy, trainer, **kwargs)
     return await loop.run(num_steps)
+
+
+def _replica_set(
+    replicas: ReplicaSet | None,
+    router: Router | None,
+    standalone: Sequence[RolloutReplica] | Mapping[str, RolloutReplica],
+    hybrid: Sequence[RolloutReplica] | Mapping[str, RolloutReplica],
+    clock: Clock,
+    events: EventBus,
+) -> ReplicaSet:
+    """The caller's `ReplicaSet`, or one over ``standalone`` and ``hybrid`` (not both)."""
+    if replicas is None:
+        return ReplicaSet(router, standalone=standalone, hybrid=hybrid, clock=clock, events=events)
+    if standalone or hybrid or router is not None:
+        raise ValueError("pass either replicas= or standalone=/hybrid=/router=, not both")
+    return replicas
+
+
+def _default_client(
+    config: DynamicScheduleConfig,
+    replicas: ReplicaSet,
+    options: ClientOptions | None,
+    wait_timeout_s: float,
+    clock: Clock,
+) -> RetryingClient:
+    """A `RetryingClient` over ``replicas``; without standalone replicas an aborted request
+    waits up to ``wait_timeout_s`` for a routable replica (a whole training phase)."""
+    if options is None:
+        colocated = {} if replicas.num_standalone else {"no_replica_timeout_s": wait_timeout_s}
+        options = ClientOptions.from_config(config, **colocated)
+    return RetryingClient(replicas, options, clock=clock)

@@ -20,6 +20,7 @@ __all__ = [
     "GenerateResult",
     "QueueStats",
     "ReplicaCapabilities",
+    "ReplicaIdentity",
     "ReplicaRole",
     "RolloutReplica",
     "Router",
@@ -195,6 +196,32 @@ class ReplicaCapabilities:
     supports_partial_resume: bool = True
     supports_weight_update: bool = True
     node: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+
+class ReplicaIdentity:
+    """The read-only identity every replica class shares: ``replica_id``, ``capabilities``, ``role``.
+
+    A replica class inherits it and sets ``_id`` (its id) and ``_caps`` (its
+    `ReplicaCapabilities`) in its constructor; the rest of `RolloutReplica` is its own.
+    """
+
+    _id: str
+    _caps: ReplicaCapabilities
+
+    @property
+    def replica_id(self) -> str:
+        """Stable, unique id."""
+        return self._id
+
+    @property
+    def capabilities(self) -> ReplicaCapabilities:
+        """Static description of the replica."""
+        return self._caps
+
+    @property
+    def role(self) -> ReplicaRole:
+        """``"standalone"`` or ``"hybrid"`` (from the capabilities)."""
+        return self._caps.role
 
 
 @runtime_checkable

@@ -260,10 +260,8 @@ class Rollouter:
         clock: Clock | None = None,
         events: EventBus | None = None,
     ) -> None:
-        if not isinstance(replicas, ReplicaSet):
-            raise TypeError(f"replicas must be a ReplicaSet, got {type(replicas).__name__}")
-        if not isinstance(options, RollouterOptions):
-            raise TypeError(f"options must be a RollouterOptions, got {options!r}")
+        v.expect_instance("replicas", replicas, ReplicaSet, by_type=True)
+        v.expect_instance("options", options, RollouterOptions)
         self._source = source
         self._client = client
         self._replicas = replicas

@@ -5,27 +5,8 @@
 
 from __future__ import annotations
 
+from dynsched_core import _trainer
 from dynsched_core._handover import GpuHandOver, GpuHolders, HandOverError, HandOverReplica
-from dynsched_core._trainer import (
-    MemoryReport,
-    OffloadReport,
-    TrainBatch,
-    Trainer,
-    TrainerLoopBackend,
-    TrainMetrics,
-    TrainResponse,
-)
+from dynsched_core._trainer import *  # noqa: F403  (exactly `_trainer.__all__`)
 
-__all__ = [
-    "GpuHandOver",
-    "GpuHolders",
-    "HandOverError",
-    "HandOverReplica",
-    "MemoryReport",
-    "OffloadReport",
-    "TrainBatch",
-    "TrainMetrics",
-    "TrainResponse",
-    "Trainer",
-    "TrainerLoopBackend",
-]
+__all__ = ["GpuHandOver", "GpuHolders", "HandOverError", "HandOverReplica", *_trainer.__all__]

@@ -5,7 +5,8 @@ validates through these (the sibling packages' options classes too), so one mess
 format holds everywhere: ``"<Class>.<field> must be <allowed>, got <value>"``. Range
 errors are `dynsched_core.ConfigError` (a ``ValueError``), type errors
 `dynsched_core.errors.ConfigTypeError` (also a ``TypeError``); both carry the field
-name in ``key``.
+name in ``key``. `expect_instance` and `options_or_default` check the constructor
+arguments of the runtime classes (a plain `TypeError` naming the argument).
 
 Example:
     >>> import attrs
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -168,32 +169,52 @@ def one_of(choices: Iterable[str]) -> Validator:
 
 def tuple_of_floats_ge(minimum: float) -> Validator:
     """Value must be a tuple of finite numbers, each ``>= minimum``."""
+    return _tuple_of(
+        "numbers",
+        lambda x: _is_number(x) and _finite(x) and x >= minimum,
+        f"a finite number >= {minimum}",
+    )
+
+
+def tuple_of_ints_ge(minimum: int) -> Validator:
+    """Value must be a tuple of ints, each ``>= minimum``."""
+    return _tuple_of(
+        "ints",
+        lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= minimum,
+        f"an int >= {minimum}",
+    )
+
+
+def _tuple_of(items: str, ok: Callable[[Any], bool], element: str) -> Validator:
+    """Value must be a tuple (of ``items``) whose every element passes ``ok`` (``element``)."""
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, tuple):
             raise _bad(
                 inst,
                 attr,
-                f"must be a tuple of numbers, got {type(value).__name__}",
+                f"must be a tuple of {items}, got {type(value).__name__}",
                 wrong_type=True,
             )
         for i, x in enumerate(value):
-            if not _is_number(x) or not _finite(x) or x < minimum:
-                raise _bad(inst, attr, f"[{i}] must be a finite number >= {minimum}, got {x!r}")
+            if not ok(x):
+                raise _bad(inst, attr, f"[{i}] must be {element}, got {x!r}")
 
     return check
 
 
-def tuple_of_ints_ge(minimum: int) -> Validator:
-    """Value must be a tuple of ints, each ``>= minimum``."""
+_T = TypeVar("_T")
 
-    def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-        if not isinstance(value, tuple):
-            raise _bad(
-                inst, attr, f"must be a tuple of ints, got {type(value).__name__}", wrong_type=True
-            )
-        for i, x in enumerate(value):
-            if isinstance(x, bool) or not isinstance(x, int) or x < minimum:
-                raise _bad(inst, attr, f"[{i}] must be an int >= {minimum}, got {x!r}")
 
-    return check
+def expect_instance(name: str, value: Any, cls: type[_T], *, by_type: bool = False) -> _T:
+    """``value`` when it is a ``cls``; otherwise a `TypeError` naming the argument, the class
+    and what came instead (its type's name when ``by_type``, else its repr)."""
+    if not isinstance(value, cls):
+        got = type(value).__name__ if by_type else repr(value)
+        raise TypeError(f"{name} must be a {cls.__name__}, got {got}")
+    return value
+
+
+def options_or_default(options: _T | None, cls: type[_T]) -> _T:
+    """``options``, or ``cls()`` when ``None``; a `TypeError` when it is not a ``cls``."""
+    return expect_instance("options", cls() if options is None else options, cls)

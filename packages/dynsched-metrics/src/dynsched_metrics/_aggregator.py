@@ -10,20 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 from dynsched_core import EventBus
 
-from dynsched_metrics._definitions import (
-    MQ_SIZE,
-    RESOURCE_UTILIZATION,
-    ROLLOUT_RESOURCE_UTILIZATION,
-    STEP_GENERATED_SAMPLES,
-    TRAIN_ALLOCATED_TIME_S,
-    TRAIN_COMPUTE_KEYS,
-    TRAIN_COMPUTE_TIME_S,
-    TRAIN_RESOURCE_UTILIZATION,
-    cluster_resource_utilization,
-    hybrid_rollout_fraction,
-    train_compute_time,
-    train_resource_utilization,
-)
+from dynsched_metrics import _definitions as m
 from dynsched_metrics._recorder import MetricsRecorder, RolloutWindow, TrainCycle
 
 __all__ = ["CycleMetrics", "MetricsAggregator", "MetricsSink"]
@@ -126,7 +113,7 @@ class MetricsAggregator:
         *,
         hybrid_gpus: int,
         standalone_gpus: int,
-        compute_keys: Sequence[str] = TRAIN_COMPUTE_KEYS,
+        compute_keys: Sequence[str] = m.TRAIN_COMPUTE_KEYS,
         sinks: Iterable[MetricsSink] = (),
         recorder: MetricsRecorder | None = None,
         bus: EventBus | None = None,
@@ -246,29 +233,29 @@ class MetricsAggregator:
     ) -> CycleMetrics:
         """The `CycleMetrics` of ``cycle`` with its rollout ``window`` (no side effects)."""
         steps = cycle.steps
-        compute_s = sum(train_compute_time(s.timings, self.compute_keys) for s in steps)
+        compute_s = sum(m.train_compute_time(s.timings, self.compute_keys) for s in steps)
         allocated_s = sum(float(s.allocated_s) for s in steps)
         wait_s = sum(float(s.timings.get(WAIT_KEY, 0.0)) for s in steps if s.hybrid_did_rollout)
         step_s = sum(float(s.timings.get(STEP_KEY, s.allocated_s)) for s in steps)
-        x = hybrid_rollout_fraction(wait_s, step_s)
-        u_train = train_resource_utilization(compute_s, allocated_s)
+        x = m.hybrid_rollout_fraction(wait_s, step_s)
+        u_train = m.train_resource_utilization(compute_s, allocated_s)
         if window is not None:
             u_rollout = window.utilization(now)
             generated = window.step_generated_samples
         else:
             u_rollout = 0.0
             generated = 0
-        u_cluster = cluster_resource_utilization(
+        u_cluster = m.cluster_resource_utilization(
             u_train, u_rollout, x, self.hybrid_gpus, self.standalone_gpus
         )
         metrics: dict[str, float] = {
-            TRAIN_RESOURCE_UTILIZATION: u_train,
-            TRAIN_COMPUTE_TIME_S: compute_s,
-            TRAIN_ALLOCATED_TIME_S: allocated_s,
-            ROLLOUT_RESOURCE_UTILIZATION: u_rollout,
-            RESOURCE_UTILIZATION: u_cluster,
-            MQ_SIZE: int(steps[-1].mq_size),
-            STEP_GENERATED_SAMPLES: int(generated),
+            m.TRAIN_RESOURCE_UTILIZATION: u_train,
+            m.TRAIN_COMPUTE_TIME_S: compute_s,
+            m.TRAIN_ALLOCATED_TIME_S: allocated_s,
+            m.ROLLOUT_RESOURCE_UTILIZATION: u_rollout,
+            m.RESOURCE_UTILIZATION: u_cluster,
+            m.MQ_SIZE: int(steps[-1].mq_size),
+            m.STEP_GENERATED_SAMPLES: int(generated),
         }
         window_end = None
         if window is not None:

@@ -307,6 +307,123 @@ def _pool_intervals(points: Sequence[tuple[float, int, int]], end: float) -> lis
 POOL_ROW = "rollout pool (samples in flight)"
 
 
+@attrs.frozen
+class _LayoutEvents:
+    """What the layout draws from: mode changes, state transitions, training steps, the
+    rollouter's ``(t, active, capacity)`` history and the last event time."""
+
+    modes: list[ReplicaModeEvent]
+    transitions: list[TransitionEvent]
+    steps: list[TrainStepEvent]
+    pool_points: list[tuple[float, int, int]]
+    last: float | None
+
+    @classmethod
+    def of(cls, data: MetricsRecorder | Iterable[Any]) -> _LayoutEvents:
+        """From a recorder, or from any iterable of events (others are ignored)."""
+        if isinstance(data, MetricsRecorder):
+            return cls(
+                list(data.replica_modes),
+                list(data.transitions),
+                list(data.train_steps),
+                [p for w in data.all_windows() for p in w.points()],
+                data.last_time,
+            )
+        items = list(data)
+        times = [float(e.time) for e in items if isinstance(getattr(e, "time", None), int | float)]
+        return cls(
+            [e for e in items if isinstance(e, ReplicaModeEvent)],
+            [e for e in items if isinstance(e, TransitionEvent)],
+            [e for e in items if isinstance(e, TrainStepEvent)],
+            [(e.time, e.active, e.capacity) for e in items if isinstance(e, RolloutEvent)],
+            max(times) if times else None,
+        )
+
+
+@attrs.frozen
+class _Layout:
+    """The rows to draw (top to bottom ``order``) over ``[start, end]``, with their labels."""
+
+    rows: dict[str, list[ModeInterval]]
+    order: list[str]
+    labels: dict[str, str]
+    start: float
+    end: float
+
+
+def _layout(
+    ev: _LayoutEvents,
+    intervals: Mapping[str, Sequence[tuple[float, float, str]]] | None,
+    end_time: float | None,
+    groups: Sequence[str] | None,
+    gpus: Mapping[str, int] | None,
+    *,
+    show_state: bool,
+    show_pool: bool,
+) -> _Layout:
+    """Rows of the GPU groups, the extra ``intervals``, the rollout pool and the hybrid
+    state; the time span; the row order and labels (``name (N GPUs)``)."""
+    extra = {g: [ModeInterval(g, s, e, m) for s, e, m in iv] for g, iv in (intervals or {}).items()}
+    candidates = [ev.last] + [iv.end for ivs in extra.values() for iv in ivs]
+    if end_time is not None:
+        end = float(end_time)
+    else:
+        end = max((c for c in candidates if c is not None), default=1.0)
+    rows = mode_intervals(ev.modes, end)
+    for group, ivs in extra.items():
+        rows.setdefault(group, []).extend(ivs)
+    if show_pool and ev.pool_points:
+        rows[POOL_ROW] = _pool_intervals(ev.pool_points, end)
+    starts = [iv.start for ivs in rows.values() for iv in ivs] + [t.time for t in ev.transitions]
+    start = min(starts, default=0.0)
+    if show_state and ev.transitions:
+        rows["hybrid state"] = _state_intervals(ev.transitions, start, end)
+    order = list(groups) if groups is not None else list(rows)
+    order += [g for g in rows if g not in order]
+    group_gpus = dict(gpus or {})
+    for e in ev.modes:
+        group_gpus.setdefault(e.group, e.gpus)
+    labels = {}
+    for group in order:
+        n = group_gpus.get(group)
+        labels[group] = f"{group} ({n} GPU{'s' if n != 1 else ''})" if n else group
+    return _Layout(rows, order, labels, start, end)
+
+
+def _draw_rows(ax: Any, layout: _Layout, origin: float) -> None:
+    """One broken bar per row, coloured by mode, bottom row first."""
+    order = layout.order
+    for y, group in enumerate(reversed(order)):
+        ivs = layout.rows.get(group, [])
+        spans = [(iv.start - origin, iv.end - iv.start) for iv in ivs]
+        colors = [MODE_COLORS.get(iv.mode, "#999999") for iv in ivs]
+        if spans:
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors, edgecolor="none")
+    ax.set_yticks(range(len(order)), labels=[layout.labels[g] for g in reversed(order)], fontsize=8)
+    ax.set_ylim(-0.6, len(order) - 0.4)
+    start, end = layout.start, layout.end
+    ax.set_xlim(start - origin, (end if end > start else start + 1.0) - origin)
+
+
+def _mark_steps(ax: Any, steps: Sequence[TrainStepEvent], layout: _Layout, origin: float) -> None:
+    """A line at the end of each training step in the span (solid at weight syncs); the
+    step numbers on the top axis when there are at most 40."""
+    shown = [s for s in steps if layout.start <= s.time <= layout.end]
+    for s in shown:
+        ax.axvline(
+            s.time - origin,
+            color="black",
+            linewidth=0.9 if s.is_sync_step else 0.5,
+            linestyle="-" if s.is_sync_step else ":",
+            alpha=0.7,
+        )
+    if 0 < len(shown) <= 40:
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([s.time - origin for s in shown], labels=[str(s.step) for s in shown])
+        top.tick_params(labelsize=7)
+        top.set_xlabel("training step (end; solid line = weight sync)", fontsize=8)
+
+
 def plot_resource_layout(
     data: MetricsRecorder | Iterable[Any],
     path: str | os.PathLike[str],
@@ -350,72 +467,16 @@ def plot_resource_layout(
     """
     from matplotlib.patches import Patch
 
-    if isinstance(data, MetricsRecorder):
-        modes = list(data.replica_modes)
-        transitions = list(data.transitions)
-        steps = list(data.train_steps)
-        pool_points = [p for w in data.all_windows() for p in w.points()]
-        last = data.last_time
-    else:
-        items = list(data)
-        modes = [e for e in items if isinstance(e, ReplicaModeEvent)]
-        transitions = [e for e in items if isinstance(e, TransitionEvent)]
-        steps = [e for e in items if isinstance(e, TrainStepEvent)]
-        pool_points = [(e.time, e.active, e.capacity) for e in items if isinstance(e, RolloutEvent)]
-        times = [float(e.time) for e in items if isinstance(getattr(e, "time", None), int | float)]
-        last = max(times) if times else None
-    extra = {g: [ModeInterval(g, s, e, m) for s, e, m in iv] for g, iv in (intervals or {}).items()}
-    candidates = [last] + [iv.end for ivs in extra.values() for iv in ivs]
-    if end_time is not None:
-        end = float(end_time)
-    else:
-        end = max((c for c in candidates if c is not None), default=1.0)
-    rows = mode_intervals(modes, end)
-    for group, ivs in extra.items():
-        rows.setdefault(group, []).extend(ivs)
-    if show_pool and pool_points:
-        rows[POOL_ROW] = _pool_intervals(pool_points, end)
-    starts = [iv.start for ivs in rows.values() for iv in ivs] + [t.time for t in transitions]
-    start = min(starts, default=0.0)
-    if show_state and transitions:
-        rows["hybrid state"] = _state_intervals(transitions, start, end)
-    order = list(groups) if groups is not None else list(rows)
-    order += [g for g in rows if g not in order]
-    group_gpus = dict(gpus or {})
-    for e in modes:
-        group_gpus.setdefault(e.group, e.gpus)
-    origin = start if relative_time else 0.0
-
-    height = max(2.4, 0.45 * len(order) + 1.6)
-    fig = _figure(10.0, height)
+    ev = _LayoutEvents.of(data)
+    layout = _layout(
+        ev, intervals, end_time, groups, gpus, show_state=show_state, show_pool=show_pool
+    )
+    origin = layout.start if relative_time else 0.0
+    fig = _figure(10.0, max(2.4, 0.45 * len(layout.order) + 1.6))
     ax = fig.add_subplot(1, 1, 1)
-    for y, group in enumerate(reversed(order)):
-        ivs = rows.get(group, [])
-        spans = [(iv.start - origin, iv.end - iv.start) for iv in ivs]
-        colors = [MODE_COLORS.get(iv.mode, "#999999") for iv in ivs]
-        if spans:
-            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors, edgecolor="none")
-    labels = []
-    for group in reversed(order):
-        n = group_gpus.get(group)
-        labels.append(f"{group} ({n} GPU{'s' if n != 1 else ''})" if n else group)
-    ax.set_yticks(range(len(order)), labels=labels, fontsize=8)
-    ax.set_ylim(-0.6, len(order) - 0.4)
-    ax.set_xlim(start - origin, (end if end > start else start + 1.0) - origin)
-    shown = [s for s in steps if start <= s.time <= end] if show_steps else []
-    for s in shown:
-        ax.axvline(
-            s.time - origin,
-            color="black",
-            linewidth=0.9 if s.is_sync_step else 0.5,
-            linestyle="-" if s.is_sync_step else ":",
-            alpha=0.7,
-        )
-    if 0 < len(shown) <= 40:
-        top = ax.secondary_xaxis("top")
-        top.set_xticks([s.time - origin for s in shown], labels=[str(s.step) for s in shown])
-        top.tick_params(labelsize=7)
-        top.set_xlabel("training step (end; solid line = weight sync)", fontsize=8)
+    _draw_rows(ax, layout, origin)
+    if show_steps:
+        _mark_steps(ax, ev.steps, layout, origin)
     ax.set_xlabel("time since start (s)" if relative_time else "time (s)")
     handles = [Patch(facecolor=c, label=m.replace("_", " ")) for m, c in MODE_COLORS.items()]
     fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=8, frameon=False)

@@ -3,8 +3,8 @@
 Convergence and speed models, greedy allocation by marginal gain per dominant share,
 fewest-servers placement (Theorem 1), the parameter assignment algorithm (PAA) and, in
 :mod:`dynsched_optimus.cluster`, a cluster simulator. The pure-Python test oracles
-(``allocate_reference``, ``place_reference``) are not public: they live in the private
-modules ``_allocation`` and ``_placement``.
+are not exported here: ``place_reference`` is in :mod:`dynsched_optimus.testing`,
+``allocate_reference`` in the private module ``_allocation``.
 """
 
 from __future__ import annotations

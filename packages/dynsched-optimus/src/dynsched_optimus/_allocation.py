@@ -647,6 +647,17 @@ def allocate(
         )
     if node_capacity is None:
         return agg
+    return _place_allocation(agg, jobs, node_capacity, previous)
+
+
+def _place_allocation(
+    agg: Allocation,
+    jobs: Sequence[AllocationJob],
+    node_capacity: npt.ArrayLike,
+    previous: Mapping[str, JobPlacement] | None,
+) -> Allocation:
+    """Place the aggregate allocation (fill fallback, shrink) and cut it to what was
+    placed; jobs left with nothing get their first tasks from donors (:class:`_RoomMaker`)."""
     # the demands were validated by AllocationJob: the requests skip re-validation
     reqs = [
         PlacementRequest._trusted(j.job_id, *agg.tasks[j.job_id], j.ps_demand, j.worker_demand)
@@ -660,7 +671,8 @@ def allocate(
         trimmed[jid] = tasks[jid]
         tasks[jid] = counts
     if res.unplaced:
-        res = _make_room(res, jobs, tasks, trimmed, np.asarray(node_capacity, dtype=np.float64))
+        room = _RoomMaker(res, jobs, tasks, trimmed, np.asarray(node_capacity, dtype=np.float64))
+        res = room.result(res)
     for jid in res.unplaced:
         trimmed.setdefault(jid, tasks[jid])
         tasks[jid] = (0, 0)
@@ -676,13 +688,7 @@ def allocate(
     )
 
 
-def _make_room(
-    res: PlacementResult,
-    jobs: Sequence[AllocationJob],
-    tasks: dict[str, tuple[int, int]],
-    trimmed: dict[str, tuple[int, int]],
-    node_cap: FloatArray,
-) -> PlacementResult:
+class _RoomMaker:
     """Give each job that fragmentation left with nothing its first tasks.
 
     The aggregate allocation only checks the cluster's total capacity, so the servers'
@@ -693,105 +699,289 @@ def _make_room(
     worker) fits there; a donor keeps at least one worker.  Among jobs, the one with the
     most workers loses the least from one worker fewer (diminishing returns of the speed
     function), so the aggregate allocation's greedy is disturbed least.  A job for which
-    no donor server works stays unplaced.
+    no donor server works stays unplaced.  Donors: placed jobs with more than one worker,
+    most workers first (among equals the later arrival, then ``job_id``, gives).
     """
-    by_id = {j.job_id: j for j in jobs}
-    placements = dict(res.placements)
-    free = res.free.copy()
-    tol = _TOL * node_cap
-    # donors: most workers first; among equals the later arrival (then job_id) gives
-    rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
-    n_workers = {jid: jp.workers for jid, jp in placements.items()}
-    heap = [(-w, -rank[jid], jid) for jid, w in n_workers.items() if w > 1]
-    heapq.heapify(heap)
-    # per donor: its nodes, workers per node and worker demand as arrays (rebuilt after
-    # it gives workers)
-    arrays: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]] = {}
-    # a donor that could not make room for a demand stays unable to until the free
-    # capacity of one of its servers changes: (donor, demand) -> position in ``changed``
-    failed: dict[tuple[str, tuple[float, ...]], int] = {}
-    changed: list[int] = []
-    unplaced: list[str] = []
-    shrunk = dict(res.shrunk)
-    donors: set[str] = set()
-    for jid in res.unplaced:
-        job = by_id[jid]
+
+    def __init__(
+        self,
+        res: PlacementResult,
+        jobs: Sequence[AllocationJob],
+        tasks: dict[str, tuple[int, int]],
+        trimmed: dict[str, tuple[int, int]],
+        node_cap: FloatArray,
+    ) -> None:
+        self.by_id = {j.job_id: j for j in jobs}
+        self.tasks = tasks
+        self.trimmed = trimmed
+        self.placements = dict(res.placements)
+        self.free = res.free.copy()
+        self.tol = _TOL * node_cap
+        self.rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
+        self.n_workers = {jid: jp.workers for jid, jp in self.placements.items()}
+        self.heap = [(-w, -self.rank[jid], jid) for jid, w in self.n_workers.items() if w > 1]
+        heapq.heapify(self.heap)
+        # per donor: its nodes, workers per node and worker demand as arrays (rebuilt
+        # after it gives workers)
+        self.arrays: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]] = {}
+        # a donor that could not make room for a demand stays unable to until the free
+        # capacity of one of its servers changes: (donor, demand) -> position in ``changed``
+        self.failed: dict[tuple[str, tuple[float, ...]], int] = {}
+        self.changed: list[int] = []
+        self.shrunk = dict(res.shrunk)
+        self.donors: set[str] = set()
+
+    def admit(self, job: AllocationJob) -> bool:
+        """Give ``job`` its starter bundle on a donor's server; whether one was found."""
         p0 = 0 if job.kind == "allreduce" else 1
         need = np.asarray(job.worker_demand) + p0 * np.asarray(job.ps_demand)
         need_key = tuple(need.tolist())
         done = False
         skipped: list[tuple[int, int, str]] = []
-        while heap and not done:
-            neg_w, neg_r, did = heapq.heappop(heap)
-            if -neg_w != n_workers[did]:  # stale: re-queued with its current count below
+        while self.heap and not done:
+            neg_w, neg_r, did = heapq.heappop(self.heap)
+            if -neg_w != self.n_workers[did]:  # stale: re-queued with its current count
                 continue
-            jp = placements[did]
-            seen = failed.get((did, need_key))
-            if seen is not None and not set(changed[seen:]).intersection(jp.nodes):
+            seen = self.failed.get((did, need_key))
+            if seen is not None and not set(self.changed[seen:]).intersection(
+                self.placements[did].nodes
+            ):
                 skipped.append((neg_w, neg_r, did))
                 continue
-            got = arrays.get(did)
-            if got is None:
-                got = arrays[did] = (
-                    np.asarray(jp.nodes, dtype=np.int64),
-                    np.asarray(jp.workers_per_node, dtype=np.int64),
-                    np.asarray(by_id[did].worker_demand, dtype=np.float64),
-                )
-            nodes, wpn_a, wd = got
-            # fewest of the donor's workers to remove on each of its servers
-            gap = need[None, :] - free[nodes] - tol[nodes]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                per_r = np.where(wd > 0, np.ceil(gap / np.where(wd > 0, wd, 1.0)), 0.0)
-            per_r = np.where((wd <= 0) & (gap > 0), np.inf, per_r)
-            k_need = np.maximum(per_r.max(axis=1), 1.0)
-            k_max = np.minimum(wpn_a, n_workers[did] - 1)
-            ok = np.flatnonzero(k_need <= k_max)
-            if ok.size:
-                pos = int(ok[np.argmin(k_need[ok])])
-                k = int(k_need[pos])
-                nd = int(nodes[pos])
-                free[nd] += k * wd - need
-                changed.append(nd)
-                wpn = list(jp.workers_per_node)
-                wpn[pos] -= k
-                keep = [q for q in range(len(wpn)) if wpn[q] or jp.ps_per_node[q]]
-                placements[did] = JobPlacement(
-                    did,
-                    tuple(jp.nodes[q] for q in keep),
-                    tuple(jp.ps_per_node[q] for q in keep),
-                    tuple(wpn[q] for q in keep),
-                )
-                arrays.pop(did)
-                n_workers[did] -= k
-                trimmed.setdefault(did, tasks[did])
-                donors.add(did)
-                tasks[did] = (jp.ps, n_workers[did])
-                shrunk[did] = tasks[did]
-                placements[jid] = JobPlacement(jid, (nd,), (p0,), (1,))
-                trimmed[jid] = tasks[jid]
-                tasks[jid] = (p0, 1)
-                shrunk[jid] = (p0, 1)
+            cut = self._cut(did, need)
+            if cut is not None:
+                self._give(did, job.job_id, p0, need, *cut)
                 done = True
             else:
-                failed[(did, need_key)] = len(changed)
-            if n_workers[did] > 1:
-                entry = (-n_workers[did], neg_r, did)
+                self.failed[(did, need_key)] = len(self.changed)
+            if self.n_workers[did] > 1:
+                entry = (-self.n_workers[did], neg_r, did)
                 if done:
-                    heapq.heappush(heap, entry)
+                    heapq.heappush(self.heap, entry)
                 else:
                     skipped.append(entry)
         for item in skipped:
-            heapq.heappush(heap, item)
-        if not done:
-            unplaced.append(jid)
-    return attrs.evolve(
-        res,
-        placements=placements,
-        unplaced=tuple(unplaced),
-        kept=tuple(k for k in res.kept if k not in donors),
-        free=free,
-        shrunk=shrunk,
-    )
+            heapq.heappush(self.heap, item)
+        return done
+
+    def _cut(self, did: str, need: FloatArray) -> tuple[int, int] | None:
+        """``(position in the donor's nodes, workers)``: the fewest of the donor's workers
+        to remove on one of its servers so that ``need`` fits there."""
+        got = self.arrays.get(did)
+        if got is None:
+            jp = self.placements[did]
+            got = self.arrays[did] = (
+                np.asarray(jp.nodes, dtype=np.int64),
+                np.asarray(jp.workers_per_node, dtype=np.int64),
+                np.asarray(self.by_id[did].worker_demand, dtype=np.float64),
+            )
+        nodes, wpn_a, wd = got
+        gap = need[None, :] - self.free[nodes] - self.tol[nodes]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_r = np.where(wd > 0, np.ceil(gap / np.where(wd > 0, wd, 1.0)), 0.0)
+        per_r = np.where((wd <= 0) & (gap > 0), np.inf, per_r)
+        k_need = np.maximum(per_r.max(axis=1), 1.0)
+        k_max = np.minimum(wpn_a, self.n_workers[did] - 1)
+        ok = np.flatnonzero(k_need <= k_max)
+        if not ok.size:
+            return None
+        pos = int(ok[np.argmin(k_need[ok])])
+        return pos, int(k_need[pos])
+
+    def _give(self, did: str, jid: str, p0: int, need: FloatArray, pos: int, k: int) -> None:
+        """Remove ``k`` workers of donor ``did`` at ``pos``; start ``jid`` there."""
+        jp = self.placements[did]
+        wd = self.arrays.pop(did)[2]
+        nd = int(jp.nodes[pos])
+        self.free[nd] += k * wd - need
+        self.changed.append(nd)
+        wpn = list(jp.workers_per_node)
+        wpn[pos] -= k
+        keep = [q for q in range(len(wpn)) if wpn[q] or jp.ps_per_node[q]]
+        self.placements[did] = JobPlacement(
+            did,
+            tuple(jp.nodes[q] for q in keep),
+            tuple(jp.ps_per_node[q] for q in keep),
+            tuple(wpn[q] for q in keep),
+        )
+        self.n_workers[did] -= k
+        self.trimmed.setdefault(did, self.tasks[did])
+        self.donors.add(did)
+        self.tasks[did] = (jp.ps, self.n_workers[did])
+        self.shrunk[did] = self.tasks[did]
+        self.placements[jid] = JobPlacement(jid, (nd,), (p0,), (1,))
+        self.trimmed[jid] = self.tasks[jid]
+        self.tasks[jid] = (p0, 1)
+        self.shrunk[jid] = (p0, 1)
+
+    def result(self, res: PlacementResult) -> PlacementResult:
+        """``res`` with the jobs it left unplaced admitted where a donor makes room."""
+        unplaced = [jid for jid in res.unplaced if not self.admit(self.by_id[jid])]
+        return attrs.evolve(
+            res,
+            placements=self.placements,
+            unplaced=tuple(unplaced),
+            kept=tuple(k for k in res.kept if k not in self.donors),
+            free=self.free,
+            shrunk=self.shrunk,
+        )
+
+
+def _starters(
+    pd: FloatArray,
+    wd: FloatArray,
+    capa: FloatArray,
+    cap: tuple[float, ...],
+    rank: npt.NDArray[np.int64],
+    qv: FloatArray,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]:
+    """Starter tasks (1 PS + 1 worker) by ascending bundle share: a prefix by cumulative
+    sum, then a short loop past the first refusal; ``(ps, workers, used)``."""
+    n, nr = pd.shape
+    limit = capa + _TOL * capa
+    bshare = _np_share(pd + wd, capa)
+    cand = np.flatnonzero(qv > 0)
+    order = cand[np.lexsort((rank[cand], bshare[cand]))].tolist()
+    ps = np.zeros(n, dtype=np.int64)
+    wk = np.zeros(n, dtype=np.int64)
+    used = np.zeros(nr, dtype=np.float64)
+    if not order:
+        return ps, wk, used
+    oi = np.array(order, dtype=np.int64)
+    bundle = pd[oi] + wd[oi]
+    cums = np.cumsum(np.vstack([used[None, :], bundle]), axis=0)[1:]
+    bad = np.any(cums > limit, axis=1)
+    first = int(np.argmax(bad)) if bad.any() else len(order)
+    ps[oi[:first]] = 1
+    wk[oi[:first]] = 1
+    if first > 0:
+        used = cums[first - 1].copy()
+    used_l = used.tolist()
+    for i in order[first:]:
+        bt = tuple((pd[i] + wd[i]).tolist())
+        if _fits(used_l, bt, cap):
+            for r in range(nr):
+                used_l[r] = used_l[r] + bt[r]
+            ps[i] = 1
+            wk[i] = 1
+    return ps, wk, np.array(used_l, dtype=np.float64)
+
+
+def _vector_round(
+    g: _Growth,
+    act: npt.NDArray[np.int64],
+    counts: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray],
+    blocked: tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]],
+    demands: tuple[FloatArray, FloatArray],
+    limit: FloatArray,
+    rank: npt.NDArray[np.int64],
+    cap_len: int,
+) -> tuple[FloatArray, int, bool]:
+    """One vectorised round of the greedy (``ps`` and ``wk`` updated in place):
+    ``(used, cap_len, whether another round may add tasks)``."""
+    ps, wk, used = counts
+    blocked_w, blocked_p = blocked
+    pd, wd = demands
+    # upper bound on the tasks that can still be added (pigeonhole on a resource that
+    # every open candidate uses): the sort needs only the budget+1 best elements
+    free = limit - used
+    dem_open = np.vstack([wd[act][~blocked_w[act]], pd[act][~blocked_p[act]]])
+    dmin = dem_open.min(axis=0)
+    pos_r = dmin > 0
+    budget = int(np.min(np.floor(free[pos_r] / dmin[pos_r]))) + 1 if pos_r.any() else -1
+    m = act.size
+    first = max(2, min(16, budget // m + 2)) if budget >= 0 else 16
+    gen = _Generator(g, act, ps[act], wk[act], blocked_w[act], blocked_p[act])
+    gen.run(np.arange(m), first, 0.0)
+    rank_a = rank[act]
+
+    ctx = (gen, rank_a, act, wd, pd, used, limit)
+    tau = _merge(0.0, *ctx).tau
+    steps_done = first
+    chunk = first
+    known = gen.size
+    while steps_done < cap_len:
+        open_ = np.flatnonzero(gen.stopped_cap & (gen.runmin > 0) & (gen.runmin >= tau))
+        if open_.size == 0:
+            break
+        step = min(chunk, cap_len - steps_done)
+        gen.run(open_, step, tau)
+        steps_done += step
+        chunk *= 2
+        if gen.size >= 2 * known:
+            known = gen.size
+            tau = _merge(tau, *ctx).tau
+    res = _merge(tau, *ctx)
+    el_j, el_t, el_kind, jidx, cums = res.j, res.t, res.kind, res.jidx, res.cums
+    n_el = el_j.size
+    if n_el == 0:
+        return used, cap_len, False
+    fail = res.fail
+    trunc = n_el
+    truncated = gen.truncated(tau)
+    if truncated.size:
+        last_t = gen.count[truncated] - 1
+        is_last = np.zeros(n_el, dtype=bool)
+        lookup = np.full(m, -2, dtype=np.int64)
+        lookup[truncated] = last_t
+        is_last = lookup[el_j] == el_t
+        trunc = int(np.flatnonzero(is_last).min()) + 1 if is_last.any() else n_el
+    accept = min(fail, trunc)
+    if accept > 0:
+        acc_j = jidx[:accept]
+        acc_k = el_kind[:accept]
+        np.add.at(wk, acc_j[acc_k == 0], 1)
+        np.add.at(ps, acc_j[acc_k == 1], 1)
+        used = cums[accept - 1].copy()
+    if accept == n_el and truncated.size == 0:
+        return used, cap_len, False
+    if trunc <= fail and truncated.size:
+        cap_len = min(cap_len * 4, 1 << 20)
+    return used, cap_len, True
+
+
+def _grow_vectorised(
+    jobs: Sequence[AllocationJob],
+    g: _Growth,
+    counts: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray],
+    demands: tuple[FloatArray, FloatArray],
+    cap: tuple[float, ...],
+    limit: FloatArray,
+    rank: npt.NDArray[np.int64],
+    damping: float,
+    max_rounds: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]:
+    """Greedy growth in vectorised rounds (the heap finishes after ``max_rounds``)."""
+    ps, wk, used = counts
+    pd, wd = demands
+    n = len(jobs)
+    alive = (ps > 0) & (g.q > 0)
+    blocked_w = np.zeros(n, dtype=bool)
+    blocked_p = np.zeros(n, dtype=bool)
+    cap_len = 1024
+    rounds = 0
+    while True:
+        blocked_w |= np.any(used[None, :] + wd > limit, axis=1)
+        blocked_p |= np.any(used[None, :] + pd > limit, axis=1)
+        act = np.flatnonzero(alive & ~(blocked_w & blocked_p))
+        if act.size == 0:
+            break
+        if rounds >= max_rounds:
+            logger.debug("allocation: %d vectorised rounds, finishing on the heap", rounds)
+            ps_l, wk_l, used_l = ps.tolist(), wk.tolist(), used.tolist()
+            _heap_greedy(
+                jobs, cap, used_l, ps_l, wk_l, damping, blocked_w.tolist(), blocked_p.tolist()
+            )
+            ps, wk = np.array(ps_l, dtype=np.int64), np.array(wk_l, dtype=np.int64)
+            used = np.array(used_l, dtype=np.float64)
+            break
+        rounds += 1
+        used, cap_len, more = _vector_round(
+            g, act, (ps, wk, used), (blocked_w, blocked_p), demands, limit, rank, cap_len
+        )
+        if not more:
+            break
+    return ps, wk, used
 
 
 def _allocate_aggregate(
@@ -820,34 +1010,9 @@ def _allocate_aggregate(
     pd = np.array([j.ps_demand for j in jobs], dtype=np.float64).reshape(n, nr)
     wd = np.array([j.worker_demand for j in jobs], dtype=np.float64).reshape(n, nr)
 
-    # ---- starter tasks: prefix by cumulative sum, then a short loop past the first refusal
     rank = np.array(_ranks(jobs), dtype=np.int64)
     qv = np.array([j.remaining_steps for j in jobs], dtype=np.float64)
-    bshare = _np_share(pd + wd, capa)
-    cand = np.flatnonzero(qv > 0)
-    order = cand[np.lexsort((rank[cand], bshare[cand]))].tolist()
-    ps = np.zeros(n, dtype=np.int64)
-    wk = np.zeros(n, dtype=np.int64)
-    used = np.zeros(nr, dtype=np.float64)
-    if order:
-        oi = np.array(order, dtype=np.int64)
-        bundle = pd[oi] + wd[oi]
-        cums = np.cumsum(np.vstack([used[None, :], bundle]), axis=0)[1:]
-        bad = np.any(cums > limit, axis=1)
-        first = int(np.argmax(bad)) if bad.any() else len(order)
-        ps[oi[:first]] = 1
-        wk[oi[:first]] = 1
-        if first > 0:
-            used = cums[first - 1].copy()
-        used_l = used.tolist()
-        for i in order[first:]:
-            bt = tuple((pd[i] + wd[i]).tolist())
-            if _fits(used_l, bt, cap):
-                for r in range(nr):
-                    used_l[r] = used_l[r] + bt[r]
-                ps[i] = 1
-                wk[i] = 1
-        used = np.array(used_l, dtype=np.float64)
+    ps, wk, used = _starters(pd, wd, capa, cap, rank, qv)
 
     # ---- greedy growth, vectorised rounds
     cvs = [j.speed.coefficient_vector() for j in jobs]  # type: ignore[union-attr]
@@ -861,82 +1026,9 @@ def _allocate_aggregate(
         maxw=np.array([_BIG if j.max_workers is None else j.max_workers for j in jobs]),
         maxp=np.array([_BIG if j.max_ps is None else j.max_ps for j in jobs]),
     )
-    alive = (ps > 0) & (g.q > 0)
-    blocked_w = np.zeros(n, dtype=bool)
-    blocked_p = np.zeros(n, dtype=bool)
-    cap_len = 1024
-    rounds = 0
-    while True:
-        blocked_w |= np.any(used[None, :] + wd > limit, axis=1)
-        blocked_p |= np.any(used[None, :] + pd > limit, axis=1)
-        act = np.flatnonzero(alive & ~(blocked_w & blocked_p))
-        if act.size == 0:
-            break
-        if rounds >= max_rounds:
-            logger.debug("allocation: %d vectorised rounds, finishing on the heap", rounds)
-            ps_l, wk_l, used_l = ps.tolist(), wk.tolist(), used.tolist()
-            _heap_greedy(
-                jobs, cap, used_l, ps_l, wk_l, damping, blocked_w.tolist(), blocked_p.tolist()
-            )
-            ps, wk = np.array(ps_l, dtype=np.int64), np.array(wk_l, dtype=np.int64)
-            used = np.array(used_l, dtype=np.float64)
-            break
-        rounds += 1
-        # upper bound on the tasks that can still be added (pigeonhole on a resource that
-        # every open candidate uses): the sort needs only the budget+1 best elements
-        free = limit - used
-        dem_open = np.vstack([wd[act][~blocked_w[act]], pd[act][~blocked_p[act]]])
-        dmin = dem_open.min(axis=0)
-        pos_r = dmin > 0
-        budget = int(np.min(np.floor(free[pos_r] / dmin[pos_r]))) + 1 if pos_r.any() else -1
-        m = act.size
-        first = max(2, min(16, budget // m + 2)) if budget >= 0 else 16
-        gen = _Generator(g, act, ps[act], wk[act], blocked_w[act], blocked_p[act])
-        gen.run(np.arange(m), first, 0.0)
-        rank_a = rank[act]
-
-        ctx = (gen, rank_a, act, wd, pd, used, limit)
-        tau = _merge(0.0, *ctx).tau
-        steps_done = first
-        chunk = first
-        known = gen.size
-        while steps_done < cap_len:
-            open_ = np.flatnonzero(gen.stopped_cap & (gen.runmin > 0) & (gen.runmin >= tau))
-            if open_.size == 0:
-                break
-            step = min(chunk, cap_len - steps_done)
-            gen.run(open_, step, tau)
-            steps_done += step
-            chunk *= 2
-            if gen.size >= 2 * known:
-                known = gen.size
-                tau = _merge(tau, *ctx).tau
-        res = _merge(tau, *ctx)
-        el_j, el_t, el_kind, jidx, cums = res.j, res.t, res.kind, res.jidx, res.cums
-        n_el = el_j.size
-        if n_el == 0:
-            break
-        fail = res.fail
-        trunc = n_el
-        truncated = gen.truncated(tau)
-        if truncated.size:
-            last_t = gen.count[truncated] - 1
-            is_last = np.zeros(n_el, dtype=bool)
-            lookup = np.full(m, -2, dtype=np.int64)
-            lookup[truncated] = last_t
-            is_last = lookup[el_j] == el_t
-            trunc = int(np.flatnonzero(is_last).min()) + 1 if is_last.any() else n_el
-        accept = min(fail, trunc)
-        if accept > 0:
-            acc_j = jidx[:accept]
-            acc_k = el_kind[:accept]
-            np.add.at(wk, acc_j[acc_k == 0], 1)
-            np.add.at(ps, acc_j[acc_k == 1], 1)
-            used = cums[accept - 1].copy()
-        if accept == n_el and truncated.size == 0:
-            break
-        if trunc <= fail and truncated.size:
-            cap_len = min(cap_len * 4, 1 << 20)
+    ps, wk, used = _grow_vectorised(
+        jobs, g, (ps, wk, used), (pd, wd), cap, limit, rank, damping, max_rounds
+    )
     return Allocation(
         tasks={j.job_id: (int(ps[i]), int(wk[i])) for i, j in enumerate(jobs)},
         used=tuple(float(x) for x in used),
@@ -988,167 +1080,218 @@ def allocate_incremental(
         The allocation (``method="incremental"``).
     """
     cap = _check(jobs, capacity)
-    capa = np.array(cap, dtype=np.float64)
-    tot_safe = np.where(capa > 0, capa, np.inf)
-    free = capa.copy()
-    by_id = {j.job_id: j for j in jobs}
-    rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
-    tfns = {j.job_id: _time_fn(j) for j in jobs}
-    wd = {j.job_id: np.array(j.worker_demand) for j in jobs}
-    pd = {j.job_id: np.array(j.ps_demand) for j in jobs}
-    a = float(utility_exponent)
+    inc = _Incremental(jobs, cap, current, restart_penalty, min_gain, float(utility_exponent))
+    inc.admit_waiting()
+    inc.grow()
+    return inc.result()
 
-    def mins(j: AllocationJob) -> tuple[int, int]:
-        return (1, 1) if j.kind == "ps" else (1, 0)
 
-    def maxw(j: AllocationJob) -> int:
-        return j.max_workers if j.max_workers is not None else 1 << 30
+def _mins(j: AllocationJob) -> tuple[int, int]:
+    """``(workers, ps)`` a job needs to run."""
+    return (1, 1) if j.kind == "ps" else (1, 0)
 
-    def maxp(j: AllocationJob) -> int:
-        if j.kind != "ps":
-            return 0
-        return j.max_ps if j.max_ps is not None else 1 << 30
 
-    def demand(jid: str, dw: int, dp: int) -> FloatArray:
-        return np.asarray(dw * wd[jid] + dp * pd[jid], dtype=np.float64)
+def _max_workers(j: AllocationJob) -> int:
+    return j.max_workers if j.max_workers is not None else 1 << 30
 
-    def t_of(jid: str, w: int, p: int) -> float:
-        if w <= 0 or (by_id[jid].kind == "ps" and p <= 0):
+
+def _max_ps(j: AllocationJob) -> int:
+    if j.kind != "ps":
+        return 0
+    return j.max_ps if j.max_ps is not None else 1 << 30
+
+
+def _fits_room(need: FloatArray, room: FloatArray) -> bool:
+    return bool(np.all(need <= room + 1e-9))
+
+
+class _Incremental:
+    """The state of one :func:`allocate_incremental` call: counts ``job_id -> [workers,
+    ps]``, free capacity and the jobs whose tasks changed."""
+
+    def __init__(
+        self,
+        jobs: Sequence[AllocationJob],
+        cap: tuple[float, ...],
+        current: Mapping[str, tuple[int, int]],
+        restart_penalty: float,
+        min_gain: float,
+        a: float,
+    ) -> None:
+        self.jobs = jobs
+        self.cap = cap
+        capa = np.array(cap, dtype=np.float64)
+        self.tot_safe = np.where(capa > 0, capa, np.inf)
+        self.free = capa.copy()
+        self.by_id = {j.job_id: j for j in jobs}
+        self.rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
+        self.tfns = {j.job_id: _time_fn(j) for j in jobs}
+        self.wd = {j.job_id: np.array(j.worker_demand) for j in jobs}
+        self.pd = {j.job_id: np.array(j.ps_demand) for j in jobs}
+        self.a = a
+        self.restart_penalty = restart_penalty
+        self.min_gain = min_gain
+        self.counts: dict[str, list[int]] = {}
+        self.running: set[str] = set()
+        self.changed: set[str] = set()
+        for j in jobs:
+            p, w = current.get(j.job_id, (0, 0))
+            if w > 0 and j.remaining_steps > 0:
+                self.counts[j.job_id] = [w, p]
+                self.running.add(j.job_id)
+                self.free -= self.demand(j.job_id, w, p)
+
+    def demand(self, jid: str, dw: int, dp: int) -> FloatArray:
+        return np.asarray(dw * self.wd[jid] + dp * self.pd[jid], dtype=np.float64)
+
+    def t_of(self, jid: str, w: int, p: int) -> float:
+        if w <= 0 or (self.by_id[jid].kind == "ps" and p <= 0):
             return math.inf
-        return tfns[jid](p, w)
+        return self.tfns[jid](p, w)
 
-    def fu(jid: str, w: int, p: int, extra: float = 0.0) -> float:
-        return _utility(t_of(jid, w, p) + extra, a)
+    def fu(self, jid: str, w: int, p: int, extra: float = 0.0) -> float:
+        return _utility(self.t_of(jid, w, p) + extra, self.a)
 
-    def share(jid: str, dw: int, dp: int) -> float:
-        return max(float(np.max(demand(jid, dw, dp) / tot_safe)), 1e-12)
+    def share(self, jid: str, dw: int, dp: int) -> float:
+        return max(float(np.max(self.demand(jid, dw, dp) / self.tot_safe)), 1e-12)
 
-    def fits(need: FloatArray, room: FloatArray) -> bool:
-        return bool(np.all(need <= room + 1e-9))
+    def penalty(self, jid: str) -> float:
+        """The restart penalty a change of ``jid``'s tasks still costs."""
+        if jid in self.running and jid not in self.changed:
+            return self.restart_penalty
+        return 0.0
 
-    counts: dict[str, list[int]] = {}
-    running: set[str] = set()
-    for j in jobs:
-        p, w = current.get(j.job_id, (0, 0))
-        if w > 0 and j.remaining_steps > 0:
-            counts[j.job_id] = [w, p]
-            running.add(j.job_id)
-            free -= demand(j.job_id, w, p)
-    changed: set[str] = set()
-
-    def penalty(jid: str) -> float:
-        return restart_penalty if (jid in running and jid not in changed) else 0.0
-
-    def loss_of(jid: str, dw: int, dp: int) -> float:
-        w, p = counts[jid]
-        mw, mp = mins(by_id[jid])
+    def loss_of(self, jid: str, dw: int, dp: int) -> float:
+        w, p = self.counts[jid]
+        mw, mp = _mins(self.by_id[jid])
         if w - dw < mw or p - dp < mp:
             return math.inf
-        return (fu(jid, w - dw, p - dp, penalty(jid)) - fu(jid, w, p)) / share(jid, dw, dp)
+        drop = self.fu(jid, w - dw, p - dp, self.penalty(jid)) - self.fu(jid, w, p)
+        return drop / self.share(jid, dw, dp)
 
-    def take(need: FloatArray, exclude: str, budget: float) -> bool:
-        """Free ``need`` by removing tasks of jobs losing less than ``budget`` in total."""
-        nonlocal free
-        plan: list[str] = []
-        trial = free.copy()
-        spent = 0.0
-        saved = {k: list(v) for k, v in counts.items()}
-        while not fits(need, trial):
-            best: tuple[float, int, str, int, int] | None = None
-            for jid, (w, p) in counts.items():
-                if jid == exclude:
+    def _cheapest(
+        self, need: FloatArray, trial: FloatArray, exclude: str
+    ) -> tuple[float, int, str, int, int] | None:
+        """The task (of another job) whose removal loses least and frees some of what
+        is short: ``(loss, rank, job_id, workers, ps)``."""
+        best: tuple[float, int, str, int, int] | None = None
+        for jid, (w, p) in self.counts.items():
+            if jid == exclude:
+                continue
+            mw, mp = _mins(self.by_id[jid])
+            for dw, dp in ((1, 0), (0, 1)):
+                if (dw and w <= mw) or (dp and p <= mp):
                     continue
-                mw, mp = mins(by_id[jid])
-                for dw, dp in ((1, 0), (0, 1)):
-                    if (dw and w <= mw) or (dp and p <= mp):
-                        continue
-                    short = np.maximum(need - trial, 0.0)
-                    if not np.any(np.minimum(demand(jid, dw, dp), short) > 0):
-                        continue
-                    loss = loss_of(jid, dw, dp) * share(jid, dw, dp)
-                    if best is None or (loss, rank[jid]) < (best[0], best[1]):
-                        best = (loss, rank[jid], jid, dw, dp)
+                short = np.maximum(need - trial, 0.0)
+                if not np.any(np.minimum(self.demand(jid, dw, dp), short) > 0):
+                    continue
+                loss = self.loss_of(jid, dw, dp) * self.share(jid, dw, dp)
+                if best is None or (loss, self.rank[jid]) < (best[0], best[1]):
+                    best = (loss, self.rank[jid], jid, dw, dp)
+        return best
+
+    def take(self, need: FloatArray, exclude: str, budget: float) -> bool:
+        """Free ``need`` by removing tasks of jobs losing less than ``budget`` in total."""
+        plan: list[str] = []
+        trial = self.free.copy()
+        spent = 0.0
+        saved = {k: list(v) for k, v in self.counts.items()}
+        while not _fits_room(need, trial):
+            best = self._cheapest(need, trial, exclude)
             if best is None or spent + best[0] >= budget:
                 for k, v in saved.items():
-                    counts[k] = v
+                    self.counts[k] = v
                 return False
             loss, _r, jid, dw, dp = best
             spent += loss
-            counts[jid][0] -= dw
-            counts[jid][1] -= dp
-            trial += demand(jid, dw, dp)
+            self.counts[jid][0] -= dw
+            self.counts[jid][1] -= dp
+            trial += self.demand(jid, dw, dp)
             plan.append(jid)
-        free = trial
-        changed.update(plan)
+        self.free = trial
+        self.changed.update(plan)
         return True
 
-    waiting = [j for j in jobs if j.job_id not in counts and j.remaining_steps > 0]
-    waiting.sort(key=lambda j: (t_of(j.job_id, *mins(j)), rank[j.job_id]))
-    for j in waiting:
-        w0, p0 = mins(j)
-        need = demand(j.job_id, w0, p0)
-        if not fits(need, free) and not take(need, j.job_id, math.inf):
-            continue
-        free -= need
-        counts[j.job_id] = [w0, p0]
-        changed.add(j.job_id)
+    def admit_waiting(self) -> None:
+        """Waiting jobs, shortest at their minimum first, get their minimum tasks."""
+        waiting = [j for j in self.jobs if j.job_id not in self.counts and j.remaining_steps > 0]
+        waiting.sort(key=lambda j: (self.t_of(j.job_id, *_mins(j)), self.rank[j.job_id]))
+        for j in waiting:
+            w0, p0 = _mins(j)
+            need = self.demand(j.job_id, w0, p0)
+            if not _fits_room(need, self.free) and not self.take(need, j.job_id, math.inf):
+                continue
+            self.free -= need
+            self.counts[j.job_id] = [w0, p0]
+            self.changed.add(j.job_id)
 
-    def best_gain(jid: str) -> tuple[float, int, int] | None:
-        j = by_id[jid]
-        w, p = counts[jid]
-        base = fu(jid, w, p)
+    def best_gain(self, jid: str) -> tuple[float, int, int] | None:
+        """The best next task of ``jid``: ``(gain per dominant share, workers, ps)``."""
+        j = self.by_id[jid]
+        w, p = self.counts[jid]
+        base = self.fu(jid, w, p)
         out = None
         for dw, dp in ((1, 0), (0, 1)):
-            if w + dw > maxw(j) or p + dp > maxp(j):
+            if w + dw > _max_workers(j) or p + dp > _max_ps(j):
                 continue
-            pj = penalty(jid)
-            g = base - fu(jid, w + dw, p + dp, pj)
+            pj = self.penalty(jid)
+            g = base - self.fu(jid, w + dw, p + dp, pj)
             if pj > 0:
                 # a restart is paid once: credit the best of up to RESTART_LOOKAHEAD tasks
                 for m in range(2, RESTART_LOOKAHEAD + 1):
-                    if w + m * dw > maxw(j) or p + m * dp > maxp(j):
+                    if w + m * dw > _max_workers(j) or p + m * dp > _max_ps(j):
                         break
-                    g = max(g, (base - fu(jid, w + m * dw, p + m * dp, pj)) / m)
-            if g < min_gain:
+                    g = max(g, (base - self.fu(jid, w + m * dw, p + m * dp, pj)) / m)
+            if g < self.min_gain:
                 continue  # not worth a task that another job may need later
-            g /= share(jid, dw, dp)
+            g /= self.share(jid, dw, dp)
             if out is None or g > out[0]:
                 out = (g, dw, dp)
         return out
 
-    heap: list[tuple[float, int, str, int, int]] = []
-    for jid in counts:
-        bg = best_gain(jid)
+    def _push(self, heap: list[tuple[float, int, str, int, int]], jid: str) -> None:
+        bg = self.best_gain(jid)
         if bg is not None and bg[0] > 0:
-            heap.append((-bg[0], rank[jid], jid, bg[1], bg[2]))
-    heapq.heapify(heap)
-    moves = 0
-    # safety bound on the loop (each move adds one task; tasks can be taken back)
-    limit = 4 * int(max(tot_safe[np.isfinite(tot_safe)].max(initial=1.0), 1.0)) + 4 * len(jobs)
-    while heap and moves < limit:
-        neg, _r, jid, dw, dp = heapq.heappop(heap)
-        bg = best_gain(jid)
-        if bg is None or bg[0] <= 0:
-            continue
-        if abs(-neg - bg[0]) > 1e-12 * max(1.0, abs(bg[0])):
-            heapq.heappush(heap, (-bg[0], rank[jid], jid, bg[1], bg[2]))
-            continue
-        moves += 1
-        need = demand(jid, dw, dp)
-        if not fits(need, free) and not take(need, jid, bg[0] * share(jid, dw, dp)):
-            continue
-        free -= need
-        counts[jid][0] += dw
-        counts[jid][1] += dp
-        changed.add(jid)
-        bg = best_gain(jid)
-        if bg is not None and bg[0] > 0:
-            heapq.heappush(heap, (-bg[0], rank[jid], jid, bg[1], bg[2]))
-    tasks = {j.job_id: (0, 0) for j in jobs}
-    used = np.zeros(len(cap))
-    for jid, (w, p) in counts.items():
-        tasks[jid] = (p, w)
-        used += demand(jid, w, p)
-    return Allocation(
-        tasks=tasks, used=tuple(float(x) for x in used), capacity=cap, method="incremental"
-    )
+            heapq.heappush(heap, (-bg[0], self.rank[jid], jid, bg[1], bg[2]))
+
+    def grow(self) -> None:
+        """One task at a time to the largest gain per dominant share (lazy heap)."""
+        heap: list[tuple[float, int, str, int, int]] = []
+        for jid in self.counts:
+            bg = self.best_gain(jid)
+            if bg is not None and bg[0] > 0:
+                heap.append((-bg[0], self.rank[jid], jid, bg[1], bg[2]))
+        heapq.heapify(heap)
+        moves = 0
+        # safety bound on the loop (each move adds one task; tasks can be taken back)
+        tot = self.tot_safe
+        limit = 4 * int(max(tot[np.isfinite(tot)].max(initial=1.0), 1.0)) + 4 * len(self.jobs)
+        while heap and moves < limit:
+            neg, _r, jid, dw, dp = heapq.heappop(heap)
+            bg = self.best_gain(jid)
+            if bg is None or bg[0] <= 0:
+                continue
+            if abs(-neg - bg[0]) > 1e-12 * max(1.0, abs(bg[0])):
+                heapq.heappush(heap, (-bg[0], self.rank[jid], jid, bg[1], bg[2]))
+                continue
+            moves += 1
+            need = self.demand(jid, dw, dp)
+            if not _fits_room(need, self.free) and not self.take(
+                need, jid, bg[0] * self.share(jid, dw, dp)
+            ):
+                continue
+            self.free -= need
+            self.counts[jid][0] += dw
+            self.counts[jid][1] += dp
+            self.changed.add(jid)
+            self._push(heap, jid)
+
+    def result(self) -> Allocation:
+        tasks = {j.job_id: (0, 0) for j in self.jobs}
+        used = np.zeros(len(self.cap))
+        for jid, (w, p) in self.counts.items():
+            tasks[jid] = (p, w)
+            used += self.demand(jid, w, p)
+        return Allocation(
+            tasks=tasks, used=tuple(float(x) for x in used), capacity=self.cap, method="incremental"
+        )

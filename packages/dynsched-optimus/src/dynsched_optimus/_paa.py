@@ -427,29 +427,26 @@ def _improve(lay: _Layout, tol: float, max_steps: int) -> None:
         hi, lo = lay.hi(), lay.lo()
         if lay.loads[hi] - lay.loads[lo] <= tol:
             return
-        done = False
-        for q in sorted(range(k), key=lambda p: (lay.loads[p], p)):
-            gap = lay.loads[hi] - lay.loads[q]
-            if q == hi or gap <= tol:
-                break
-            best = _best_transfer(lay, hi, q, gap, tol)
-            if best is not None:
-                _apply(lay, hi, q, best[2])
-                done = True
-                break
-        if done:
-            continue
-        for q in sorted(range(k), key=lambda p: (-lay.loads[p], p)):
-            gap = lay.loads[q] - lay.loads[lo]
-            if q == lo or gap <= tol:
-                break
-            best = _best_transfer(lay, q, lo, gap, tol)
-            if best is not None:
-                _apply(lay, q, lo, best[2])
-                done = True
-                break
-        if not done:
+        # from the most loaded server to the least loaded one that takes something, else
+        # to the least loaded server from the most loaded one that gives something
+        if not (_relieve(lay, hi, k, tol, source=True) or _relieve(lay, lo, k, tol, source=False)):
             return
+
+
+def _relieve(lay: _Layout, pivot: int, k: int, tol: float, *, source: bool) -> bool:
+    """One transfer between ``pivot`` (the source, or the destination) and the first
+    other server, in load order, that has a useful transfer; whether one was made."""
+    sign = 1.0 if source else -1.0
+    for q in sorted(range(k), key=lambda p: (sign * lay.loads[p], p)):
+        src, dst = (pivot, q) if source else (q, pivot)
+        gap = lay.loads[src] - lay.loads[dst]
+        if q == pivot or gap <= tol:
+            return False
+        best = _best_transfer(lay, src, dst, gap, tol)
+        if best is not None:
+            _apply(lay, src, dst, best[2])
+            return True
+    return False
 
 
 def _split_step(lay: _Layout, avg: float, tol: float) -> bool:

@@ -24,15 +24,12 @@ workers on each.  The runtime algorithm:
 
 Parameter-server and all-reduce jobs (``ps=0``, zero PS demand) are placed alike.
 
-:func:`place` computes the initial server keys and their order with numpy and then keeps
-the servers in a sorted list of integer keys: a job inspects only the first ``k`` servers
-and re-inserts the ones it used with ``bisect`` (``O(k log N)`` per job plus a memory
-move, no per-job pass over all servers); wide spreads are checked in blocks of candidate
-``k`` with one numpy comparison.  When the servers have few distinct (capacity, free)
-shapes (at most one per four servers at the start, e.g. a homogeneous cluster) they are
-bucketed by shape instead: spreads and fills are checked and committed per run of equal
-servers (:func:`_place_buckets`), with the same result.  :func:`place_reference` is the straightforward version
-that re-sorts every server for every job.  Both return the same placement (property test).
+:func:`place` is the one implementation: servers with the same capacity and free vector
+are bucketed, the buckets kept in key order, and spreads and fills are checked and
+committed per run of equal servers (:class:`_Servers`).  The straightforward version that
+re-sorts every server for every job is the test oracle
+:func:`dynsched_optimus.testing.place_reference`; both return the same placement
+(property tests).
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -55,7 +52,6 @@ __all__ = [
     "PlacementResult",
     "even_split",
     "place",
-    "place_reference",
 ]
 
 logger = logging.getLogger(__name__)
@@ -63,7 +59,6 @@ logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 _TOL = 1e-9
 _IDX_BITS = 22  # up to ~4 million nodes
-_SMALL_K = 8
 
 #: Placement strategies of :func:`place`: ``"fewest"`` (Theorem 1 of the Optimus paper),
 #: ``"spread"`` (load balancing, each task on the server with the largest smallest free
@@ -235,13 +230,6 @@ def _job_order(jobs: Sequence[PlacementRequest], total: FloatArray) -> list[int]
     return [i for _s, _id, i in keyed]
 
 
-def _node_key(free_row: Sequence[float], norm: Sequence[float], scale: float) -> int:
-    s = 0.0
-    for f, c in zip(free_row, norm, strict=True):
-        s = s + f / c
-    return math.floor(s * scale)
-
-
 def _np_node_key(free: FloatArray, norm: FloatArray, scale: float) -> npt.NDArray[np.int64]:
     s = np.zeros(free.shape[0])
     for r in range(free.shape[1]):
@@ -329,124 +317,6 @@ def _reserve_kept(
     return placements, kept
 
 
-def place_reference(
-    jobs: Sequence[PlacementRequest],
-    node_capacity: npt.ArrayLike,
-    *,
-    previous: Mapping[str, JobPlacement] | None = None,
-    shrink: bool = False,
-    fill: bool = False,
-    strategy: str = "fewest",
-    order: Sequence[str] | None = None,
-) -> PlacementResult:
-    """Straightforward pure-Python placement (the specification of :func:`place`).
-
-    Re-sorts all servers for every job (``O(J N log N)``); use :func:`place` for real
-    sizes.
-
-    Args:
-        jobs: jobs with their task counts (unique ``job_id``).
-        node_capacity: ``(nodes, resources)`` capacities.
-        previous: last round's placements; a job with unchanged counts keeps its own.
-        shrink: see :func:`place`.
-        fill: see :func:`place`.
-        strategy: see :func:`place`.
-        order: see :func:`place`.
-
-    Returns:
-        The placement result.
-    """
-    cap, norm_a, _total, kept_ids, job_order, _seen = _prepare(
-        jobs, node_capacity, previous, order, strategy
-    )
-    n_nodes, nr = cap.shape
-    free_a = cap.copy()
-    placements, kept = _reserve_kept(jobs, previous or {}, kept_ids, free_a, cap)
-    if strategy != "fewest":
-        return _place_greedy(jobs, cap, job_order, free_a, placements, kept, shrink, strategy)
-    order = job_order
-    free = free_a.tolist()
-    capl = cap.tolist()
-    norm = norm_a.tolist()
-    scale = _key_scale(nr)
-    unplaced: list[str] = []
-    shrunk: dict[str, tuple[int, int]] = {}
-    for i in order:
-        if i in kept:
-            continue
-        j = jobs[i]
-        if j.ps + j.workers == 0:
-            continue
-        # servers by descending free capacity (ties: lower index first), re-sorted per job
-        by_free = sorted(range(n_nodes), key=lambda n: (-_node_key(free[n], norm, scale), n))
-        cur: PlacementRequest | None = j
-        chosen = 0
-        if fill and not _spread_fits(j, by_free, free, capl, norm):
-            tolc = [[_TOL * c for c in row] for row in capl]
-            nodes_f, pss_f, wss_f, complete = _fill_nodes(j, by_free, free, tolc)
-            if complete or (shrink and _fill_ok(j, pss_f, wss_f, complete)):
-                for n, pp, ww in zip(nodes_f, pss_f, wss_f, strict=True):
-                    for r in range(nr):
-                        free[n][r] = free[n][r] - (pp * j.ps_demand[r] + ww * j.worker_demand[r])
-                placements[j.job_id] = JobPlacement(
-                    job_id=j.job_id,
-                    nodes=tuple(nodes_f),
-                    ps_per_node=tuple(pss_f),
-                    workers_per_node=tuple(wss_f),
-                )
-                if not complete:
-                    shrunk[j.job_id] = (sum(pss_f), sum(wss_f))
-            else:
-                unplaced.append(j.job_id)
-            continue
-        while cur is not None:
-            for k in range(_k_lower(cur, norm), min(n_nodes, cur.ps + cur.workers) + 1):
-                ps_s = ps_split(cur.ps, k)
-                w_s = even_split(cur.workers, k)
-                ok = True
-                for pos in range(k):
-                    n = by_free[pos]
-                    for r in range(nr):
-                        load = ps_s[pos] * cur.ps_demand[r] + w_s[pos] * cur.worker_demand[r]
-                        if load > free[n][r] + _TOL * capl[n][r]:
-                            ok = False
-                            break
-                    if not ok:
-                        break
-                if ok:
-                    chosen = k
-                    break
-            if chosen or not shrink:
-                break
-            cur = _shrink(cur)
-        if chosen == 0 or cur is None:
-            unplaced.append(j.job_id)
-            continue
-        if (cur.ps, cur.workers) != (j.ps, j.workers):
-            shrunk[j.job_id] = (cur.ps, cur.workers)
-        ps_s = ps_split(cur.ps, chosen)
-        w_s = even_split(cur.workers, chosen)
-        nodes = by_free[:chosen]
-        for pos, n in enumerate(nodes):
-            for r in range(nr):
-                load = ps_s[pos] * cur.ps_demand[r] + w_s[pos] * cur.worker_demand[r]
-                free[n][r] = free[n][r] - load
-        placements[j.job_id] = JobPlacement(
-            job_id=j.job_id,
-            nodes=tuple(nodes),
-            ps_per_node=tuple(ps_s),
-            workers_per_node=tuple(w_s),
-        )
-    return _result(
-        jobs,
-        placements,
-        unplaced,
-        kept,
-        np.array(free, dtype=np.float64).reshape(n_nodes, nr),
-        shrunk,
-    )
-
-
 def _result(
     jobs: Sequence[PlacementRequest],
     placements: dict[str, JobPlacement],
@@ -478,43 +348,6 @@ def _fit_count(
     return m
 
 
-def _fill_nodes(
-    j: PlacementRequest,
-    nodes: Iterable[int],
-    free: Sequence[Sequence[float]],
-    tolcap: Sequence[Sequence[float]],
-) -> tuple[list[int], list[int], list[int], bool]:
-    """Fill ``nodes`` in order; returns (used nodes, PS per node, workers per node, complete)."""
-    lw, lp = j.workers, j.ps
-    used: list[int] = []
-    pss: list[int] = []
-    wss: list[int] = []
-    nr = len(j.worker_demand)
-    for n in nodes:
-        if lw == 0 and lp == 0:
-            break
-        fr = list(free[n])
-        tc = tolcap[n]
-        ww = _fit_count(fr, tc, j.worker_demand, lw) if lw else 0
-        if ww:
-            fr = [fr[r] - ww * j.worker_demand[r] for r in range(nr)]
-        pp = _fit_count(fr, tc, j.ps_demand, lp) if lp else 0
-        if pp:
-            # recheck the combined load with the arithmetic used to commit it
-            while pp > 0 and any(
-                pp * j.ps_demand[r] + ww * j.worker_demand[r] > free[n][r] + tc[r]
-                for r in range(nr)
-            ):
-                pp -= 1
-        if ww or pp:
-            used.append(n)
-            pss.append(pp)
-            wss.append(ww)
-            lw -= ww
-            lp -= pp
-    return used, pss, wss, lw == 0 and lp == 0
-
-
 def _fill_ok(j: PlacementRequest, pss: list[int], wss: list[int], complete: bool) -> bool:
     """A (partial) fill is kept when it is complete or holds the job's minimum tasks."""
     if complete:
@@ -531,28 +364,6 @@ def _shrink(j: PlacementRequest) -> PlacementRequest | None:
     return None
 
 
-def _spread_fits(
-    j: PlacementRequest,
-    by_free: Sequence[int],
-    free: Sequence[Sequence[float]],
-    capl: Sequence[Sequence[float]],
-    norm: Sequence[float],
-) -> bool:
-    """Whether an even spread over some prefix of ``by_free`` holds the whole job."""
-    nr = len(j.worker_demand)
-    for k in range(_k_lower(j, norm), min(len(by_free), j.ps + j.workers) + 1):
-        ps_s = ps_split(j.ps, k)
-        w_s = even_split(j.workers, k)
-        if all(
-            ps_s[pos] * j.ps_demand[r] + w_s[pos] * j.worker_demand[r]
-            <= free[by_free[pos]][r] + _TOL * capl[by_free[pos]][r]
-            for pos in range(k)
-            for r in range(nr)
-        ):
-            return True
-    return False
-
-
 def _k_lower(j: PlacementRequest, norm: Sequence[float]) -> int:
     """No spread over fewer servers fits: each holds at most the largest node capacity."""
     k = 1
@@ -561,24 +372,6 @@ def _k_lower(j: PlacementRequest, norm: Sequence[float]) -> int:
         if d > 0:
             k = max(k, math.ceil(d / (c * (1 + 4 * _TOL))))
     return k
-
-
-def _split_matrix(
-    total: int, ks: npt.NDArray[np.int64], width: int, extra_last: bool = False
-) -> npt.NDArray[np.int64]:
-    pos = np.arange(width)[None, :]
-    base = total // ks[:, None]
-    extra = total % ks[:, None]
-    out = base + ((pos >= ks[:, None] - extra) if extra_last else (pos < extra))
-    return np.where(pos < ks[:, None], out, 0)
-
-
-def _rows(j: PlacementRequest, k: int, nr: int) -> list[list[float]]:
-    pss = ps_split(j.ps, k)
-    wss = even_split(j.workers, k)
-    return [
-        [pss[q] * j.ps_demand[r] + wss[q] * j.worker_demand[r] for r in range(nr)] for q in range(k)
-    ]
 
 
 def place(
@@ -591,13 +384,13 @@ def place(
     strategy: str = "fewest",
     order: Sequence[str] | None = None,
 ) -> PlacementResult:
-    """Place jobs on the fewest servers with an even PS/worker spread (fast path).
+    """Place jobs on the fewest servers with an even PS/worker spread.
 
-    Servers stay in a sorted list of integer keys (initial keys computed and sorted with
-    numpy; used servers re-inserted with ``bisect``), so a job costs ``O(k log N)`` for
-    the ``k`` servers it inspects instead of a sort of all ``N`` servers.  Spreads over up
-    to 8 servers are checked with scalar code, wider ones in blocks of candidate ``k`` with
-    one numpy comparison each.  Per-shape load tables are cached across jobs.
+    Servers are bucketed by (capacity, free vector) and the buckets kept in key order
+    (:class:`_Servers`): a job inspects only the runs of equal servers its spread or fill
+    covers and moves the servers it uses to the buckets of their new shape, so a job
+    costs about ``O(runs log N)`` instead of a sort of all ``N`` servers.  Fit checks and
+    destination buckets are cached per demand shape across jobs.
 
     Args:
         jobs: jobs with their task counts (unique ``job_id``).
@@ -630,7 +423,8 @@ def place(
             ties by ``job_id``).  Kept placements are always reserved first.
 
     Returns:
-        The placement result; equal to :func:`place_reference`.
+        The placement result; equal to the test oracle
+        :func:`dynsched_optimus.testing.place_reference`.
 
     Raises:
         OptimusError: an unknown ``strategy``, an ``order`` id that is not a job, a
@@ -643,11 +437,13 @@ def place(
     placements, kept = _reserve_kept(jobs, previous or {}, kept_ids, free, cap)
     if strategy != "fewest":
         return _place_greedy(jobs, cap, job_order, free, placements, kept, shrink, strategy)
-    order = job_order
-    groups = _group_rows(np.hstack([cap, free]), cap.shape[0] // 4)
-    if groups is not None:
-        return _place_buckets(jobs, cap, norm, order, free, placements, kept, groups, shrink, fill)
-    return _place_sorted(jobs, cap, norm, order, free, placements, kept, shrink, fill)
+    fewest = _Fewest(cap, norm, free, placements, shrink=shrink, fill=fill)
+    for i in job_order:
+        j = jobs[i]
+        if i not in kept and j.ps + j.workers > 0:
+            fewest.place(j)
+    free_after = fewest.servers.free_matrix()
+    return _result(jobs, placements, fewest.unplaced, kept, free_after, fewest.shrunk)
 
 
 def _place_greedy(
@@ -710,323 +506,118 @@ def _place_greedy(
     return _result(jobs, placements, unplaced, kept, free, shrunk)
 
 
-def _place_sorted(
-    jobs: Sequence[PlacementRequest],
-    cap: FloatArray,
-    norm: FloatArray,
-    order: list[int],
-    free: FloatArray,
-    placements: dict[str, JobPlacement],
-    kept: set[int],
-    shrink: bool,
-    fill: bool,
-) -> PlacementResult:
-    """:func:`place` on one sorted list of server keys (any cluster)."""
-    n_nodes, nr = cap.shape
-    tolcap_l = (_TOL * cap).tolist()
-    free_l: list[list[float]] = free.tolist()
-    ftol_l = (free + _TOL * cap).tolist()
-    norm_l = norm.tolist()
-    scale = _key_scale(nr)
-    top = math.floor(float(nr) * scale) + 1
-    idx = np.arange(n_nodes, dtype=np.int64)
-    comp: list[int] = np.sort(((top - _np_node_key(free, norm, scale)) << _IDX_BITS) | idx).tolist()
-    mask = (1 << _IDX_BITS) - 1
-    comp_of: dict[int, int] = {c & mask: c for c in comp} if fill else {}
-    dirty: set[int] = set()
-    ftol_np = (free + _TOL * cap) if fill else np.zeros((0, nr))
-    comp_np = np.zeros(n_nodes, dtype=np.int64)
-    if fill:
-        for c in comp:
-            comp_np[c & mask] = c
-    shapes: dict[tuple[object, ...], tuple[int, dict[int, list[list[float]]]]] = {}
-    blocks: dict[tuple[object, ...], npt.NDArray[np.float64]] = {}
-    splits: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    unplaced: list[str] = []
-    shrunk: dict[str, tuple[int, int]] = {}
-    insort = bisect.insort
-
-    def search(j: PlacementRequest) -> tuple[int, list[list[float]]]:
-        """Smallest k whose even spread over the first k servers fits, and its loads."""
-        shape = (j.ps, j.workers, j.ps_demand, j.worker_demand)
-        info = shapes.get(shape)
-        if info is None:
-            info = (_k_lower(j, norm_l), {})
-            shapes[shape] = info
-        k_lb, by_k = info
-        kmax = min(n_nodes, j.ps + j.workers)
-        for k in range(k_lb, min(kmax, _SMALL_K) + 1):
-            got = by_k.get(k)
-            if got is None:
-                got = _rows(j, k, nr)
-                by_k[k] = got
-            ok = True
-            for q in range(k):
-                fr = ftol_l[comp[q] & mask]
-                rq = got[q]
-                for r in range(nr):
-                    if rq[r] > fr[r]:
-                        ok = False
-                        break
-                if not ok:
-                    break
-            if ok:
-                return k, got
-        k_lo = max(_SMALL_K + 1, k_lb)
-        block = 32
-        while k_lo <= kmax:
-            k_hi = min(kmax, k_lo + block - 1)
-            ck = (shape, k_lo, k_hi)
-            load = blocks.get(ck)
-            if load is None:
-                ks = np.arange(k_lo, k_hi + 1, dtype=np.int64)
-                ps_m = _split_matrix(j.ps, ks, k_hi, extra_last=True)
-                w_m = _split_matrix(j.workers, ks, k_hi)
-                load = ps_m[:, :, None] * np.array(j.ps_demand) + w_m[:, :, None] * np.array(
-                    j.worker_demand
-                )
-                blocks[ck] = load
-            fr_a = np.array([ftol_l[c & mask] for c in comp[:k_hi]], dtype=np.float64)
-            okv = np.flatnonzero((load <= fr_a[None, :, :]).all(axis=(1, 2)))
-            if okv.size:
-                k = k_lo + int(okv[0])
-                got = by_k.get(k) or _rows(j, k, nr)
-                by_k[k] = got
-                return k, got
-            k_lo = k_hi + 1
-            block *= 4
-        return 0, []
-
-    def do_fill(j: PlacementRequest) -> bool:
-        """Fill fallback (see :func:`_fill_nodes`) on the servers in key order."""
-        # bring the numpy mirrors up to date, then visit (in key order) only the servers
-        # that can hold at least one of the job's tasks: the others take nothing
-        if dirty:
-            rows = list(dirty)
-            dirty.clear()
-            ftol_np[rows] = [ftol_l[nd] for nd in rows]
-            comp_np[rows] = [comp_of[nd] for nd in rows]
-        ok = np.zeros(n_nodes, dtype=bool)
-        for d, cnt in ((j.worker_demand, j.workers), (j.ps_demand, j.ps)):
-            if cnt > 0:
-                holds = np.all(ftol_np >= np.asarray(d)[None, :], axis=1)
-                if not holds.any():
-                    return False  # not even one task of this kind fits anywhere
-                ok |= holds
-        cand = np.flatnonzero(ok)
-        cand = cand[np.argsort(comp_np[cand])]
-        nodes_f, pss_f, wss_f, complete = _fill_nodes(j, cand.tolist(), free_l, tolcap_l)
-        if not (complete or (shrink and _fill_ok(j, pss_f, wss_f, complete))):
-            return False
-        for nd, pp, ww in zip(nodes_f, pss_f, wss_f, strict=True):
-            fr = free_l[nd]
-            old = comp_of[nd]
-            del comp[bisect.bisect_left(comp, old)]
-            ssum = 0.0
-            for r in range(nr):
-                v = fr[r] - (pp * j.ps_demand[r] + ww * j.worker_demand[r])
-                fr[r] = v
-                ftol_l[nd][r] = v + tolcap_l[nd][r]
-                ssum = ssum + v / norm_l[r]
-            new = ((top - math.floor(ssum * scale)) << _IDX_BITS) | nd
-            comp_of[nd] = new
-            dirty.add(nd)
-            insort(comp, new)
-        placements[j.job_id] = JobPlacement(
-            job_id=j.job_id,
-            nodes=tuple(nodes_f),
-            ps_per_node=tuple(pss_f),
-            workers_per_node=tuple(wss_f),
-        )
-        if not complete:
-            shrunk[j.job_id] = (sum(pss_f), sum(wss_f))
-        return True
-
-    for i in order:
-        if i in kept:
-            continue
-        j = jobs[i]
-        total = j.ps + j.workers
-        if total == 0:
-            continue
-        cur: PlacementRequest | None = j
-        chosen = 0
-        rows: list[list[float]] = []
-        if fill:
-            chosen, rows = search(j)
-            if chosen == 0:
-                if do_fill(j):
-                    continue
-                unplaced.append(j.job_id)
-                continue
-        while cur is not None and not chosen:
-            chosen, rows = search(cur)
-            if chosen or not shrink:
-                break
-            cur = _shrink(cur)
-        if chosen == 0 or cur is None:
-            unplaced.append(j.job_id)
-            continue
-        if cur is not j:
-            shrunk[j.job_id] = (cur.ps, cur.workers)
-        nl = [c & mask for c in comp[:chosen]]
-        del comp[:chosen]
-        for q, nd in enumerate(nl):
-            fr = free_l[nd]
-            ft = ftol_l[nd]
-            tc = tolcap_l[nd]
-            lq = rows[q]
-            ssum = 0.0
-            for r in range(nr):
-                v = fr[r] - lq[r]
-                fr[r] = v
-                ft[r] = v + tc[r]
-                ssum = ssum + v / norm_l[r]
-            new = ((top - math.floor(ssum * scale)) << _IDX_BITS) | nd
-            if fill:
-                comp_of[nd] = new
-                dirty.add(nd)
-            insort(comp, new)
-        sk = (cur.ps, cur.workers, chosen)
-        spl = splits.get(sk)
-        if spl is None:
-            spl = (tuple(ps_split(cur.ps, chosen)), tuple(even_split(cur.workers, chosen)))
-            splits[sk] = spl
-        placements[j.job_id] = JobPlacement(
-            job_id=j.job_id, nodes=tuple(nl), ps_per_node=spl[0], workers_per_node=spl[1]
-        )
-    return _result(
-        jobs,
-        placements,
-        unplaced,
-        kept,
-        np.array(free_l, dtype=np.float64).reshape(n_nodes, nr),
-        shrunk,
-    )
-
-
 _BIG_COUNT = 1 << 62
 
+#: a run of equal servers in a spread or a fill: ``(bucket, servers, ps, workers)``
+_Piece = tuple[int, int, int, int]
+_Memo = dict[tuple[int, int, int], bool]
+_Dest = dict[tuple[int, int, int], int]
 
-def _group_rows(rows: FloatArray, most: int) -> list[list[int]] | None:
-    """Indices of equal rows (each group ascending, groups by first index), or ``None``
-    when there are more than ``most`` groups."""
+
+def _group_rows(rows: FloatArray) -> list[list[int]]:
+    """Indices of equal rows, each group ascending, groups by first index."""
     if bool((rows == rows[0]).all()):
         return [list(range(rows.shape[0]))]
     groups: dict[tuple[float, ...], list[int]] = {}
     for n, row in enumerate(rows.tolist()):
-        g = groups.get(tuple(row))
-        if g is None:
-            if len(groups) >= most:
-                return None
-            groups[tuple(row)] = [n]
-        else:
-            g.append(n)
+        groups.setdefault(tuple(row), []).append(n)
     return list(groups.values())
 
 
-def _place_buckets(
-    jobs: Sequence[PlacementRequest],
-    cap: FloatArray,
-    norm: FloatArray,
-    order: list[int],
-    free: FloatArray,
-    placements: dict[str, JobPlacement],
-    kept: set[int],
-    groups: list[list[int]],
-    shrink: bool,
-    fill: bool,
-) -> PlacementResult:
-    """:func:`place` on servers bucketed by free shape (few distinct free vectors).
+class _Servers:
+    """The servers in placement order, bucketed by (capacity, free vector).
 
     Servers with the same capacity and free vector are interchangeable except for their
-    index, so they form one bucket (its node indices kept sorted); buckets with the same
-    key form a key class, key classes are kept in a sorted list.  The server order of
-    :func:`_place_sorted` (key, then index) is the key classes in order, the nodes of a
-    class merged by index; a job takes a prefix of each bucket it uses.  A spread or a fill
-    is checked and committed per run of equal servers instead of per server.
+    index, so they form one bucket (its node indices kept sorted); a bucket's shape never
+    changes, a server that takes load moves to the bucket of its new shape.  Buckets with
+    the same key (free capacity, see the module docstring) form a key class; the keys of
+    the non-empty classes are kept in a sorted list.  The server order (key, then index) is
+    the key classes in order, the nodes of a class merged by index; a job takes a prefix
+    of each bucket it uses, so spreads and fills are checked and committed per run of
+    equal servers.  A numpy mirror of the buckets' free vectors (plus tolerance) lets a
+    fill visit only the buckets that hold at least one of the job's tasks.
     """
-    n_nodes, nr = cap.shape
-    tolcap = _TOL * cap
-    norm_l = norm.tolist()
-    scale = _key_scale(nr)
-    top = math.floor(float(nr) * scale) + 1
-    keys0 = top - _np_node_key(free, norm, scale)
-    # bucket records, indexed by bucket id
-    b_free: list[tuple[float, ...]] = []
-    b_ftol: list[tuple[float, ...]] = []
-    b_tc: list[tuple[float, ...]] = []
-    b_key: list[int] = []
-    b_nodes: list[list[int]] = []
-    b_cap: list[int] = []
-    bid_of: dict[tuple[int, tuple[float, ...]], int] = {}
-    cap_id: dict[tuple[float, ...], int] = {}
-    for s, nds in enumerate(groups):
-        n0 = nds[0]
-        fr = tuple(free[n0].tolist())
-        tc = tuple(tolcap[n0].tolist())
-        ci = cap_id.setdefault(tuple(cap[n0].tolist()), len(cap_id))
-        bid_of[(ci, fr)] = s
-        b_free.append(fr)
-        b_tc.append(tc)
-        b_ftol.append(tuple((free[n0] + tolcap[n0]).tolist()))
-        b_key.append(int(keys0[n0]))
-        b_nodes.append(nds)
-        b_cap.append(ci)
-    classes: dict[int, list[int]] = {}
-    for b, k in enumerate(b_key):
-        classes.setdefault(k, []).append(b)
-    keys = sorted(classes)
-    insort = bisect.insort
-    fits_memo: dict[
-        tuple[tuple[float, ...], tuple[float, ...]], dict[tuple[int, int, int], bool]
-    ] = {}
-    dest_memo: dict[
-        tuple[tuple[float, ...], tuple[float, ...]], dict[tuple[int, int, int], int]
-    ] = {}
-    splits: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    klb_memo: dict[tuple[object, ...], int] = {}
-    unplaced: list[str] = []
-    shrunk: dict[str, tuple[int, int]] = {}
 
-    def fitter(
-        pd: tuple[float, ...], wd: tuple[float, ...]
-    ) -> tuple[dict[tuple[int, int, int], bool], dict[tuple[int, int, int], int]]:
-        dk = (pd, wd)
-        fm = fits_memo.get(dk)
-        if fm is None:
-            fm = fits_memo[dk] = {}
-            dest_memo[dk] = {}
-        return fm, dest_memo[dk]
+    def __init__(self, cap: FloatArray, free: FloatArray, norm: FloatArray) -> None:
+        self.n_nodes, self.nr = cap.shape
+        self.norm = norm.tolist()
+        self.scale = _key_scale(self.nr)
+        self.top = math.floor(float(self.nr) * self.scale) + 1
+        self.free: list[tuple[float, ...]] = []
+        self.ftol: list[tuple[float, ...]] = []
+        self.tc: list[tuple[float, ...]] = []
+        self.key: list[int] = []
+        self.nodes: list[list[int]] = []
+        self.cap_id: list[int] = []
+        self.bid_of: dict[tuple[int, tuple[float, ...]], int] = {}
+        self.classes: dict[int, list[int]] = {}
+        self.keys: list[int] = []
+        self._ftol_np = np.empty((self.nr, 16), dtype=np.float64)  # column per bucket
+        self._alive = np.zeros(16, dtype=bool)
+        self._key_np = np.zeros(16, dtype=np.int64)
+        self.fits_memo: dict[tuple[tuple[float, ...], tuple[float, ...]], tuple[_Memo, _Dest]] = {}
+        self.klb_memo: dict[tuple[object, ...], int] = {}
+        tolcap = _TOL * cap
+        keys0 = (self.top - _np_node_key(free, norm, self.scale)).tolist()
+        cap_ids: dict[tuple[float, ...], int] = {}
+        for nds in _group_rows(np.hstack([cap, free])):
+            n0 = nds[0]
+            ci = cap_ids.setdefault(tuple(cap[n0].tolist()), len(cap_ids))
+            fr = tuple(free[n0].tolist())
+            b = self._new_bucket(ci, fr, tuple(tolcap[n0].tolist()), int(keys0[n0]))
+            self._put(b, nds)
 
-    def fits(
-        fm: dict[tuple[int, int, int], bool],
-        pd: tuple[float, ...],
-        wd: tuple[float, ...],
-        b: int,
-        p: int,
-        w: int,
-    ) -> bool:
+    def _new_bucket(self, ci: int, fr: tuple[float, ...], tc: tuple[float, ...], key: int) -> int:
+        b = len(self.free)
+        self.bid_of[(ci, fr)] = b
+        self.free.append(fr)
+        self.tc.append(tc)
+        ft = tuple(fr[r] + tc[r] for r in range(self.nr))
+        self.ftol.append(ft)
+        self.key.append(key)
+        self.nodes.append([])
+        self.cap_id.append(ci)
+        if b >= self._alive.size:
+            grow = self._alive.size
+            self._ftol_np = np.hstack([self._ftol_np, np.empty((self.nr, grow))])
+            self._alive = np.concatenate([self._alive, np.zeros(grow, dtype=bool)])
+            self._key_np = np.concatenate([self._key_np, np.zeros(grow, dtype=np.int64)])
+        self._ftol_np[:, b] = ft
+        self._key_np[b] = key
+        return b
+
+    def memos(self, j: PlacementRequest) -> tuple[_Memo, _Dest]:
+        """Per demand shape: which ``(bucket, ps, workers)`` fit, and where they lead."""
+        dk = (j.ps_demand, j.worker_demand)
+        got = self.fits_memo.get(dk)
+        if got is None:
+            got = self.fits_memo[dk] = ({}, {})
+        return got
+
+    def fits(self, fm: _Memo, j: PlacementRequest, b: int, p: int, w: int) -> bool:
+        """Whether ``p`` PS and ``w`` workers of ``j`` fit on a server of bucket ``b``."""
         ok = fm.get((b, p, w))
         if ok is None:
-            ft = b_ftol[b]
-            ok = all(p * pd[r] + w * wd[r] <= ft[r] for r in range(nr))
+            ft = self.ftol[b]
+            pd, wd = j.ps_demand, j.worker_demand
+            ok = all(p * pd[r] + w * wd[r] <= ft[r] for r in range(self.nr))
             fm[(b, p, w)] = ok
         return ok
 
-    def walk(limit: int) -> list[tuple[int, int]]:
+    # -- the even spread (Theorem 1)
+    def walk(self, limit: int) -> list[tuple[int, int]]:
         """Runs ``(bucket, count)`` of the first ``limit`` servers in order (or all)."""
         runs: list[tuple[int, int]] = []
         need = limit
-        for k in keys:
-            bs = classes[k]
+        for k in self.keys:
+            bs = self.classes[k]
             if len(bs) == 1:
                 b = bs[0]
-                c = min(len(b_nodes[b]), need)
+                c = min(len(self.nodes[b]), need)
                 runs.append((b, c))
                 need -= c
             else:
-                merged = sorted((nd, b) for b in bs for nd in b_nodes[b][:need])[:need]
+                merged = sorted((nd, b) for b in bs for nd in self.nodes[b][:need])[:need]
                 last = -1
                 for _nd, b in merged:
                     if b == last:
@@ -1040,22 +631,19 @@ def _place_buckets(
         return runs
 
     def spread_pieces(
-        fm: dict[tuple[int, int, int], bool],
-        j: PlacementRequest,
-        runs: list[tuple[int, int]],
-        k: int,
-    ) -> list[tuple[int, int, int, int]] | None:
-        """Pieces ``(bucket, count, ps, workers)`` of the even spread over k servers."""
+        self, fm: _Memo, j: PlacementRequest, runs: list[tuple[int, int]], k: int
+    ) -> list[_Piece] | None:
+        """Pieces of the even spread of ``j`` over the first ``k`` servers, if it fits."""
         bw, ew = divmod(j.workers, k)
         bp, ep = divmod(j.ps, k)
         cut_p = k - ep
-        pd, wd = j.ps_demand, j.worker_demand
-        out: list[tuple[int, int, int, int]] = []
+        out: list[_Piece] = []
         pos = 0
         for b, c in runs:
             end = min(pos + c, k)
             s = pos
             while s < end:
+                # split the run where the worker or the PS count per server changes
                 e = end
                 if s < ew:
                     e = min(e, ew)
@@ -1067,7 +655,7 @@ def _place_buckets(
                     p = bp
                 else:
                     p = bp + 1
-                if not fits(fm, pd, wd, b, p, w):
+                if not self.fits(fm, j, b, p, w):
                     return None
                 out.append((b, e - s, p, w))
                 s = e
@@ -1076,226 +664,301 @@ def _place_buckets(
                 break
         return out
 
-    def search(
-        fm: dict[tuple[int, int, int], bool], j: PlacementRequest
-    ) -> list[tuple[int, int, int, int]] | None:
+    def search(self, fm: _Memo, j: PlacementRequest) -> list[_Piece] | None:
+        """The even spread over the fewest leading servers that holds ``j``, if any."""
         shape = (j.ps, j.workers, j.ps_demand, j.worker_demand)
-        k_lb = klb_memo.get(shape)
+        k_lb = self.klb_memo.get(shape)
         if k_lb is None:
-            k_lb = klb_memo[shape] = _k_lower(j, norm_l)
-        kmax = min(n_nodes, j.ps + j.workers)
+            k_lb = self.klb_memo[shape] = _k_lower(j, self.norm)
+        kmax = min(self.n_nodes, j.ps + j.workers)
         if k_lb > kmax:
             return None
-        runs = walk(kmax)
+        runs = self.walk(kmax)
         for k in range(k_lb, kmax + 1):
-            got = spread_pieces(fm, j, runs, k)
+            got = self.spread_pieces(fm, j, runs, k)
             if got is not None:
                 return got
         return None
 
-    def fill_pieces(
-        fm: dict[tuple[int, int, int], bool], j: PlacementRequest
-    ) -> tuple[list[tuple[int, int, int, int]], bool] | None:
-        """The fill fallback (:func:`_fill_nodes`) per run of equal servers."""
-        pd, wd = j.ps_demand, j.worker_demand
-        live = [b for k in keys for b in classes[k]]
-        for d_w, cnt in ((1, j.workers), (0, j.ps)):
-            if cnt > 0 and not any(fits(fm, pd, wd, b, 1 - d_w, d_w) for b in live):
-                return None  # not even one task of this kind fits anywhere
-        fw_memo: dict[int, int] = {}
-        h_memo: dict[tuple[int, int], int] = {}
+    # -- the fill fallback
+    def fill_candidates(self, j: PlacementRequest) -> Iterator[list[int]] | None:
+        """The buckets that hold at least one task of ``j``, grouped by key in order
+        (``None`` when not even one task of some kind fits anywhere)."""
+        n = len(self.free)
+        ftol = self._ftol_np[:, :n]
+        ok = np.zeros(n, dtype=bool)
+        for d, cnt in ((j.worker_demand, j.workers), (j.ps_demand, j.ps)):
+            if cnt > 0:
+                holds = self._alive[:n].copy()
+                for r, x in enumerate(d):
+                    holds &= ftol[r] >= x
+                if not holds.any():
+                    return None
+                ok |= holds
+        cand = np.flatnonzero(ok)
+        return self._key_groups(cand[np.argsort(self._key_np[cand], kind="stable")].tolist())
 
-        def f_w(b: int) -> int:
-            """Workers one server of bucket ``b`` holds (uncapped :func:`_fit_count`)."""
-            got = fw_memo.get(b)
-            if got is None:
-                got = fw_memo[b] = _fit_count(b_free[b], b_tc[b], wd, _BIG_COUNT)
-            return got
+    def _key_groups(self, cand: list[int]) -> Iterator[list[int]]:
+        """Runs of equal key of ``cand`` (sorted by key), lazily: a fill stops early."""
+        key = self.key
+        i, n = 0, len(cand)
+        while i < n:
+            k = key[cand[i]]
+            e = i + 1
+            while e < n and key[cand[e]] == k:
+                e += 1
+            yield cand[i:e]
+            i = e
 
-        def h_p(b: int, ww: int) -> int:
-            """PS it holds next to ``ww`` workers (with the commit-arithmetic recheck)."""
-            got = h_memo.get((b, ww))
-            if got is None:
-                fr, tc = b_free[b], b_tc[b]
-                fr2 = [fr[r] - ww * wd[r] for r in range(nr)] if ww else list(fr)
-                pp = _fit_count(fr2, tc, pd, _BIG_COUNT)
-                while pp > 0 and any(pp * pd[r] + ww * wd[r] > fr[r] + tc[r] for r in range(nr)):
-                    pp -= 1
-                got = h_memo[(b, ww)] = pp
-            return got
-
-        lw, lp = j.workers, j.ps
-        out: list[tuple[int, int, int, int]] = []
-        for k in keys:
-            if lw == 0 and lp == 0:
+    def fill_pieces(self, j: PlacementRequest) -> tuple[list[_Piece], bool] | None:
+        """The fill fallback: servers in order, each takes as many of the remaining
+        workers as fit, then as many of the remaining PS; pieces and whether complete."""
+        groups = self.fill_candidates(j)
+        if groups is None:
+            return None
+        counts = _FillCounts(self, j)
+        left = [j.workers, j.ps]
+        out: list[_Piece] = []
+        for bs in groups:
+            if left == [0, 0]:
                 break
-            bs = classes[k]
             if len(bs) == 1:
-                b = bs[0]
-                left = len(b_nodes[b])
-                while left and (lw or lp):
-                    fw = f_w(b)
-                    ww = min(lw, fw)
-                    hp = h_p(b, ww) if lp else 0
-                    pp = min(lp, hp)
-                    if not (pp or ww):
-                        break
-                    # consecutive servers of the bucket take the same while both last
-                    m = left
-                    if ww:
-                        m = min(m, lw // fw if ww == fw else 1)
-                    if pp:
-                        m = min(m, lp // hp if pp == hp else 1)
-                    out.append((b, m, pp, ww))
-                    lw -= m * ww
-                    lp -= m * pp
-                    left -= m
+                self._fill_bucket(bs[0], counts, left, out)
             else:
-                # a bucket that takes nothing now takes nothing later (less is left), so
-                # only the others are merged by index
-                pos = dict.fromkeys(bs, 0)
-                while lw or lp:
-                    best = -1
-                    bb = -1
-                    for b in list(pos):
-                        ww = min(lw, f_w(b))
-                        if not (ww or (lp and h_p(b, ww))) or pos[b] >= len(b_nodes[b]):
-                            del pos[b]
-                            continue
-                        nd = b_nodes[b][pos[b]]
-                        if best < 0 or nd < best:
-                            best, bb = nd, b
-                    if bb < 0:
-                        break
-                    ww = min(lw, f_w(bb))
-                    pp = min(lp, h_p(bb, ww)) if lp else 0
-                    pos[bb] += 1
-                    if out and out[-1][0] == bb and out[-1][2:] == (pp, ww):
-                        out[-1] = (bb, out[-1][1] + 1, pp, ww)
-                    else:
-                        out.append((bb, 1, pp, ww))
-                    lw -= ww
-                    lp -= pp
-        return out, lw == 0 and lp == 0
+                self._fill_class(bs, counts, left, out)
+        return out, left == [0, 0]
 
-    def commit(
-        dm: dict[tuple[int, int, int], int],
-        j: PlacementRequest,
-        pieces: list[tuple[int, int, int, int]],
-    ) -> list[int]:
+    def _fill_bucket(self, b: int, counts: _FillCounts, left: list[int], out: list[_Piece]) -> None:
+        """Fill the servers of one bucket (a key class of its own) in index order."""
+        lw, lp = left
+        avail = len(self.nodes[b])
+        while avail and (lw or lp):
+            fw = counts.workers(b)
+            ww = min(lw, fw)
+            hp = counts.ps(b, ww) if lp else 0
+            pp = min(lp, hp)
+            if not (pp or ww):
+                break
+            # consecutive servers of the bucket take the same while both last
+            m = avail
+            if ww:
+                m = min(m, lw // fw if ww == fw else 1)
+            if pp:
+                m = min(m, lp // hp if pp == hp else 1)
+            out.append((b, m, pp, ww))
+            lw -= m * ww
+            lp -= m * pp
+            avail -= m
+        left[:] = [lw, lp]
+
+    def _fill_class(
+        self, bs: list[int], counts: _FillCounts, left: list[int], out: list[_Piece]
+    ) -> None:
+        """Fill the servers of several buckets with one key, merged by node index (a
+        bucket that takes nothing now takes nothing later: less is left)."""
+        lw, lp = left
+        pos = dict.fromkeys(bs, 0)
+        while lw or lp:
+            best = bb = -1
+            for b in list(pos):
+                ww = min(lw, counts.workers(b))
+                if not (ww or (lp and counts.ps(b, ww))) or pos[b] >= len(self.nodes[b]):
+                    del pos[b]
+                    continue
+                nd = self.nodes[b][pos[b]]
+                if best < 0 or nd < best:
+                    best, bb = nd, b
+            if bb < 0:
+                break
+            ww = min(lw, counts.workers(bb))
+            pp = min(lp, counts.ps(bb, ww)) if lp else 0
+            pos[bb] += 1
+            if out and out[-1][0] == bb and out[-1][2:] == (pp, ww):
+                out[-1] = (bb, out[-1][1] + 1, pp, ww)
+            else:
+                out.append((bb, 1, pp, ww))
+            lw -= ww
+            lp -= pp
+        left[:] = [lw, lp]
+
+    # -- committing
+    def commit(self, dm: _Dest, j: PlacementRequest, pieces: list[_Piece]) -> list[int]:
         """Move the servers of ``pieces`` to their new buckets; their indices in order."""
+        got = self._take(pieces)
+        for (b, _c, p, w), nds in zip(pieces, got, strict=True):
+            dest = dm.get((b, p, w))
+            if dest is None:
+                dest = dm[(b, p, w)] = self._dest(j, b, p, w)
+            self._put(dest, nds)
+        return [nd for nds in got for nd in nds]
+
+    def _take(self, pieces: list[_Piece]) -> list[list[int]]:
+        """Remove the servers of ``pieces`` (a prefix of each bucket) from their buckets."""
         off: dict[int, int] = {}
         got: list[list[int]] = []
         for b, c, _p, _w in pieces:
             o = off.get(b, 0)
-            got.append(b_nodes[b][o : o + c])
+            got.append(self.nodes[b][o : o + c])
             off[b] = o + c
         for b, o in off.items():
-            lst = b_nodes[b]
+            lst = self.nodes[b]
             del lst[:o]
             if not lst:
-                cl = classes[b_key[b]]
+                self._alive[b] = False
+                cl = self.classes[self.key[b]]
                 cl.remove(b)
                 if not cl:
-                    del classes[b_key[b]]
-                    del keys[bisect.bisect_left(keys, b_key[b])]
-        pd, wd = j.ps_demand, j.worker_demand
-        for (b, _c, p, w), nds in zip(pieces, got, strict=True):
-            dest = dm.get((b, p, w))
-            if dest is None:
-                fr = b_free[b]
-                nf = tuple(fr[r] - (p * pd[r] + w * wd[r]) for r in range(nr))
-                ck = (b_cap[b], nf)
-                dest = bid_of.get(ck)
-                if dest is None:
-                    dest = len(b_free)
-                    bid_of[ck] = dest
-                    tc = b_tc[b]
-                    ssum = 0.0
-                    for r in range(nr):
-                        ssum = ssum + nf[r] / norm_l[r]
-                    b_free.append(nf)
-                    b_tc.append(tc)
-                    b_ftol.append(tuple(nf[r] + tc[r] for r in range(nr)))
-                    b_key.append(top - math.floor(ssum * scale))
-                    b_nodes.append([])
-                    b_cap.append(b_cap[b])
-                dm[(b, p, w)] = dest
-            lst = b_nodes[dest]
-            if not lst:
-                lst.extend(nds)
-                kd = b_key[dest]
-                cl = classes.get(kd)
-                if cl is None:
-                    classes[kd] = [dest]
-                    insort(keys, kd)
-                else:
-                    cl.append(dest)
-            elif len(nds) <= 4:
-                for nd in nds:
-                    insort(lst, nd)
-            else:
-                lst.extend(nds)
-                lst.sort()
-        return [nd for nds in got for nd in nds]
+                    del self.classes[self.key[b]]
+                    del self.keys[bisect.bisect_left(self.keys, self.key[b])]
+        return got
 
-    for i in order:
-        if i in kept:
-            continue
-        j = jobs[i]
-        if j.ps + j.workers == 0:
-            continue
-        fm, dm = fitter(j.ps_demand, j.worker_demand)
+    def _dest(self, j: PlacementRequest, b: int, p: int, w: int) -> int:
+        """The bucket a server of bucket ``b`` moves to when it takes ``p`` PS, ``w`` workers."""
+        pd, wd, nr = j.ps_demand, j.worker_demand, self.nr
+        fr = self.free[b]
+        nf = tuple(fr[r] - (p * pd[r] + w * wd[r]) for r in range(nr))
+        dest = self.bid_of.get((self.cap_id[b], nf))
+        if dest is None:
+            ssum = 0.0
+            for r in range(nr):
+                ssum = ssum + nf[r] / self.norm[r]
+            key = self.top - math.floor(ssum * self.scale)
+            dest = self._new_bucket(self.cap_id[b], nf, self.tc[b], key)
+        return dest
+
+    def _put(self, dest: int, nds: list[int]) -> None:
+        """Add servers (ascending indices) to bucket ``dest``."""
+        lst = self.nodes[dest]
+        if not lst:
+            lst.extend(nds)
+            self._alive[dest] = True
+            kd = self.key[dest]
+            cl = self.classes.get(kd)
+            if cl is None:
+                self.classes[kd] = [dest]
+                bisect.insort(self.keys, kd)
+            else:
+                cl.append(dest)
+        elif len(nds) <= 4:
+            for nd in nds:
+                bisect.insort(lst, nd)
+        else:
+            lst.extend(nds)
+            lst.sort()
+
+    def free_matrix(self) -> FloatArray:
+        """Free resources per node, shape ``(nodes, resources)``."""
+        out = np.empty((self.n_nodes, self.nr), dtype=np.float64)
+        for b, lst in enumerate(self.nodes):
+            if lst:
+                out[lst] = self.free[b]
+        return out
+
+
+class _FillCounts:
+    """Per job: how many workers a server of a bucket holds, and how many PS beside them."""
+
+    __slots__ = ("_fw", "_hp", "j", "servers")
+
+    def __init__(self, servers: _Servers, j: PlacementRequest) -> None:
+        self.servers = servers
+        self.j = j
+        self._fw: dict[int, int] = {}
+        self._hp: dict[tuple[int, int], int] = {}
+
+    def workers(self, b: int) -> int:
+        """Workers one server of bucket ``b`` holds (uncapped :func:`_fit_count`)."""
+        got = self._fw.get(b)
+        if got is None:
+            s = self.servers
+            got = self._fw[b] = _fit_count(s.free[b], s.tc[b], self.j.worker_demand, _BIG_COUNT)
+        return got
+
+    def ps(self, b: int, ww: int) -> int:
+        """PS it holds next to ``ww`` workers (with the commit-arithmetic recheck)."""
+        got = self._hp.get((b, ww))
+        if got is None:
+            s = self.servers
+            fr, tc, nr = s.free[b], s.tc[b], s.nr
+            pd, wd = self.j.ps_demand, self.j.worker_demand
+            fr2 = [fr[r] - ww * wd[r] for r in range(nr)] if ww else list(fr)
+            pp = _fit_count(fr2, tc, pd, _BIG_COUNT)
+            while pp > 0 and any(pp * pd[r] + ww * wd[r] > fr[r] + tc[r] for r in range(nr)):
+                pp -= 1
+            got = self._hp[(b, ww)] = pp
+        return got
+
+
+def _expand(pieces: list[_Piece]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """PS and workers per server of ``pieces``."""
+    pss = tuple(p for _b, c, p, _w in pieces for _ in range(c))
+    wss = tuple(w for _b, c, _p, w in pieces for _ in range(c))
+    return pss, wss
+
+
+class _Fewest:
+    """Theorem 1 placement (with the fill and shrink fallbacks) of one :func:`place` call."""
+
+    def __init__(
+        self,
+        cap: FloatArray,
+        norm: FloatArray,
+        free: FloatArray,
+        placements: dict[str, JobPlacement],
+        *,
+        shrink: bool,
+        fill: bool,
+    ) -> None:
+        self.servers = _Servers(cap, free, norm)
+        self.placements = placements
+        self.shrink = shrink
+        self.fill = fill
+        self.unplaced: list[str] = []
+        self.shrunk: dict[str, tuple[int, int]] = {}
+        self._splits: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def place(self, j: PlacementRequest) -> None:
+        """Place one job (or record it unplaced)."""
+        fm, dm = self.servers.memos(j)
+        pieces = self.servers.search(fm, j)
+        if pieces is None and self.fill:
+            if not self._place_fill(dm, j):
+                self.unplaced.append(j.job_id)
+            return
         cur: PlacementRequest | None = j
-        pieces = search(fm, j)
-        if pieces is None and fill:
-            got = fill_pieces(fm, j)
-            if got is None or not (
-                got[1]
-                or (
-                    shrink
-                    and _fill_ok(
-                        j,
-                        [p for _b, c, p, _w in got[0] for _ in range(c)],
-                        [w for _b, c, _p, w in got[0] for _ in range(c)],
-                        got[1],
-                    )
-                )
-            ):
-                unplaced.append(j.job_id)
-                continue
-            pcs, complete = got
-            nodes = commit(dm, j, pcs)
-            pss = tuple(p for _b, c, p, _w in pcs for _ in range(c))
-            wss = tuple(w for _b, c, _p, w in pcs for _ in range(c))
-            placements[j.job_id] = JobPlacement(
-                job_id=j.job_id, nodes=tuple(nodes), ps_per_node=pss, workers_per_node=wss
-            )
-            if not complete:
-                shrunk[j.job_id] = (sum(pss), sum(wss))
-            continue
-        while pieces is None and shrink and not fill:
+        while pieces is None and self.shrink:
             cur = _shrink(cur)  # type: ignore[arg-type]
             if cur is None:
                 break
-            pieces = search(fm, cur)
+            pieces = self.servers.search(fm, cur)
         if pieces is None or cur is None:
-            unplaced.append(j.job_id)
-            continue
+            self.unplaced.append(j.job_id)
+            return
         if cur is not j:
-            shrunk[j.job_id] = (cur.ps, cur.workers)
-        nodes = commit(dm, cur, pieces)
-        chosen = len(nodes)
-        sk = (cur.ps, cur.workers, chosen)
-        spl = splits.get(sk)
+            self.shrunk[j.job_id] = (cur.ps, cur.workers)
+        nodes = self.servers.commit(dm, cur, pieces)
+        sk = (cur.ps, cur.workers, len(nodes))
+        spl = self._splits.get(sk)
         if spl is None:
-            spl = (tuple(ps_split(cur.ps, chosen)), tuple(even_split(cur.workers, chosen)))
-            splits[sk] = spl
-        placements[j.job_id] = JobPlacement(
+            spl = (tuple(ps_split(cur.ps, len(nodes))), tuple(even_split(cur.workers, len(nodes))))
+            self._splits[sk] = spl
+        self.placements[j.job_id] = JobPlacement(
             job_id=j.job_id, nodes=tuple(nodes), ps_per_node=spl[0], workers_per_node=spl[1]
         )
-    out_free = np.empty((n_nodes, nr), dtype=np.float64)
-    for b, lst in enumerate(b_nodes):
-        if lst:
-            out_free[lst] = b_free[b]
-    return _result(jobs, placements, unplaced, kept, out_free, shrunk)
+
+    def _place_fill(self, dm: _Dest, j: PlacementRequest) -> bool:
+        """The fill fallback for ``j``; whether it was placed."""
+        got = self.servers.fill_pieces(j)
+        if got is None:
+            return False
+        pieces, complete = got
+        pss, wss = _expand(pieces)
+        if not (complete or (self.shrink and _fill_ok(j, list(pss), list(wss), complete))):
+            return False
+        nodes = self.servers.commit(dm, j, pieces)
+        self.placements[j.job_id] = JobPlacement(
+            job_id=j.job_id, nodes=tuple(nodes), ps_per_node=pss, workers_per_node=wss
+        )
+        if not complete:
+            self.shrunk[j.job_id] = (sum(pss), sum(wss))
+        return True

@@ -60,14 +60,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
 from dynsched_optimus._allocation import Allocation, AllocationJob, allocate
-from dynsched_optimus._convergence import ConvergenceConfig, fit_convergence
+from dynsched_optimus._convergence import ConvergenceConfig, ConvergenceFit, fit_convergence
 from dynsched_optimus._convergence import remaining_steps_interval as _interval
 from dynsched_optimus._errors import OptimusError
 from dynsched_optimus._goodput import AdaptiveBatch, best_goodput, micro_steps
@@ -84,6 +84,7 @@ __all__ = [
     "HEDGE_CONFIDENCE",
     "MAX_REMAINING_FACTOR",
     "OPTIMUS_VARIANTS",
+    "PRIORS",
     "PRIOR_SCALING_EXPONENT",
     "SPEED_REFIT_ROUNDS",
     "AllocationStrategy",
@@ -93,22 +94,35 @@ __all__ = [
     "FittedEstimator",
     "FixedBatch",
     "GoodputBatch",
+    "GoodputUnits",
     "GreedyAllocation",
+    "HedgedFit",
     "IncrementalAllocation",
+    "IterationUnits",
+    "LinearPrior",
     "NoPreruns",
     "OptimusPolicy",
+    "OptimusVariant",
     "OracleEstimator",
     "PlacementStrategy",
+    "PointFit",
     "PrerunStrategy",
     "RemainingEstimate",
+    "RemainingFit",
+    "RequestedPrior",
     "RestartPlanner",
     "Round",
     "SampledPreruns",
+    "ScalingPrior",
     "ScheduleDecision",
     "SpeedAwarePlacement",
     "SpreadPlacement",
     "Truth",
+    "VariantOptions",
+    "WorkUnits",
     "make_optimus",
+    "optimus_variants",
+    "register_variant",
     "workers_per_node",
 ]
 
@@ -223,48 +237,202 @@ class _Units:
     adaptive: AdaptiveBatch | None
 
 
-@attrs.define
-class FittedEstimator:
-    """Estimates from the job's own measurements (Optimus' online fitting).
+class RemainingFit(Protocol):
+    """How :class:`FittedEstimator` fits the remaining steps to a job's loss points."""
 
-    Args:
-        hedged: ``optimus+``: recency weighting, learning-rate decay detection and a
-            bootstrap interval (coverage :data:`HEDGE_CONFIDENCE`) of the remaining steps.
-        prior: before enough all-reduce configurations are measured: ``"linear"`` (the
-            paper) or ``"requested"`` (``optimus+``: ``~ n**PRIOR_SCALING_EXPONENT`` up to
-            the requested GPU count, flat beyond).
-        prior_s: remaining seconds assumed at the smallest allocation before a
-            convergence fit exists.
-        extrapolation: all-reduce speeds beyond this factor of the largest measured GPU
-            count are taken as flat (``None``: trust the fit).
-        goodput: for a job that reports :class:`~dynsched_optimus.scheduler.AdaptiveBatch`
-            (and does not end after N steps), count work in progress units and speed as
-            goodput, ``max_M gain(M) / t(workers, nodes, M)`` over the allowed batches
-            (Pollux' model); :meth:`batch_size` then names the batch to train with.
-    """
+    def fit(
+        self, steps: list[float], losses: list[float], done: float, per_epoch: float, delta: float
+    ) -> tuple[ConvergenceFit, float, float, float]:
+        """``(fit, estimate, low, high)`` of the steps left after ``done``."""
+        ...
 
-    hedged: bool = False
-    prior: str = attrs.field(
-        default="linear", validator=attrs.validators.in_(("linear", "requested"))
-    )
-    prior_s: float = 3600.0
-    extrapolation: float | None = None
-    goodput: bool = False
-    _conv: dict[str, tuple[tuple[object, ...], RemainingEstimate | None]] = attrs.field(
-        factory=dict, init=False, repr=False
-    )
-    _fits: dict[str, tuple[tuple[int, int], object]] = attrs.field(
-        factory=dict, init=False, repr=False
-    )
+
+@attrs.frozen
+class PointFit:
+    """The paper: one least-squares fit of the convergence curve, no interval."""
+
+    def fit(
+        self, steps: list[float], losses: list[float], done: float, per_epoch: float, delta: float
+    ) -> tuple[ConvergenceFit, float, float, float]:
+        cfg = ConvergenceConfig(
+            delta=delta,
+            interval=per_epoch,
+            recency_half_life=None,
+            detect_lr_decay=False,
+            b2_grid=16,
+        )
+        epochs = list(range(1, len(steps) + 1))
+        fit = fit_convergence(steps, losses, epochs=epochs, config=cfg)
+        est = fit.remaining_steps(done, delta, per_epoch)
+        return fit, est, est, est
+
+
+@attrs.frozen
+class HedgedFit:
+    """``optimus+``: recency weighting (half-life: half the steps done, at least an
+    epoch), learning-rate decay detection and a residual-bootstrap interval of
+    coverage ``confidence``."""
+
+    confidence: float = HEDGE_CONFIDENCE
+    n_boot: int = 16
+
+    def fit(
+        self, steps: list[float], losses: list[float], done: float, per_epoch: float, delta: float
+    ) -> tuple[ConvergenceFit, float, float, float]:
+        cfg = ConvergenceConfig(
+            delta=delta,
+            interval=per_epoch,
+            recency_half_life=max(done / 2.0, per_epoch),
+            detect_lr_decay=True,
+            b2_grid=16,
+        )
+        iv = _interval(
+            steps,
+            losses,
+            done,
+            epochs=list(range(1, len(steps) + 1)),
+            config=cfg,
+            confidence=self.confidence,
+            n_boot=self.n_boot,
+            seed=len(steps),
+        )
+        return iv.fit, iv.estimate, iv.low, iv.high
+
+
+class ScalingPrior(Protocol):
+    """Relative speed on ``n`` GPUs before enough configurations are measured."""
+
+    def shape(self, obs: JobObservation, n: int) -> float:
+        """Speed on ``n`` GPUs up to a constant factor."""
+        ...
+
+
+@attrs.frozen
+class LinearPrior:
+    """The paper: speed proportional to the GPU count."""
+
+    def shape(self, obs: JobObservation, n: int) -> float:
+        return float(n)
+
+
+@attrs.frozen
+class RequestedPrior:
+    """``optimus+``: ``n ** exponent`` up to the requested GPU count, flat beyond."""
+
+    exponent: float = PRIOR_SCALING_EXPONENT
+
+    def shape(self, obs: JobObservation, n: int) -> float:
+        return float(min(n, max(obs.requested_workers, 1))) ** self.exponent
+
+
+#: ``FittedEstimator(prior=...)``: the scaling priors by name
+PRIORS: dict[str, Callable[[], ScalingPrior]] = {"linear": LinearPrior, "requested": RequestedPrior}
+
+
+class WorkUnits(Protocol):
+    """What a job's work and speed are counted in."""
 
     def adaptive(self, obs: JobObservation) -> AdaptiveBatch | None:
-        """The job's batch range when this estimator works in goodput for it."""
+        """The job's batch range when its work is counted in progress (goodput), else
+        ``None`` (iterations)."""
+        ...
+
+
+@attrs.frozen
+class IterationUnits:
+    """The paper: work in iterations, speed in iterations per second."""
+
+    def adaptive(self, obs: JobObservation) -> AdaptiveBatch | None:
+        return None
+
+
+@attrs.frozen
+class GoodputUnits:
+    """Pollux' model for a job that reports :class:`~dynsched_optimus.scheduler.AdaptiveBatch`
+    (an all-reduce job that does not end after N steps): work in progress units, speed
+    as goodput ``max_M gain(M) / t(workers, nodes, M)`` over the allowed batches."""
+
+    def adaptive(self, obs: JobObservation) -> AdaptiveBatch | None:
         ab = obs.adaptive_batch
-        if not self.goodput or ab is None or obs.kind != "allreduce":
+        if ab is None or obs.kind != "allreduce":
             return None
         if obs.completion is not None and obs.completion.kind == "steps":
             return None  # N iterations: the unit is the iteration, whatever the batch
         return ab
+
+
+_S = TypeVar("_S")
+
+
+def _pick(flag: str, given: bool, strategy: _S | None, from_flag: _S) -> _S:
+    if strategy is None:
+        return from_flag
+    if given:
+        raise OptimusError(f"FittedEstimator: give {flag}= or its strategy, not both")
+    return strategy
+
+
+@attrs.define(init=False)
+class FittedEstimator:
+    """Estimates from the job's own measurements (Optimus' online fitting).
+
+    Its behaviours are strategies (``optimus`` uses the defaults, ``optimus+`` the
+    alternatives); the flags of earlier versions still select them.
+
+    Args:
+        hedged: shorthand for ``remaining_fit=HedgedFit()`` (default :class:`PointFit`).
+        prior: shorthand for ``scaling=``: ``"linear"`` (:class:`LinearPrior`, the paper)
+            or ``"requested"`` (:class:`RequestedPrior`, ``optimus+``).
+        prior_s: remaining seconds assumed at the smallest allocation before a
+            convergence fit exists.
+        extrapolation: all-reduce speeds beyond this factor of the largest measured GPU
+            count are taken as flat (``None``: trust the fit).
+        goodput: shorthand for ``units=GoodputUnits()`` (default :class:`IterationUnits`);
+            with goodput units :meth:`batch_size` names the batch to train with.
+        remaining_fit: a :class:`RemainingFit`.
+        scaling: a :class:`ScalingPrior`.
+        units: a :class:`WorkUnits`.
+
+    Raises:
+        OptimusError: an unknown ``prior`` (the message lists the allowed values), or a
+            flag given together with the strategy it selects.
+    """
+
+    remaining_fit: RemainingFit
+    scaling: ScalingPrior
+    units: WorkUnits
+    prior_s: float
+    extrapolation: float | None
+    _conv: dict[str, tuple[tuple[object, ...], RemainingEstimate | None]] = attrs.field(repr=False)
+    _fits: dict[str, tuple[tuple[int, int], object]] = attrs.field(repr=False)
+
+    def __init__(
+        self,
+        hedged: bool = False,
+        prior: str | None = None,
+        prior_s: float = 3600.0,
+        extrapolation: float | None = None,
+        goodput: bool = False,
+        *,
+        remaining_fit: RemainingFit | None = None,
+        scaling: ScalingPrior | None = None,
+        units: WorkUnits | None = None,
+    ) -> None:
+        if prior is not None and prior not in PRIORS:
+            raise OptimusError(f"prior={prior!r}: allowed values are {list(PRIORS)}")
+        self.__attrs_init__(
+            _pick("hedged", hedged, remaining_fit, HedgedFit() if hedged else PointFit()),
+            _pick("prior", prior is not None, scaling, PRIORS[prior or "linear"]()),
+            _pick("goodput", goodput, units, GoodputUnits() if goodput else IterationUnits()),
+            prior_s,
+            extrapolation,
+            {},
+            {},
+        )
+
+    def adaptive(self, obs: JobObservation) -> AdaptiveBatch | None:
+        """The job's batch range when this estimator works in goodput for it."""
+        return self.units.adaptive(obs)
 
     def _units(self, obs: JobObservation) -> _Units:
         ab = self.adaptive(obs)
@@ -312,33 +480,11 @@ class FittedEstimator:
     def _fit_remaining(self, u: _Units, rule: CompletionRule) -> RemainingEstimate | None:
         steps = [p[0] for p in u.points]
         losses = [max(p[1], 1e-9) for p in u.points]
-        epochs = list(range(1, len(steps) + 1))
         done = u.done
         spe = max(u.per_epoch or 1.0, 1.0)
         delta = rule.value if rule.kind == "converged" else DEFAULT_DELTA
-        cfg = ConvergenceConfig(
-            delta=delta,
-            interval=spe,
-            recency_half_life=max(done / 2.0, spe) if self.hedged else None,
-            detect_lr_decay=self.hedged,
-            b2_grid=16,
-        )
         try:
-            if self.hedged:
-                iv = _interval(
-                    steps,
-                    losses,
-                    done,
-                    epochs=epochs,
-                    config=cfg,
-                    confidence=HEDGE_CONFIDENCE,
-                    n_boot=16,
-                    seed=len(steps),
-                )
-                fit, est, lo, hi = iv.fit, iv.estimate, iv.low, iv.high
-            else:
-                fit = fit_convergence(steps, losses, epochs=epochs, config=cfg)
-                est = lo = hi = fit.remaining_steps(done, delta, spe)
+            fit, est, lo, hi = self.remaining_fit.fit(steps, losses, done, spe, delta)
         except OptimusError:
             return None
         if rule.kind == "target_metric":
@@ -398,9 +544,7 @@ class FittedEstimator:
         return obs.max_workers
 
     def _prior_shape(self, obs: JobObservation, n: int) -> float:
-        if self.prior == "linear":
-            return float(n)
-        return float(min(n, max(obs.requested_workers, 1))) ** PRIOR_SCALING_EXPONENT
+        return self.scaling.shape(obs, n)
 
     def speed(self, obs: JobObservation, ps: int, workers: int, nodes: int, rnd: Round) -> float:
         key = (obs.job_id, ps, workers, nodes)
@@ -717,8 +861,12 @@ class PlacementStrategy(Protocol):
 
 
 @attrs.frozen
-class FewestServersPlacement:
-    """Theorem 1: fewest servers, even spread; fill fallback, shrink when fragmented."""
+class _PlaceThrough:
+    """A placement strategy that is one call of :func:`~dynsched_optimus.place`."""
+
+    def options(self, tasks: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
+        """The keywords of the call."""
+        raise NotImplementedError
 
     def place(
         self,
@@ -731,31 +879,26 @@ class FewestServersPlacement:
             _requests(rnd, tasks),
             rnd.node_capacity,
             previous=restarts.previous(rnd),
-            shrink=True,
-            fill=True,
+            **self.options(tasks),
         )
         return dict(res.placements)
 
 
 @attrs.frozen
-class SpreadPlacement:
+class FewestServersPlacement(_PlaceThrough):
+    """Theorem 1: fewest servers, even spread; fill fallback, shrink when fragmented."""
+
+    def options(self, tasks: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
+        return {"shrink": True, "fill": True}
+
+
+@attrs.frozen
+class SpreadPlacement(_PlaceThrough):
     """Ablation (allocation alone): each task on the server with the most free capacity."""
 
-    def place(
-        self,
-        rnd: Round,
-        tasks: Mapping[str, tuple[int, int]],
-        est: Estimator,
-        restarts: RestartPlanner,
-    ) -> dict[str, JobPlacement]:
-        res = place(
-            _requests(rnd, tasks),
-            rnd.node_capacity,
-            previous=restarts.previous(rnd),
-            strategy="spread",
-            order=sorted(jid for jid, (p, w) in tasks.items() if p + w > 0),
-        )
-        return dict(res.placements)
+    def options(self, tasks: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
+        order = sorted(jid for jid, (p, w) in tasks.items() if p + w > 0)
+        return {"strategy": "spread", "order": order}
 
 
 def _usage(obs: JobObservation, pl: JobPlacement, shape: tuple[int, ...]) -> FloatArray:
@@ -1009,86 +1152,177 @@ class OptimusPolicy:
         return ScheduleDecision(tasks, placements, rnd.remaining, alloc, batches)
 
 
-#: the compositions :func:`make_optimus` builds
-OPTIMUS_VARIANTS: tuple[str, ...] = ("optimus", "optimus-oracle", "optimus+")
 #: ``make_optimus(batch=...)``: how ``optimus+`` sets batch sizes
 BATCH_MODES: tuple[str, ...] = ("goodput", "fixed")
 
 
-def make_optimus(
-    variant: str = "optimus",
-    *,
-    truth: Truth | None = None,
-    prior_s: float = 3600.0,
-    prerun_limit: int | None = None,
-    prerun_s: float = 10.0,
-    damping: float = DAMPING,
-    hysteresis: float = 2.0,
-    min_gain: float = 0.01,
-    hedge: str = "low",
-    utility_exponent: float = 1.0,
-    extrapolation: float | None = 2.0,
-    compact: bool = True,
-    spread: bool = False,
-    batch: str = "goodput",
-) -> OptimusPolicy:
-    """Build ``optimus``, ``optimus-oracle`` (needs ``truth``) or ``optimus+``.
+@attrs.frozen(kw_only=True)
+class VariantOptions:
+    """The keywords of :func:`make_optimus`, handed to every strategy factory of a variant."""
 
-    Args:
-        variant: one of :data:`OPTIMUS_VARIANTS`.
-        truth: the host's oracle (``optimus-oracle`` only).
-        prior_s: remaining seconds assumed before a convergence fit exists.
-        prerun_limit: most pre-run configurations for all-reduce jobs (``optimus``: 10).
-        prerun_s: seconds per pre-run.
-        damping: ``optimus``: gain factor of jobs without a fit.
-        hysteresis, min_gain, hedge, utility_exponent, extrapolation, compact:
-            ``optimus+`` (see :class:`IncrementalAllocation`, :class:`RestartPlanner`,
-            :class:`FittedEstimator`, :class:`SpeedAwarePlacement`).
-        spread: ablation: :class:`SpreadPlacement` instead of Theorem 1.
-        batch: ``optimus+``: ``"goodput"`` (default: jobs that report an
-            :class:`~dynsched_optimus.scheduler.AdaptiveBatch` are allocated on goodput and
-            train with the batch of the best goodput, :class:`GoodputBatch`) or
-            ``"fixed"`` (every job keeps its batch, :class:`FixedBatch`).  ``optimus`` and
-            ``optimus-oracle`` always keep the batch (the paper's setting).
-    """
-    if variant not in OPTIMUS_VARIANTS:
-        raise OptimusError(f"variant={variant!r}: allowed values are {list(OPTIMUS_VARIANTS)}")
-    if batch not in BATCH_MODES:
-        raise OptimusError(f"batch={batch!r}: allowed values are {list(BATCH_MODES)}")
-    placement: PlacementStrategy = SpreadPlacement() if spread else FewestServersPlacement()
-    if variant == "optimus":
+    truth: Truth | None = None
+    prior_s: float = 3600.0
+    prerun_limit: int | None = None
+    prerun_s: float = 10.0
+    damping: float = DAMPING
+    hysteresis: float = 2.0
+    min_gain: float = 0.01
+    hedge: str = "low"
+    utility_exponent: float = 1.0
+    extrapolation: float | None = 2.0
+    compact: bool = True
+    spread: bool = False
+    batch: str = "goodput"
+
+    def __attrs_post_init__(self) -> None:
+        if self.batch not in BATCH_MODES:
+            raise OptimusError(f"batch={self.batch!r}: allowed values are {list(BATCH_MODES)}")
+
+
+def _no_preruns(_o: VariantOptions) -> PrerunStrategy:
+    return NoPreruns()
+
+
+def _fixed_batch(_o: VariantOptions) -> BatchStrategy:
+    return FixedBatch()
+
+
+def _paper_restarts(_o: VariantOptions) -> RestartPlanner:
+    return RestartPlanner()
+
+
+@attrs.frozen
+class OptimusVariant:
+    """A named composition: one factory per strategy of :class:`OptimusPolicy`, each
+    called with the :class:`VariantOptions` of :func:`make_optimus`."""
+
+    name: str
+    estimator: Callable[[VariantOptions], Estimator]
+    allocation: Callable[[VariantOptions], AllocationStrategy]
+    placement: Callable[[VariantOptions], PlacementStrategy]
+    restarts: Callable[[VariantOptions], RestartPlanner] = _paper_restarts
+    preruns: Callable[[VariantOptions], PrerunStrategy] = _no_preruns
+    batch: Callable[[VariantOptions], BatchStrategy] = _fixed_batch
+
+    def build(self, options: VariantOptions) -> OptimusPolicy:
+        """The policy of this composition."""
         return OptimusPolicy(
-            variant,
-            FittedEstimator(prior_s=prior_s),
-            GreedyAllocation(damping),
-            placement,
-            RestartPlanner(),
-            SampledPreruns(10 if prerun_limit is None else prerun_limit, prerun_s),
+            self.name,
+            self.estimator(options),
+            self.allocation(options),
+            self.placement(options),
+            self.restarts(options),
+            self.preruns(options),
+            self.batch(options),
         )
-    if variant == "optimus-oracle":
-        if truth is None:
-            raise OptimusError("optimus-oracle needs truth= (the host's oracle)")
-        return OptimusPolicy(
-            variant, OracleEstimator(truth), GreedyAllocation(damping), placement, RestartPlanner()
-        )
-    if not spread and compact:
-        placement = SpeedAwarePlacement()
-    # no pre-runs for all-reduce jobs (the requested count is the prior); PS jobs still
-    # measure the 5 configurations the synchronous PS form needs
-    preruns = SampledPreruns(0 if prerun_limit is None else prerun_limit, prerun_s)
-    goodput = batch == "goodput"
-    return OptimusPolicy(
-        variant,
-        FittedEstimator(
+
+
+_VARIANTS: dict[str, OptimusVariant] = {}
+
+
+def register_variant(variant: OptimusVariant) -> OptimusVariant:
+    """Add a composition to the registry :func:`make_optimus` reads (names are unique)."""
+    if variant.name in _VARIANTS:
+        raise OptimusError(f"variant {variant.name!r} is already registered")
+    _VARIANTS[variant.name] = variant
+    return variant
+
+
+def optimus_variants() -> tuple[str, ...]:
+    """Names of the registered compositions, in registration order."""
+    return tuple(_VARIANTS)
+
+
+def _theorem1_or_spread(o: VariantOptions) -> PlacementStrategy:
+    return SpreadPlacement() if o.spread else FewestServersPlacement()
+
+
+def _oracle_estimator(o: VariantOptions) -> Estimator:
+    if o.truth is None:
+        raise OptimusError("optimus-oracle needs truth= (the host's oracle)")
+    return OracleEstimator(o.truth)
+
+
+def _greedy(o: VariantOptions) -> AllocationStrategy:
+    return GreedyAllocation(o.damping)
+
+
+register_variant(
+    OptimusVariant(
+        "optimus",
+        estimator=lambda o: FittedEstimator(prior_s=o.prior_s),
+        allocation=_greedy,
+        placement=_theorem1_or_spread,
+        preruns=lambda o: SampledPreruns(
+            10 if o.prerun_limit is None else o.prerun_limit, o.prerun_s
+        ),
+    )
+)
+register_variant(
+    OptimusVariant(
+        "optimus-oracle",
+        estimator=_oracle_estimator,
+        allocation=_greedy,
+        placement=_theorem1_or_spread,
+    )
+)
+register_variant(
+    OptimusVariant(
+        "optimus+",
+        estimator=lambda o: FittedEstimator(
             hedged=True,
             prior="requested",
-            prior_s=prior_s,
-            extrapolation=extrapolation,
-            goodput=goodput,
+            prior_s=o.prior_s,
+            extrapolation=o.extrapolation,
+            goodput=o.batch == "goodput",
         ),
-        IncrementalAllocation(hedge, min_gain, utility_exponent),
-        placement,
-        RestartPlanner(hysteresis=hysteresis),
-        preruns,
-        GoodputBatch() if goodput else FixedBatch(),
+        allocation=lambda o: IncrementalAllocation(o.hedge, o.min_gain, o.utility_exponent),
+        placement=lambda o: (
+            SpeedAwarePlacement() if o.compact and not o.spread else _theorem1_or_spread(o)
+        ),
+        restarts=lambda o: RestartPlanner(hysteresis=o.hysteresis),
+        # no pre-runs for all-reduce jobs (the requested count is the prior); PS jobs
+        # still measure the 5 configurations the synchronous PS form needs
+        preruns=lambda o: SampledPreruns(
+            0 if o.prerun_limit is None else o.prerun_limit, o.prerun_s
+        ),
+        batch=lambda o: GoodputBatch() if o.batch == "goodput" else FixedBatch(),
     )
+)
+
+#: the built-in compositions :func:`make_optimus` builds (see :func:`optimus_variants`
+#: for the registry, which :func:`register_variant` extends)
+OPTIMUS_VARIANTS: tuple[str, ...] = optimus_variants()
+
+
+def make_optimus(variant: str = "optimus", **options: object) -> OptimusPolicy:
+    """Build a registered composition: ``optimus``, ``optimus-oracle`` (needs ``truth``),
+    ``optimus+`` or one added with :func:`register_variant`.
+
+    Args:
+        variant: one of :func:`optimus_variants`.
+        **options: the fields of :class:`VariantOptions`:
+            truth: the host's oracle (``optimus-oracle`` only).
+            prior_s: remaining seconds assumed before a convergence fit exists.
+            prerun_limit: most pre-run configurations for all-reduce jobs (``optimus``: 10).
+            prerun_s: seconds per pre-run.
+            damping: ``optimus``: gain factor of jobs without a fit.
+            hysteresis, min_gain, hedge, utility_exponent, extrapolation, compact:
+                ``optimus+`` (see :class:`IncrementalAllocation`, :class:`RestartPlanner`,
+                :class:`FittedEstimator`, :class:`SpeedAwarePlacement`).
+            spread: ablation: :class:`SpreadPlacement` instead of Theorem 1.
+            batch: ``optimus+``: ``"goodput"`` (default: jobs that report an
+                :class:`~dynsched_optimus.scheduler.AdaptiveBatch` are allocated on goodput
+                and train with the batch of the best goodput, :class:`GoodputBatch`) or
+                ``"fixed"`` (every job keeps its batch, :class:`FixedBatch`).  ``optimus``
+                and ``optimus-oracle`` always keep the batch (the paper's setting).
+
+    Raises:
+        OptimusError: an unknown variant or batch mode (the message lists the allowed
+            values), or ``optimus-oracle`` without ``truth``.
+        TypeError: an unknown keyword.
+    """
+    found = _VARIANTS.get(variant)
+    if found is None:
+        raise OptimusError(f"variant={variant!r}: allowed values are {list(_VARIANTS)}")
+    return found.build(VariantOptions(**options))  # type: ignore[arg-type]

@@ -30,6 +30,8 @@ import numpy as np
 from dynsched_optimus._allocation import allocate
 from dynsched_optimus._convergence import (
     ConvergenceConfig,
+    ConvergenceFit,
+    RemainingStepsInterval,
     fit_convergence,
     remaining_steps_interval,
 )
@@ -73,83 +75,95 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], lines: list[str]) -
         print("\n".join(lines))
 
 
-def _fit(args: argparse.Namespace) -> int:
+#: Fields of a :class:`ConvergenceFit` printed by ``fit convergence --json``.
+_CONVERGENCE_FIELDS = (
+    "b0",
+    "b1",
+    "b2",
+    "loss_scale",
+    "origin_step",
+    "fit_error",
+    "n_points",
+    "n_observed",
+    "n_outliers",
+    "lr_decay_step",
+)
+
+Report = tuple[dict[str, Any], list[str]]
+
+
+def _fit_convergence(args: argparse.Namespace) -> Report:
+    steps, losses, epochs = read_loss_file(args.file)
+    cfg = ConvergenceConfig(
+        delta=args.delta,
+        interval=args.interval,
+        recency_half_life=args.recency_half_life,
+        detect_lr_decay=not args.no_decay,
+        average_per_epoch=args.average_per_epoch and epochs is not None,
+    )
+    fit = fit_convergence(steps, losses, epochs=epochs, config=cfg)
+    cur = float(steps.max())
+    iv = remaining_steps_interval(
+        steps,
+        losses,
+        cur,
+        epochs=epochs,
+        config=cfg,
+        confidence=args.confidence,
+        n_boot=args.bootstrap,
+    )
+    payload = {
+        "model": "convergence",
+        **{name: getattr(fit, name) for name in _CONVERGENCE_FIELDS},
+        "current_step": cur,
+        "remaining_steps": iv.estimate,
+        "remaining_low": iv.low,
+        "remaining_high": iv.high,
+        "confidence": iv.confidence,
+    }
+    return payload, _convergence_lines(fit, cur, iv)
+
+
+def _convergence_lines(fit: ConvergenceFit, cur: float, iv: RemainingStepsInterval) -> list[str]:
+    lines = [
+        f"l(k) = 1/({fit.b0:.6g}*(k - {fit.origin_step:g}) + {fit.b1:.6g}) + {fit.b2:.6g}"
+        f"   (normalised by {fit.loss_scale:.6g})",
+        f"fit error (RMSE, normalised loss): {fit.fit_error:.4g} on {fit.n_points} points "
+        f"({fit.n_observed} observed, {fit.n_outliers} outliers dropped, steps "
+        f"{fit.first_step:g}..{fit.last_step:g})",
+    ]
+    if fit.lr_decay_step is not None:
+        lines.append(f"learning-rate decay detected at step {fit.lr_decay_step:g}: fit restarted")
+    lines.append(
+        f"remaining steps from {cur:g}: {iv.estimate:.0f} "
+        f"({iv.confidence:.0%} interval {iv.low:.0f}..{iv.high:.0f})"
+    )
+    return lines
+
+
+def _fit_speed(args: argparse.Namespace) -> Report:
     kind = args.model
-    if kind == "convergence":
-        steps, losses, epochs = read_loss_file(args.file)
-        cfg = ConvergenceConfig(
-            delta=args.delta,
-            interval=args.interval,
-            recency_half_life=args.recency_half_life,
-            detect_lr_decay=not args.no_decay,
-            average_per_epoch=args.average_per_epoch and epochs is not None,
-        )
-        fit = fit_convergence(steps, losses, epochs=epochs, config=cfg)
-        cur = float(steps.max())
-        iv = remaining_steps_interval(
-            steps,
-            losses,
-            cur,
-            epochs=epochs,
-            config=cfg,
-            confidence=args.confidence,
-            n_boot=args.bootstrap,
-        )
-        payload = {
-            "model": "convergence",
-            "b0": fit.b0,
-            "b1": fit.b1,
-            "b2": fit.b2,
-            "loss_scale": fit.loss_scale,
-            "origin_step": fit.origin_step,
-            "fit_error": fit.fit_error,
-            "n_points": fit.n_points,
-            "n_observed": fit.n_observed,
-            "n_outliers": fit.n_outliers,
-            "lr_decay_step": fit.lr_decay_step,
-            "current_step": cur,
-            "remaining_steps": iv.estimate,
-            "remaining_low": iv.low,
-            "remaining_high": iv.high,
-            "confidence": iv.confidence,
-        }
-        lines = [
-            f"l(k) = 1/({fit.b0:.6g}*(k - {fit.origin_step:g}) + {fit.b1:.6g}) + {fit.b2:.6g}"
-            f"   (normalised by {fit.loss_scale:.6g})",
-            f"fit error (RMSE, normalised loss): {fit.fit_error:.4g} on {fit.n_points} points "
-            f"({fit.n_observed} observed, {fit.n_outliers} outliers dropped, steps "
-            f"{fit.first_step:g}..{fit.last_step:g})",
-        ]
-        if fit.lr_decay_step is not None:
-            lines.append(
-                f"learning-rate decay detected at step {fit.lr_decay_step:g}: fit restarted"
-            )
-        lines.append(
-            f"remaining steps from {cur:g}: {iv.estimate:.0f} "
-            f"({iv.confidence:.0%} interval {iv.low:.0f}..{iv.high:.0f})"
-        )
-        _emit(args, payload, lines)
-        return 0
-    if kind in ("async", "sync"):
-        p, w, f = read_speed_file(args.file)
-        if kind == "sync" and args.global_batch is None:
-            raise OptimusError("--global-batch is required for the sync model")
-        model = fit_speed(kind, p, w, f, global_batch=args.global_batch)
-        payload = {
-            "model": kind,
-            "theta": list(model.theta),
-            "global_batch": model.global_batch,
-            "fit_error": model.fit_error,
-            "n_points": model.n_points,
-            "configs": [list(c) for c in model.configs],
-        }
-        lines = [
-            f"{kind} speed model theta = {', '.join(f'{t:.6g}' for t in model.theta)}",
-            f"fit error (RMS relative speed error): {model.fit_error:.2%} on {model.n_points} "
-            f"points, {len(model.configs)} configurations",
-        ]
-        _emit(args, payload, lines)
-        return 0
+    p, w, f = read_speed_file(args.file)
+    if kind == "sync" and args.global_batch is None:
+        raise OptimusError("--global-batch is required for the sync model")
+    model = fit_speed(kind, p, w, f, global_batch=args.global_batch)
+    payload = {
+        "model": kind,
+        "theta": list(model.theta),
+        "global_batch": model.global_batch,
+        "fit_error": model.fit_error,
+        "n_points": model.n_points,
+        "configs": [list(c) for c in model.configs],
+    }
+    lines = [
+        f"{kind} speed model theta = {', '.join(f'{t:.6g}' for t in model.theta)}",
+        f"fit error (RMS relative speed error): {model.fit_error:.2%} on {model.n_points} "
+        f"points, {len(model.configs)} configurations",
+    ]
+    return payload, lines
+
+
+def _fit_allreduce(args: argparse.Namespace) -> Report:
     g, n, b, t = read_allreduce_file(args.file)
     ar = AllReduceSpeedModel.fit(g, n, b, t)
     rel = np.abs(ar.step_time(g, n, b) / t - 1.0)
@@ -167,6 +181,20 @@ def _fit(args: argparse.Namespace) -> int:
         f"step-time relative error: median {np.median(rel):.2%}, mean {np.mean(rel):.2%} "
         f"on {ar.n_points} points",
     ]
+    return payload, lines
+
+
+#: ``fit MODEL``: the reader and fitter of each model.
+_FITTERS: dict[str, Callable[[argparse.Namespace], Report]] = {
+    "convergence": _fit_convergence,
+    "async": _fit_speed,
+    "sync": _fit_speed,
+    "allreduce": _fit_allreduce,
+}
+
+
+def _fit(args: argparse.Namespace) -> int:
+    payload, lines = _FITTERS[args.model](args)
     _emit(args, payload, lines)
     return 0
 
@@ -253,7 +281,7 @@ def _paa(args: argparse.Namespace) -> int:
 
 def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fit = sub.add_parser("fit", help="fit a convergence or speed model to a file")
-    fit.add_argument("model", choices=("convergence", "async", "sync", "allreduce"))
+    fit.add_argument("model", choices=tuple(_FITTERS))
     fit.add_argument("file", help="CSV or JSON file (see the package README)")
     fit.add_argument("--global-batch", type=float, default=None, help="M of the sync form")
     fit.add_argument("--delta", type=float, default=1e-3, help="convergence threshold")

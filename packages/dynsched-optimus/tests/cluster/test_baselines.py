@@ -13,6 +13,8 @@ from dynsched_optimus.cluster import (
     NodeSpec,
     OptimusScheduler,
     PSJob,
+    PSJobOptions,
+    PSLossCurve,
     SRTFScheduler,
     TetrisScheduler,
     TiresiasScheduler,
@@ -30,12 +32,8 @@ def _job(name: str, submit: float = 0.0, w: int = 2, p: int = 1, steps: float = 
         submit,
         PS_JOB_TYPES["cnn-rand"],
         np.random.default_rng(0),
-        b0=1e-3,
-        b1=1.0,
-        b2=0.05,
-        steps_per_epoch=100,
-        requested_workers=w,
-        requested_ps=p,
+        curve=PSLossCurve(1e-3, 1.0, 0.05, 100),
+        options=PSJobOptions(requested_workers=w, requested_ps=p),
     )
     j.total_steps = steps
     return j

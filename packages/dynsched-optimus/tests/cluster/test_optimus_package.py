@@ -18,6 +18,8 @@ from dynsched_optimus.cluster import (
     NodeSpec,
     OptimusScheduler,
     PSJob,
+    PSJobOptions,
+    PSLossCurve,
 )
 from dynsched_optimus.cluster._run import PS_JOB_TYPES
 
@@ -32,12 +34,8 @@ def _job(name: str, submit: float, jtype: str, steps: float) -> PSJob:
         submit,
         PS_JOB_TYPES[jtype],
         np.random.default_rng(0),
-        b0=1e-3,
-        b1=1.0,
-        b2=0.05,
-        steps_per_epoch=100,
-        requested_workers=4,
-        requested_ps=2,
+        curve=PSLossCurve(1e-3, 1.0, 0.05, 100),
+        options=PSJobOptions(requested_workers=4, requested_ps=2),
     )
     j.total_steps = steps
     return j

@@ -11,6 +11,8 @@ from dynsched_optimus.cluster import (
     OverCommitError,
     Placement,
     PSJob,
+    PSJobOptions,
+    PSLossCurve,
     SimConfig,
     Simulator,
     make_scheduler,
@@ -21,10 +23,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 
-def _ps_job(name: str = "a", submit: float = 0.0, seed: int = 0, **kw: object) -> PSJob:
-    params = dict(b0=2e-3, b1=1.0, b2=0.05, steps_per_epoch=100, speed_noise=0.0, loss_noise=0.0)
-    params.update(kw)
-    return PSJob(name, submit, PS_JOB_TYPES["cnn-rand"], np.random.default_rng(seed), **params)
+def _ps_job(name: str = "a", submit: float = 0.0, seed: int = 0) -> PSJob:
+    return PSJob(
+        name,
+        submit,
+        PS_JOB_TYPES["cnn-rand"],
+        np.random.default_rng(seed),
+        curve=PSLossCurve(2e-3, 1.0, 0.05, 100, loss_noise=0.0),
+        options=PSJobOptions(speed_noise=0.0),
+    )
 
 
 class _Checking:
@@ -183,3 +190,35 @@ def test_gpu_jobs_complete_without_overcommit(
         assert j.epochs_done == n_ep
         assert j.progress == pytest.approx(float(j.profile.epoch_progress[n_ep - 1]))
     assert 0.0 <= res.gpu_utilization <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: PSLossCurve(1e-3, 1.0, 0.05, 0), "steps_per_epoch"),
+        (lambda: PSLossCurve(1e-3, 1.0, 0.05, 100, delta_conv=0.0), "delta_conv"),
+        (lambda: PSJobOptions(requested_ps=-1), "requested_ps"),
+        (lambda: PSJobOptions(speed_noise=-1.0), "speed_noise"),
+        (lambda: attrs_evolve_type(batch=0), "batch"),
+    ],
+)
+def test_ps_job_records_name_the_bad_field(build: object, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        build()  # type: ignore[operator]
+
+
+def attrs_evolve_type(**changes: object) -> object:
+    import attrs
+
+    return attrs.evolve(PS_JOB_TYPES["cnn-rand"], **changes)
+
+
+def test_ps_job_type_is_a_value_record() -> None:
+    import attrs
+
+    jt = PS_JOB_TYPES["cnn-rand"]
+    again = attrs.evolve(jt)
+    assert again == jt and hash(again) == hash(jt)
+    assert again.step_time(2, 4, 0.5, 1.2) == jt.step_time(2, 4, 0.5, 1.2)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        jt.batch = 1  # type: ignore[misc]

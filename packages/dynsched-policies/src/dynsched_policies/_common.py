@@ -8,15 +8,17 @@ from typing import Any
 
 from dynsched_core import ConfigError
 
-__all__ = ["check_bool", "check_number", "check_state_keys", "floor_samples", "round_ratio"]
+__all__ = [
+    "check_bool",
+    "check_number",
+    "check_state_keys",
+    "clamp_ratio",
+    "round_ratio",
+]
 
 #: Ratios are kept rounded to this many decimals so that repeated ``+0.05``/``-0.02``
 #: steps land exactly on the decimal value (``0.55 - 0.02 == 0.53``) and never drift.
 RATIO_DECIMALS = 12
-
-#: Tolerance when turning ``ratio * samples`` into a count: ``0.29 * 100`` is
-#: ``28.999999999999996`` in binary floating point and must count as 29.
-_FLOOR_EPS = 1e-9
 
 
 def check_number(owner: str, name: str, value: Any, lo: float, hi: float) -> float:
@@ -68,6 +70,7 @@ def round_ratio(value: float) -> float:
     return round(value, RATIO_DECIMALS)
 
 
-def floor_samples(ratio: float, samples: int) -> int:
-    """``int(ratio * samples)``, robust to binary floating point just below an integer."""
-    return max(0, math.floor(ratio * samples + _FLOOR_EPS))
+def clamp_ratio(value: float) -> float:
+    """A ratio kept in its own domain ``[0, 1]`` (the framework's guard-rail range is the
+    driver's to apply, not the policy's)."""
+    return min(max(value, 0.0), 1.0)

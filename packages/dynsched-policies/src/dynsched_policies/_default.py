@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from dynsched_core import ConfigError, DynamicScheduleContext, DynamicSchedulePolicyBase
+from dynsched_core.derived import ratio_samples
 
 from dynsched_policies._common import (
     check_bool,
     check_number,
     check_state_keys,
-    floor_samples,
+    clamp_ratio,
     round_ratio,
 )
 
@@ -51,7 +52,7 @@ class _RatioPolicy(DynamicSchedulePolicyBase):
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
         """``int(deactivate_ratio * step_required_samples)``."""
-        return floor_samples(self.deactivate_ratio, ctx.step_required_samples)
+        return ratio_samples(self.deactivate_ratio, ctx.step_required_samples)
 
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
         """Ask the driver for a rebalance after each activation (subject to its config)."""
@@ -76,9 +77,10 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
 
     After each weight sync the ratio adapts: if samples had to be waited for (rollout
     was the bottleneck) ``ratio += clip(S / step_required_samples, 0.02, 0.1)`` where
-    ``S = sum(step_wait_samples)``, else ``ratio -= 0.02``; then it is clamped to the
-    guard rails' range ``[ctx.min_deactivate_ratio, ctx.max_deactivate_ratio]`` (default
-    ``[0, 1]``). Cycles run under the framework's colocated schedule (``ctx.only_hybrid``:
+    ``S = sum(step_wait_samples)``, else ``ratio -= 0.02``; then it is kept in its own
+    domain ``[0, 1]`` (the framework's range, ``[ctx.min_deactivate_ratio,
+    ctx.max_deactivate_ratio]``, is applied to the wait by the driver's guard rails, the
+    same for every policy). Cycles run under the framework's colocated schedule (``ctx.only_hybrid``:
     no standalone replica) teach it nothing and are skipped.
 
     Args:
@@ -192,7 +194,7 @@ class DefaultDynamicSchedulePolicy(_RatioPolicy):
         else:
             ratio = self.deactivate_ratio - self.DECREASE
         ratio = round_ratio(ratio)
-        self.deactivate_ratio = min(max(ratio, ctx.min_deactivate_ratio), ctx.max_deactivate_ratio)
+        self.deactivate_ratio = clamp_ratio(ratio)
         logger.debug(
             "step %d: deactivate_ratio=%.4f per_sample_time=%.4gs switch_cost=%.4gs",
             global_steps,

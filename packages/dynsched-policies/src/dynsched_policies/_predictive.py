@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from dynsched_core import ConfigError, DynamicScheduleContext, DynamicSchedulePolicyBase
+from dynsched_core.derived import ratio_samples
 from dynsched_core.events import (
     MembershipEvent,
     RolloutEvent,
@@ -16,7 +17,7 @@ from dynsched_core.events import (
     TransitionEvent,
 )
 
-from dynsched_policies._common import check_bool, check_number, check_state_keys, floor_samples
+from dynsched_policies._common import check_bool, check_number, check_state_keys, clamp_ratio
 from dynsched_policies._estimators import (
     Estimate,
     LatencyFit,
@@ -504,7 +505,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         base = self._fluid(q, supply, taus, base_pool, ctx)
         best = (0, 0, 0.0)
         demand = left * b
-        hi = min(demand, floor_samples(ctx.max_deactivate_ratio, ctx.step_required_samples))
+        hi = min(demand, ratio_samples(ctx.max_deactivate_ratio, ctx.step_required_samples))
         stride = max(b, math.ceil(hi / _MAX_TARGETS))
         made_act = base_pool.produce(supply, act_s)
         for k in ks:
@@ -548,10 +549,10 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """The wait target minimising the predicted rest of the cycle (0: deactivate now)."""
         hi = ctx.step_required_samples + ctx.buffer_samples
         if self._lent_after_sync:
-            return min(hi, floor_samples(self.deactivate_ratio, ctx.step_required_samples))
+            return min(hi, ratio_samples(self.deactivate_ratio, ctx.step_required_samples))
         k, w, _ = self._plan(ctx, active=True)
         if k < 0:  # no model yet: as default does
-            return min(hi, floor_samples(self.deactivate_ratio, ctx.step_required_samples))
+            return min(hi, ratio_samples(self.deactivate_ratio, ctx.step_required_samples))
         return max(0, min(hi, w if k > 0 else 0))
 
     def should_activate_after_step(
@@ -605,7 +606,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         else:
             ratio = self.deactivate_ratio - self.DECREASE
         ratio = round(ratio, 12)
-        self.deactivate_ratio = min(max(ratio, ctx.min_deactivate_ratio), ctx.max_deactivate_ratio)
+        self.deactivate_ratio = clamp_ratio(ratio)
         self._cycle_lent = self._lent_after_sync
 
     # ------------------------------------------------------------------ checkpointing

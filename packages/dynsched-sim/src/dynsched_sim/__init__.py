@@ -13,7 +13,7 @@ from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound, poo
 from dynsched_sim._heldout import HELD_OUT_FIRST_DRAW, HELD_OUT_RANGES, heldout_scenario
 from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerModel
 from dynsched_sim._random import random_scenario
-from dynsched_sim._replica import ReplicaNotServingError, SimReplica
+from dynsched_sim._replica import ReplicaNotServingError, SimReplica, SimReplicaOptions
 from dynsched_sim._report import (
     Aggregate,
     Spread,
@@ -60,6 +60,7 @@ __all__ = [
     "Scenario",
     "ScenarioError",
     "SimReplica",
+    "SimReplicaOptions",
     "SimTrainer",
     "SimulationDeadlockError",
     "Spread",

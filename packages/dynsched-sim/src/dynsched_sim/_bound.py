@@ -191,6 +191,174 @@ def _earliest(need: float, terms: Sequence[tuple[float, float]]) -> float:
     return math.inf  # pragma: no cover - the last segment is unbounded
 
 
+class _Relaxation:
+    """The relaxed run of one configuration on one workload (module docstring notation).
+
+    Built from the scenario, the run's schedule config and the workload; `step_start`
+    bounds the steps in order (each reads the earlier ones' bounds and the windows they
+    open), then `run_end` bounds the run.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        conf: Configuration,
+        workload: Workload,
+        cfg: DynamicScheduleConfig,
+    ) -> None:
+        self.steps, self.q = scenario.steps, cfg.required_samples
+        self.t_sync = cfg.trigger_parameter_sync_step
+        self._rates(scenario, conf, cfg)
+        self._prompts(workload, cfg, scenario.engine.prefill_s_per_token)
+        self.starts: list[float] = []  # t_k
+        self.why: list[str] = []  # what set t_k
+        self.opens = [0.0]  # O_w
+
+    def _rates(self, scenario: Scenario, conf: Configuration, cfg: DynamicScheduleConfig) -> None:
+        """Pool throughputs ``P_s``, ``P_h``, sync ``y``, first wake-up ``h``, trainer
+        costs, ``r_1`` and the sample slots ``C``."""
+        eng, hw, llm, tr = scenario.engine, scenario.hardware, scenario.model, scenario.trainer
+        g = eng.gpus_per_replica
+        n_s = conf.rollout_gpus // g
+        n_h = conf.trainer_gpus // g if conf.hybrid else 0
+        seqs = scenario.workload.n * cfg.max_required_samples
+        caps_s = [eng.max_running("standalone", hw, llm)] * n_s
+        caps_h = [eng.max_running("hybrid", hw, llm)] * n_h
+        self.p_s = pool_throughput(eng, caps_s, seqs)
+        self.p_h = pool_throughput(eng, caps_s + caps_h, seqs) - self.p_s
+        self.y = eng.broadcast_sync_s(hw, llm) if n_s else 0.0
+        self.wake = eng.wake_s(hw, llm) + eng.local_sync_s(hw, llm)
+        self.per_step = tr.step_overhead_s + tr.state_swap_s(hw, llm, conf.trainer_gpus)
+        self.c_g = tr.gpu_s_per_token / conf.trainer_gpus
+        self.r1 = eng.per_seq_rate(1)
+        # samples in flight: at most `slots` at any time (the cap never drops in a static
+        # split; with hybrid replicas it drops at each deactivation while the samples
+        # admitted under the larger cap finish, so only the largest cap is safe)
+        self.slots = min((n_s + n_h) * cfg.concurrent_samples_per_replica, cfg.max_required_samples)
+
+    def _prompts(self, workload: Workload, cfg: DynamicScheduleConfig, prefill_s: float) -> None:
+        """``A(v)`` per window and the per-prompt ``R``, ``K`` and ``s`` sums over the first
+        ``A(v)`` prompts."""
+        last_v = (self.steps - 1) // self.t_sync
+        rule, m_req = cfg.staleness_rule, cfg.max_required_samples
+        a = [
+            min(_admitted(v, rule, self.t_sync, self.q, m_req), len(workload))
+            for v in range(last_v + 1)
+        ]
+        if self.steps * self.q > a[last_v]:
+            raise ValueError(
+                f"workload has {a[last_v]} admissible prompts, fewer than the "
+                f"{self.steps * self.q} consumed"
+            )
+        self.a, top = a, a[last_v]
+        resp = workload.response_lens[:top].astype(np.float64)
+        l_max = resp.max(axis=1)
+        k_tok = workload.group_tokens()[:top].astype(np.float64)
+        p_len = workload.prompt_lens[:top].astype(np.float64)
+        self.solo = p_len * prefill_s + l_max / self.r1  # straggler time after admission
+        self.sr, self.sk = _Sorted(resp.sum(axis=1)), _Sorted(k_tok)
+        self.ss = _Sorted(self.solo)
+        self.done_e = np.full(top, math.inf)  # e_i, known once prompt i's window opened
+        self.done_e[: a[0]] = self.solo[: a[0]]
+
+    def train_lb(self, j: int, k: int) -> float:
+        """Training time of steps ``j..k`` (inclusive): they train ``(k - j + 1) q``
+        distinct samples of the first ``A(v(k))``, and all of steps ``1..k`` train ``k q``
+        of them while steps ``1..j-1`` train at most the ``(j - 1) q`` largest of the first
+        ``A(v(j - 1))``."""
+        if k < j:
+            return 0.0
+        q, a = self.q, self.a
+        vk = (k - 1) // self.t_sync
+        tokens = self.sk.smallest(0, a[vk], (k - j + 1) * q)
+        if j > 1:
+            rest = self.sk.largest(0, a[(j - 2) // self.t_sync], (j - 1) * q)
+            tokens = max(tokens, self.sk.smallest(0, a[vk], k * q) - rest)
+        return (k - j + 1) * self.per_step + self.c_g * tokens
+
+    def syncs(self, j: int, k: int) -> int:
+        """Sync steps among ``j..k`` (inclusive)."""
+        return 0 if k < j else k // self.t_sync - (j - 1) // self.t_sync
+
+    def _open_windows(self, v: int) -> None:
+        """Open windows up to ``v``: window ``w`` opens after step ``T w`` trains and syncs."""
+        t = self.t_sync
+        while len(self.opens) <= v:
+            w = len(self.opens)
+            o_w = self.starts[t * w - 1] + self.train_lb(t * w, t * w) + self.y
+            self.opens.append(o_w)
+            lo = self.a[w - 1]
+            self.done_e[lo : self.a[w]] = o_w + self.solo[lo : self.a[w]]
+
+    def _trainer_start(self, k: int) -> float:
+        """Constraint 1: serial training from every earlier step."""
+        best = 0.0
+        for j in range(1, k):
+            chained = self.starts[j - 1] + self.train_lb(j, k - 1) + self.y * self.syncs(j, k - 1)
+            best = max(best, chained)
+        return best
+
+    def _tokens_start(self, k: int, v: int) -> float:
+        """Constraint 2: the tokens of the ``k q`` samples, from the start and from every
+        window opening."""
+        a, q, y = self.a, self.q, self.y
+        need = self.sr.smallest(0, a[v], k * q)
+        hybrid_from = self.wake + self.train_lb(1, k - 1)
+        t_tok = _earliest(need, [(self.p_s, y * ((k - 1) // self.t_sync)), (self.p_h, hybrid_from)])
+        for w in range(1, v + 1):  # samples that must come from windows >= w
+            late = k * q - a[w - 1]
+            if late <= 0:
+                continue
+            need_w = self.sr.smallest(a[w - 1], a[v], late)
+            train_in = self.train_lb(self.t_sync * w + 1, k - 1)  # steps trained in [O_w, t_k)
+            t_w = _earliest(
+                need_w,
+                [(self.p_s, self.opens[w] + y * (v - w)), (self.p_h, self.opens[w] + train_in)],
+            )
+            t_tok = max(t_tok, t_w)
+        return t_tok
+
+    def _slots_start(self, k: int, v: int) -> float:
+        """Constraint 3: the sample slots, from the start and from every window opening."""
+        a, q = self.a, self.q
+        t_slot = self.ss.smallest(0, a[v], k * q) / self.slots
+        for w in range(1, v + 1):
+            late = k * q - a[w - 1]
+            if late > 0:
+                t_slot = max(
+                    t_slot, self.opens[w] + self.ss.smallest(a[w - 1], a[v], late) / self.slots
+                )
+        return t_slot
+
+    def step_start(self, k: int) -> None:
+        """Bound the start of step ``k``'s training (steps ``1..k-1`` already bounded)."""
+        v = (k - 1) // self.t_sync
+        self._open_windows(v)
+        kq = k * self.q
+        cands = {
+            "trainer": self._trainer_start(k),
+            "tokens": self._tokens_start(k, v),
+            "slots": self._slots_start(k, v),
+            # constraint 4: the k q-th earliest completion among the admissible prompts
+            "stragglers": float(np.partition(self.done_e[: self.a[v]], kq - 1)[kq - 1]),
+        }
+        best = max(cands, key=lambda x: cands[x])
+        if not math.isfinite(cands[best]):
+            raise ValueError(f"step {k} can never start: no replica can produce its samples")
+        self.starts.append(cands[best])
+        self.why.append(best)
+
+    def run_end(self) -> tuple[float, str]:
+        """The bound on the run's end and the constraint of the step it chains from."""
+        end, binding = 0.0, "trainer"
+        steps = self.steps
+        for j in range(1, steps + 1):
+            t = self.starts[j - 1] + self.train_lb(j, steps) + self.y * self.syncs(j, steps)
+            if t > end:
+                end, binding = t, self.why[j - 1] if self.starts[j - 1] > 0 else "trainer"
+        return end, binding
+
+
 def lower_bound(
     scenario: Scenario,
     conf: Configuration,
@@ -203,108 +371,8 @@ def lower_bound(
         ValueError: the workload has fewer admissible prompts than the run consumes.
     """
     cfg = config if config is not None else scenario.schedule_config(conf)
-    eng, hw, llm, tr = scenario.engine, scenario.hardware, scenario.model, scenario.trainer
-    steps, q, t_sync = scenario.steps, cfg.required_samples, cfg.trigger_parameter_sync_step
-    m_req, rule, n = cfg.max_required_samples, cfg.staleness_rule, scenario.workload.n
-    g = eng.gpus_per_replica
-    n_s = conf.rollout_gpus // g
-    n_h = conf.trainer_gpus // g if conf.hybrid else 0
-    seqs = n * m_req
-    caps_s = [eng.max_running("standalone", hw, llm)] * n_s
-    caps_h = [eng.max_running("hybrid", hw, llm)] * n_h
-    p_s = pool_throughput(eng, caps_s, seqs)
-    p_h = pool_throughput(eng, caps_s + caps_h, seqs) - p_s
-    y = eng.broadcast_sync_s(hw, llm) if n_s else 0.0
-    wake = eng.wake_s(hw, llm) + eng.local_sync_s(hw, llm)
-    per_step = tr.step_overhead_s + tr.state_swap_s(hw, llm, conf.trainer_gpus)
-    c_g = tr.gpu_s_per_token / conf.trainer_gpus
-    r1 = eng.per_seq_rate(1)
-
-    last_v = (steps - 1) // t_sync
-    a = [min(_admitted(v, rule, t_sync, q, m_req), len(workload)) for v in range(last_v + 1)]
-    if steps * q > a[last_v]:
-        raise ValueError(
-            f"workload has {a[last_v]} admissible prompts, fewer than the {steps * q} consumed"
-        )
-    top = a[last_v]
-    resp = workload.response_lens[:top].astype(np.float64)
-    r_tok = resp.sum(axis=1)
-    l_max = resp.max(axis=1)
-    k_tok = workload.group_tokens()[:top].astype(np.float64)
-    p_len = workload.prompt_lens[:top].astype(np.float64)
-    solo = p_len * eng.prefill_s_per_token + l_max / r1  # straggler time after admission
-    sr, sk, ss = _Sorted(r_tok), _Sorted(k_tok), _Sorted(solo)
-    # samples in flight: at most `slots` at any time (the cap never drops in a static
-    # split; with hybrid replicas it drops at each deactivation while the samples admitted
-    # under the larger cap finish, so only the largest cap is safe)
-    slots = min((n_s + n_h) * cfg.concurrent_samples_per_replica, m_req)
-
-    def train_lb(j: int, k: int) -> float:
-        """Training time of steps ``j..k`` (inclusive): they train ``(k - j + 1) q``
-        distinct samples of the first ``A(v(k))``, and all of steps ``1..k`` train ``k q``
-        of them while steps ``1..j-1`` train at most the ``(j - 1) q`` largest of the first
-        ``A(v(j - 1))``."""
-        if k < j:
-            return 0.0
-        vk = (k - 1) // t_sync
-        tokens = sk.smallest(0, a[vk], (k - j + 1) * q)
-        if j > 1:
-            rest = sk.largest(0, a[(j - 2) // t_sync], (j - 1) * q)
-            tokens = max(tokens, sk.smallest(0, a[vk], k * q) - rest)
-        return (k - j + 1) * per_step + c_g * tokens
-
-    def syncs(j: int, k: int) -> int:
-        """Sync steps among ``j..k`` (inclusive)."""
-        return 0 if k < j else k // t_sync - (j - 1) // t_sync
-
-    starts: list[float] = []
-    why: list[str] = []
-    opens = [0.0]  # O_w
-    done_e = np.full(top, math.inf)
-    done_e[: a[0]] = solo[: a[0]]
-    for k in range(1, steps + 1):
-        v = (k - 1) // t_sync
-        while len(opens) <= v:  # window w opens after step T*w trains and syncs
-            w = len(opens)
-            o_w = starts[t_sync * w - 1] + train_lb(t_sync * w, t_sync * w) + y
-            opens.append(o_w)
-            lo = a[w - 1]
-            done_e[lo : a[w]] = o_w + solo[lo : a[w]]
-        cands = {"trainer": 0.0, "tokens": 0.0, "slots": 0.0, "stragglers": 0.0}
-        for j in range(1, k):
-            cands["trainer"] = max(
-                cands["trainer"], starts[j - 1] + train_lb(j, k - 1) + y * syncs(j, k - 1)
-            )
-        trained_before = train_lb(1, k - 1)
-        need = sr.smallest(0, a[v], k * q)
-        t_tok = _earliest(need, [(p_s, y * ((k - 1) // t_sync)), (p_h, wake + trained_before)])
-        for w in range(1, v + 1):  # samples that must come from windows >= w
-            late = k * q - a[w - 1]
-            if late <= 0:
-                continue
-            need_w = sr.smallest(a[w - 1], a[v], late)
-            train_in = train_lb(t_sync * w + 1, k - 1)  # steps trained inside [O_w, t_k)
-            t_w = _earliest(
-                need_w,
-                [(p_s, opens[w] + y * (v - w)), (p_h, opens[w] + train_in)],
-            )
-            t_tok = max(t_tok, t_w)
-        cands["tokens"] = t_tok
-        t_slot = ss.smallest(0, a[v], k * q) / slots
-        for w in range(1, v + 1):
-            late = k * q - a[w - 1]
-            if late > 0:
-                t_slot = max(t_slot, opens[w] + ss.smallest(a[w - 1], a[v], late) / slots)
-        cands["slots"] = t_slot
-        cands["stragglers"] = float(np.partition(done_e[: a[v]], k * q - 1)[k * q - 1])
-        best = max(cands, key=lambda x: cands[x])
-        if not math.isfinite(cands[best]):
-            raise ValueError(f"step {k} can never start: no replica can produce its samples")
-        starts.append(cands[best])
-        why.append(best)
-    end, binding = 0.0, "trainer"
-    for j in range(1, steps + 1):
-        t = starts[j - 1] + train_lb(j, steps) + y * syncs(j, steps)
-        if t > end:
-            end, binding = t, why[j - 1] if starts[j - 1] > 0 else "trainer"
-    return LowerBound(end, binding, p_s, p_h, tuple(starts))
+    run = _Relaxation(scenario, conf, workload, cfg)
+    for k in range(1, scenario.steps + 1):
+        run.step_start(k)
+    end, binding = run.run_end()
+    return LowerBound(end, binding, run.p_s, run.p_h, tuple(run.starts))

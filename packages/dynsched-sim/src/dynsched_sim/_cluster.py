@@ -9,7 +9,7 @@ from dynsched_core import DynamicScheduleConfig, EventBus, Prompt, RolloutSample
 
 from dynsched_sim._accounting import GroupAccountant
 from dynsched_sim._bound import admissible_prompts
-from dynsched_sim._replica import SimReplica
+from dynsched_sim._replica import SimReplica, SimReplicaOptions
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._trainer import SimTrainer
 from dynsched_sim._workload import Workload
@@ -76,38 +76,29 @@ def build_cluster(
     else:
         trainer_groups = ["trainer"]
         acct.add_group("trainer", conf.trainer_gpus, "trainer")
+
+    def replica(role: str, i: int, node: str, group: str | None = None) -> SimReplica:
+        """Replica ``i`` of ``role`` on the ``node`` server holding its first GPU."""
+        return SimReplica(
+            f"{role}-{i}",
+            eng,
+            hw,
+            llm,
+            role=role,
+            accountant=acct,
+            ledger=ledger,
+            options=SimReplicaOptions(
+                group=group, node=f"{node}-node-{(i * g) // hw.gpus_per_node}"
+            ),
+        )
+
     standalone = []
     for i in range(conf.rollout_gpus // g):
-        rid = f"standalone-{i}"
-        acct.add_group(rid, g, "standalone")
-        standalone.append(
-            SimReplica(
-                rid,
-                eng,
-                hw,
-                llm,
-                role="standalone",
-                accountant=acct,
-                ledger=ledger,
-                node=f"rollout-node-{(i * g) // hw.gpus_per_node}",
-            )
-        )
+        acct.add_group(f"standalone-{i}", g, "standalone")
+        standalone.append(replica("standalone", i, "rollout"))
     hybrid = []
     if conf.hybrid:
-        for i, grp in enumerate(trainer_groups):
-            hybrid.append(
-                SimReplica(
-                    f"hybrid-{i}",
-                    eng,
-                    hw,
-                    llm,
-                    role="hybrid",
-                    group=grp,
-                    accountant=acct,
-                    ledger=ledger,
-                    node=f"trainer-node-{(i * g) // hw.gpus_per_node}",
-                )
-            )
+        hybrid = [replica("hybrid", i, "trainer", grp) for i, grp in enumerate(trainer_groups)]
     trainer = SimTrainer(
         scenario.trainer,
         conf.trainer_gpus,

@@ -40,49 +40,47 @@ HELD_OUT_RANGES: Mapping[str, str] = {
 enough to hold training-bound, balanced and rollout-bound deployments)."""
 
 
-def heldout_scenario(draw: int, *, steps: int = 40) -> Scenario:
-    """Held-out scenario number ``draw`` (deterministic; also its workload seed).
+@attrs.frozen
+class _Draw:
+    """The five things a held-out draw varies (`HELD_OUT_RANGES`), drawn in this order."""
 
-    Args:
-        draw: The draw (use ``HELD_OUT_FIRST_DRAW + i`` for the i-th of the family).
-        steps: Micro-steps of the run (default 40: ten weight-sync cycles).
-    """
-    rng = np.random.Generator(np.random.PCG64(draw))
-    base = load_scenario("seed-qwen35")
-    g = base.engine.gpus_per_replica
-    params_b = float(math.exp(rng.uniform(math.log(7.0), math.log(70.0))))
-    speed = float(math.exp(rng.uniform(math.log(0.5), math.log(2.0))))
-    total = int(rng.choice([24, 32, 48, 64]))
-    share = float(rng.choice([0.25, 0.375, 0.5, 0.625, 0.75]))
-    median = float(math.exp(rng.uniform(math.log(2000.0), math.log(12000.0))))
-    sigma = float(rng.uniform(0.4, 1.2))
-    growth = float(rng.uniform(0.8, 2.0))
-    replicas = total // g
+    params_b: float
+    speed: float
+    total_gpus: int
+    trainer_share: float
+    median: float
+    sigma: float
+    growth: float
+
+    @classmethod
+    def of(cls, draw: int) -> _Draw:
+        rng = np.random.Generator(np.random.PCG64(draw))
+        return cls(
+            params_b=float(math.exp(rng.uniform(math.log(7.0), math.log(70.0)))),
+            speed=float(math.exp(rng.uniform(math.log(0.5), math.log(2.0)))),
+            total_gpus=int(rng.choice([24, 32, 48, 64])),
+            trainer_share=float(rng.choice([0.25, 0.375, 0.5, 0.625, 0.75])),
+            median=float(math.exp(rng.uniform(math.log(2000.0), math.log(12000.0)))),
+            sigma=float(rng.uniform(0.4, 1.2)),
+            growth=float(rng.uniform(0.8, 2.0)),
+        )
+
+
+def _configurations(total_gpus: int, share: float, g: int) -> tuple[Configuration, ...]:
+    """The static split of ``share`` (whole replicas of ``g`` GPUs, at least one each side),
+    the static splits one replica either way, and the dynamic split."""
+    replicas = total_gpus // g
     trainer = min(replicas - 1, max(1, round(share * replicas)))
     rollout = replicas - trainer
-    confs = [
-        Configuration(
-            name=f"static-{trainer * g}-{rollout * g}",
-            trainer_gpus=trainer * g,
-            rollout_gpus=rollout * g,
-        )
-    ]
+    splits = [(trainer, rollout)]
     if trainer > 1:
-        confs.append(
-            Configuration(
-                name=f"static-{(trainer - 1) * g}-{(rollout + 1) * g}",
-                trainer_gpus=(trainer - 1) * g,
-                rollout_gpus=(rollout + 1) * g,
-            )
-        )
+        splits.append((trainer - 1, rollout + 1))
     if rollout > 1:
-        confs.append(
-            Configuration(
-                name=f"static-{(trainer + 1) * g}-{(rollout - 1) * g}",
-                trainer_gpus=(trainer + 1) * g,
-                rollout_gpus=(rollout - 1) * g,
-            )
-        )
+        splits.append((trainer + 1, rollout - 1))
+    confs = [
+        Configuration(name=f"static-{t * g}-{r * g}", trainer_gpus=t * g, rollout_gpus=r * g)
+        for t, r in splits
+    ]
     confs.append(
         Configuration(
             name=f"dynamic-{trainer * g}-{rollout * g}",
@@ -91,7 +89,11 @@ def heldout_scenario(draw: int, *, steps: int = 40) -> Scenario:
             hybrid=True,
         )
     )
-    scale = math.sqrt(params_b / base.model.params_b)
+    return tuple(confs)
+
+
+def _provenance(base: Scenario, draw: int, steps: int) -> dict[str, str]:
+    """The seed scenario's labels, with the drawn values labelled by their range."""
     prov = dict(base.provenance)
     prov.pop("published", None)
     for path, rng_text in HELD_OUT_RANGES.items():
@@ -100,6 +102,19 @@ def heldout_scenario(draw: int, *, steps: int = 40) -> Scenario:
     prov["engine.decode_per_seq_s"] = prov["engine.decode_base_s"]
     prov["seed"] = f"judgement: the draw ({draw})"
     prov["steps"] = f"judgement: {steps} micro-steps"
+    return prov
+
+
+def heldout_scenario(draw: int, *, steps: int = 40) -> Scenario:
+    """Held-out scenario number ``draw`` (deterministic; also its workload seed).
+
+    Args:
+        draw: The draw (use ``HELD_OUT_FIRST_DRAW + i`` for the i-th of the family).
+        steps: Micro-steps of the run (default 40: ten weight-sync cycles).
+    """
+    d = _Draw.of(draw)
+    base = load_scenario("seed-qwen35")
+    scale = math.sqrt(d.params_b / base.model.params_b)
     return attrs.evolve(
         base,
         name=f"heldout-{draw}",
@@ -108,18 +123,18 @@ def heldout_scenario(draw: int, *, steps: int = 40) -> Scenario:
         seeds=1,
         steps=steps,
         published={},
-        configurations=tuple(confs),
-        model=attrs.evolve(base.model, params_b=params_b),
+        configurations=_configurations(d.total_gpus, d.trainer_share, base.engine.gpus_per_replica),
+        model=attrs.evolve(base.model, params_b=d.params_b),
         engine=attrs.evolve(
             base.engine,
             decode_base_s=base.engine.decode_base_s * scale,
             decode_per_seq_s=base.engine.decode_per_seq_s * scale,
         ),
-        trainer=attrs.evolve(base.trainer, gpu_s_per_token=base.trainer.gpu_s_per_token * speed),
+        trainer=attrs.evolve(base.trainer, gpu_s_per_token=base.trainer.gpu_s_per_token * d.speed),
         workload=attrs.evolve(
             base.workload,
-            response_len=LengthDistribution(kind="lognormal", median=median, sigma=sigma),
-            length_trajectory=((0.0, 1.0), (1.0, growth)),
+            response_len=LengthDistribution(kind="lognormal", median=d.median, sigma=d.sigma),
+            length_trajectory=((0.0, 1.0), (1.0, d.growth)),
         ),
-        provenance=prov,
+        provenance=_provenance(base, draw, steps),
     )

@@ -19,12 +19,14 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 from dynsched_core import DynschedError, GenerateRequest, GenerateResult, ReplicaCapabilities
+from dynsched_core.rollout import ReplicaIdentity
 
 from dynsched_sim._accounting import GroupAccountant
 from dynsched_sim._models import EngineModel, HardwareModel, LLMModel
 
-__all__ = ["ReplicaNotServingError", "SimReplica"]
+__all__ = ["ReplicaNotServingError", "SimReplica", "SimReplicaOptions"]
 
 _WAITING, _PREFILL, _DECODE, _DONE = 0, 1, 2, 3
 
@@ -48,7 +50,29 @@ class _Seq:
         self.handle: asyncio.TimerHandle | None = None
 
 
-class SimReplica:
+def _finite_non_negative(inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+@attrs.frozen
+class SimReplicaOptions:
+    """Where a `SimReplica` sits and what its switches cost on top of the engine model.
+
+    Args:
+        group: Accounting group of its GPUs (``None``: the replica id).
+        node: The server its GPUs are on (`ReplicaCapabilities.node`).
+        extra_wake_s: Added to every wake-up (hybrid: trainer state offload), >= 0.
+        extra_sleep_s: Added to every sleep (hybrid: trainer state onload), >= 0.
+    """
+
+    group: str | None = None
+    node: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    extra_wake_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
+    extra_sleep_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
+
+
+class SimReplica(ReplicaIdentity):
     """A simulated inference replica implementing `dynsched_core.RolloutReplica`.
 
     Args:
@@ -58,13 +82,10 @@ class SimReplica:
         llm: Served model.
         role: ``"standalone"`` (serving from the start) or ``"hybrid"`` (asleep at start,
             lives on trainer GPUs, runs with the smaller hybrid memory fraction).
-        group: Accounting group of its GPUs (defaults to ``replica_id``).
         accountant: Ground-truth accountant (optional).
-        extra_wake_s: Added to every wake-up (hybrid: trainer state offload).
-        extra_sleep_s: Added to every sleep (hybrid: trainer state onload).
         ledger: Shared ``request_id -> tokens decoded`` over every attempt on every
             replica (conservation checks: a response's attempts must add up to its length).
-        node: The server its GPUs are on (`ReplicaCapabilities.node`).
+        options: Accounting group, node and extra switch costs (`SimReplicaOptions`).
 
     Attributes:
         tokens_generated: Decode tokens produced, aborted attempts included.
@@ -83,15 +104,14 @@ class SimReplica:
         llm: LLMModel,
         *,
         role: str = "standalone",
-        group: str | None = None,
         accountant: GroupAccountant | None = None,
-        extra_wake_s: float = 0.0,
-        extra_sleep_s: float = 0.0,
         ledger: dict[str, int] | None = None,
-        node: str = "",
+        options: SimReplicaOptions | None = None,
     ) -> None:
         if role not in ("standalone", "hybrid"):
             raise ValueError(f"role must be 'standalone' or 'hybrid', got {role!r}")
+        opts = options if options is not None else SimReplicaOptions()
+        node = opts.node
         self._id = replica_id
         self._engine = engine
         self._caps = ReplicaCapabilities(role=role, num_gpus=engine.gpus_per_replica, node=node)  # type: ignore[arg-type]
@@ -103,9 +123,9 @@ class SimReplica:
             if role == "hybrid"
             else engine.broadcast_sync_s(hardware, llm)
         )
-        self._sleep_s = engine.sleep_s(hardware, llm) + extra_sleep_s
-        self._wake_s = engine.wake_s(hardware, llm) + extra_wake_s
-        self._group = group or replica_id
+        self._sleep_s = engine.sleep_s(hardware, llm) + opts.extra_sleep_s
+        self._wake_s = engine.wake_s(hardware, llm) + opts.extra_wake_s
+        self._group = opts.group or replica_id
         self._acct = accountant
         self._state = "serving" if role == "standalone" else "asleep"
         self._switching = False
@@ -130,15 +150,7 @@ class SimReplica:
         self.requests_aborted = 0
         self.requests_while_paused = 0
 
-    # --- protocol ------------------------------------------------------------------
-    @property
-    def replica_id(self) -> str:
-        return self._id
-
-    @property
-    def capabilities(self) -> ReplicaCapabilities:
-        return self._caps
-
+    # --- protocol (replica_id, capabilities and role come from ReplicaIdentity) -----
     @property
     def state(self) -> str:
         """``serving``, ``paused`` (awake, not accepting) or ``asleep``."""

@@ -257,32 +257,27 @@ def _cell(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _pm(s: Spread, scale: float = 1.0, digits: int = 3) -> str:
+def _pm(s: Spread, scale: float = 1.0, digits: int = 3, gap: str = " ") -> str:
+    """``mean ±std`` over the seeds (the mean alone for one seed); ``gap`` before ``±``."""
     if s.n == 1:
         return f"{s.mean / scale:.{digits}f}"
-    return f"{s.mean / scale:.{digits}f} ±{s.std / scale:.{digits}f}"
+    return f"{s.mean / scale:.{digits}f}{gap}±{s.std / scale:.{digits}f}"
 
 
-def _ratio(s: Spread | None) -> str:
+def _short(s: Spread, scale: float = 1.0) -> str:
+    """`_pm` for the compact table: two digits, no gap."""
+    return _pm(s, scale, 2, gap="")
+
+
+def _ratio(s: Spread | None, *, short: bool = False) -> str:
+    """A speed-up, ``~`` marking one within the spread of 1; ``-`` where there is none."""
     if s is None:
         return "-"
-    return ("~" if s.within_spread_of_one() else "") + _pm(s)
+    return ("~" if s.within_spread_of_one() else "") + (_short(s) if short else _pm(s))
 
 
 #: Width the compact view of `format_table` is meant to fit (a terminal, a README block).
 COMPACT_WIDTH = 100
-
-
-def _short(s: Spread, scale: float = 1.0) -> str:
-    if s.n == 1:
-        return f"{s.mean / scale:.2f}"
-    return f"{s.mean / scale:.2f}±{s.std / scale:.2f}"
-
-
-def _short_ratio(s: Spread | None) -> str:
-    if s is None:
-        return "-"
-    return ("~" if s.within_spread_of_one() else "") + _short(s)
 
 
 def _columns(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -316,7 +311,7 @@ def format_compact_table(scenario: Scenario, runs: Comparison, *, published: boo
                 a.policy,
                 _short(a.wall_clock_s, 3600.0),
                 *[
-                    _short_ratio(a.speedup_vs.get(n)) if n != a.configuration else "-"
+                    _ratio(a.speedup_vs.get(n), short=True) if n != a.configuration else "-"
                     for n in statics
                 ],
                 _short(a.efficiency),

@@ -9,7 +9,7 @@ path (``engine.decode_base_s``) and what is allowed. Built-in scenarios ship in
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -247,6 +247,29 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
     Raises:
         ScenarioError: a key is unknown, missing or has a bad value (named in the message).
     """
+    _check_keys(data)
+    kw: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            kw[key] = _build(_SECTIONS[key], value, key)
+        elif key in _PARSERS:
+            kw[key] = _PARSERS[key](value)
+        else:
+            kw[key] = value
+    if not isinstance(kw["name"], str) or not kw["name"]:
+        raise ScenarioError("name: expected a non-empty string")
+    _check_count("steps", kw["steps"], 1, MAX_STEPS)
+    _check_count("seed", kw.get("seed", 0), 0, MAX_SEED)
+    _check_count("seeds", kw.get("seeds", 1), 1, MAX_SEEDS)
+    sc = Scenario(**kw)
+    _check_provenance_paths(sc)
+    for c in sc.configurations:
+        _check_fits_cluster(sc, c)
+    return sc
+
+
+def _check_keys(data: Any) -> None:
+    """``data`` is a mapping of known scenario keys holding the required ones."""
     if not isinstance(data, Mapping):
         raise ScenarioError(f"scenario: expected a mapping, got {type(data).__name__}")
     allowed = {f.name for f in attrs.fields(Scenario)}
@@ -256,56 +279,55 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
     for req in ("name", "steps", "configurations"):
         if req not in data:
             raise ScenarioError(f"scenario: missing required key {req!r}")
-    kw: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _SECTIONS:
-            kw[key] = _build(_SECTIONS[key], value, key)
-        elif key == "configurations":
-            if not isinstance(value, list | tuple) or not value:
-                raise ScenarioError("configurations: expected a non-empty list")
-            confs = tuple(
-                _build(Configuration, c, f"configurations[{i}]") for i, c in enumerate(value)
-            )
-            for i, c in enumerate(confs):
-                where = f"configurations[{i}]"
-                if not isinstance(c.name, str) or not c.name:
-                    raise ScenarioError(f"{where}.name: expected a non-empty string")
-                if not isinstance(c.trainer_gpus, int) or c.trainer_gpus < 1:
-                    raise ScenarioError(
-                        f"{where}.trainer_gpus: expected an integer >= 1, got {c.trainer_gpus!r}"
-                    )
-                if not isinstance(c.rollout_gpus, int) or c.rollout_gpus < 0:
-                    raise ScenarioError(
-                        f"{where}.rollout_gpus: expected an integer >= 0, got {c.rollout_gpus!r}"
-                    )
-                if not isinstance(c.hybrid, bool):
-                    raise ScenarioError(f"{where}.hybrid: expected true or false, got {c.hybrid!r}")
-                if c.rollout_gpus == 0 and not c.hybrid:
-                    raise ScenarioError(
-                        f"{where}: rollout_gpus is 0 and hybrid is false: nothing would generate"
-                    )
-            names = [c.name for c in confs]
-            if len(set(names)) != len(names):
-                raise ScenarioError(f"configurations: duplicate names in {names}")
-            kw[key] = confs
-        elif key == "schedule":
-            if not isinstance(value, Mapping):
-                raise ScenarioError("schedule: expected a mapping of DynamicScheduleConfig keys")
-            kw[key] = dict(value)
-        elif key == "published":
-            if not isinstance(value, Mapping):
-                raise ScenarioError("published: expected a mapping configuration -> seconds")
-            kw[key] = {str(k): float(v) for k, v in value.items()}
-        elif key == "provenance":
-            kw[key] = _provenance(value)
-        else:
-            kw[key] = value
-    if not isinstance(kw["name"], str) or not kw["name"]:
-        raise ScenarioError("name: expected a non-empty string")
-    _check_count("steps", kw["steps"], 1, MAX_STEPS)
-    _check_count("seed", kw.get("seed", 0), 0, MAX_SEED)
-    _check_count("seeds", kw.get("seeds", 1), 1, MAX_SEEDS)
-    sc = Scenario(**kw)
+
+
+def _configurations(value: Any) -> tuple[Configuration, ...]:
+    """The ``configurations`` list: each entry valid, the names distinct."""
+    if not isinstance(value, list | tuple) or not value:
+        raise ScenarioError("configurations: expected a non-empty list")
+    confs = tuple(_build(Configuration, c, f"configurations[{i}]") for i, c in enumerate(value))
+    for i, c in enumerate(confs):
+        _check_configuration(c, f"configurations[{i}]")
+    names = [c.name for c in confs]
+    if len(set(names)) != len(names):
+        raise ScenarioError(f"configurations: duplicate names in {names}")
+    return confs
+
+
+def _check_configuration(c: Configuration, where: str) -> None:
+    """One configuration's fields have their types and ranges, and something generates."""
+    if not isinstance(c.name, str) or not c.name:
+        raise ScenarioError(f"{where}.name: expected a non-empty string")
+    if not isinstance(c.trainer_gpus, int) or c.trainer_gpus < 1:
+        raise ScenarioError(
+            f"{where}.trainer_gpus: expected an integer >= 1, got {c.trainer_gpus!r}"
+        )
+    if not isinstance(c.rollout_gpus, int) or c.rollout_gpus < 0:
+        raise ScenarioError(
+            f"{where}.rollout_gpus: expected an integer >= 0, got {c.rollout_gpus!r}"
+        )
+    if not isinstance(c.hybrid, bool):
+        raise ScenarioError(f"{where}.hybrid: expected true or false, got {c.hybrid!r}")
+    if c.rollout_gpus == 0 and not c.hybrid:
+        raise ScenarioError(
+            f"{where}: rollout_gpus is 0 and hybrid is false: nothing would generate"
+        )
+
+
+def _schedule(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError("schedule: expected a mapping of DynamicScheduleConfig keys")
+    return dict(value)
+
+
+def _published(value: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError("published: expected a mapping configuration -> seconds")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def _check_provenance_paths(sc: Scenario) -> None:
+    """Every provenance path names a parameter of ``sc`` (or a section holding some)."""
     known = set(sc.parameter_paths()) | {"configurations", "published"}
     known |= {f"published.{k}" for k in sc.published}
     known |= {f"configurations.{c.name}" for c in sc.configurations}
@@ -316,32 +338,36 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
                 f"provenance.{path}: not a parameter of the scenario (e.g. 'engine.max_num_seqs', "
                 "'schedule.staleness_threshold', 'workload.response_len')"
             )
-    for c in sc.configurations:
-        if c.trainer_gpus % sc.engine.gpus_per_replica and c.hybrid:
+
+
+def _check_fits_cluster(sc: Scenario, c: Configuration) -> None:
+    """``c``'s pools hold whole replicas, its schedule is valid for the core, and an awake
+    hybrid replica fits next to a resident trainer."""
+    g = sc.engine.gpus_per_replica
+    if c.trainer_gpus % g and c.hybrid:
+        raise ScenarioError(
+            f"configurations: {c.name}.trainer_gpus ({c.trainer_gpus}) must be a multiple of "
+            f"engine.gpus_per_replica ({g}) to host hybrid replicas"
+        )
+    if c.rollout_gpus % g:
+        raise ScenarioError(
+            f"configurations: {c.name}.rollout_gpus ({c.rollout_gpus}) must be a multiple of "
+            f"engine.gpus_per_replica ({g})"
+        )
+    sc.schedule_config(c)  # validated by the core
+    if c.hybrid and not sc.trainer.offload_state:
+        mem = sc.hardware.gpu_memory_gib * 2**30
+        engine = sc.engine.hybrid_memory_fraction * mem
+        trainer = sc.trainer.resident_bytes_per_gpu(sc.model, c.trainer_gpus)
+        if engine + trainer > mem:
             raise ScenarioError(
-                f"configurations: {c.name}.trainer_gpus ({c.trainer_gpus}) must be a multiple of "
-                f"engine.gpus_per_replica ({sc.engine.gpus_per_replica}) to host hybrid replicas"
+                f"configurations: {c.name}: an awake hybrid replica "
+                f"(engine.hybrid_memory_fraction {sc.engine.hybrid_memory_fraction}: "
+                f"{engine / 2**30:.1f} GiB per GPU) does not fit next to the resident "
+                f"trainer state ({trainer / 2**30:.1f} GiB per GPU) in "
+                f"{sc.hardware.gpu_memory_gib} GiB; lower the fraction or set "
+                "trainer.offload_state: true"
             )
-        if c.rollout_gpus % sc.engine.gpus_per_replica:
-            raise ScenarioError(
-                f"configurations: {c.name}.rollout_gpus ({c.rollout_gpus}) must be a multiple of "
-                f"engine.gpus_per_replica ({sc.engine.gpus_per_replica})"
-            )
-        sc.schedule_config(c)  # validated by the core
-        if c.hybrid and not sc.trainer.offload_state:
-            mem = sc.hardware.gpu_memory_gib * 2**30
-            engine = sc.engine.hybrid_memory_fraction * mem
-            trainer = sc.trainer.resident_bytes_per_gpu(sc.model, c.trainer_gpus)
-            if engine + trainer > mem:
-                raise ScenarioError(
-                    f"configurations: {c.name}: an awake hybrid replica "
-                    f"(engine.hybrid_memory_fraction {sc.engine.hybrid_memory_fraction}: "
-                    f"{engine / 2**30:.1f} GiB per GPU) does not fit next to the resident "
-                    f"trainer state ({trainer / 2**30:.1f} GiB per GPU) in "
-                    f"{sc.hardware.gpu_memory_gib} GiB; lower the fraction or set "
-                    "trainer.offload_state: true"
-                )
-    return sc
 
 
 def _check_count(name: str, value: Any, lo: int, hi: int) -> None:
@@ -387,6 +413,15 @@ def _provenance(value: Any) -> dict[str, str]:
             raise ScenarioError(f"provenance.{path}: the source is empty")
         out[str(path)] = text
     return out
+
+
+#: Parsers of the scenario keys that are neither model sections nor plain values.
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "configurations": _configurations,
+    "schedule": _schedule,
+    "published": _published,
+    "provenance": _provenance,
+}
 
 
 def _read(path: Path) -> Any:

@@ -43,8 +43,9 @@ class SimTrainer:
         ledger: The replicas' ``request_id -> tokens decoded`` ledger (optional).
         hardware: Hardware model (for the state swap; optional without offload).
         llm: Model (for the state swap; optional without offload).
-        reclaim: Awaited before a step while a hybrid engine is awake (see above); set
-            later with `set_reclaim` when it needs objects built after the trainer.
+
+    The coroutine awaited before a step while a hybrid engine is awake (see above) is
+    set with `set_reclaim`, since it needs objects built after the trainer.
     """
 
     def __init__(
@@ -60,7 +61,6 @@ class SimTrainer:
         ledger: Mapping[str, int] | None = None,
         hardware: HardwareModel | None = None,
         llm: LLMModel | None = None,
-        reclaim: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.model = model
         self.gpus = gpus
@@ -76,7 +76,7 @@ class SimTrainer:
             if hardware is not None and llm is not None
             else 0.0
         )
-        self._reclaim = reclaim
+        self._reclaim: Callable[[], Awaitable[None]] | None = None
         self.steps = 0
         self.tokens_trained = 0
         self.train_s = 0.0

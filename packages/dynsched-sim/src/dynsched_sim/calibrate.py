@@ -159,6 +159,85 @@ def _solve(
     return x, y, at_edge
 
 
+class _Fitting:
+    """The alternating fit in progress: the scenario so far and the simulations run.
+
+    Every evaluation is the mean wall-clock over ``seeds`` of one configuration; the
+    decode factor always scales the *original* scenario's decode times.
+    """
+
+    def __init__(
+        self, scenario: Scenario, seeds: tuple[int, ...], rollout_bound: str, train_bound: str
+    ) -> None:
+        self.sc = scenario
+        self.seeds = seeds
+        self.evals = 0
+        self.rollout_bound, self.train_bound = rollout_bound, train_bound
+        self._base0, self._per0 = scenario.engine.decode_base_s, scenario.engine.decode_per_seq_s
+
+    def wall(self, sc: Scenario, name: str, policy: str = "default") -> tuple[float, float]:
+        """`mean_wall` of ``name`` in ``sc``, counted."""
+        self.evals += len(self.seeds)
+        return mean_wall(sc, name, self.seeds, policy)
+
+    def _decode(self, s: Scenario, k: float) -> Scenario:
+        return s.with_values(
+            engine={"decode_base_s": self._base0 * k, "decode_per_seq_s": self._per0 * k}
+        )
+
+    @staticmethod
+    def _trainer(s: Scenario, c: float) -> Scenario:
+        return s.with_values(trainer={"gpu_s_per_token": c})
+
+    def fit_decode(self, factor: float) -> Fit:
+        """Fit the decode factor (from ``factor``) to the rollout-bound run; adopt it."""
+        start, target = self.sc, self.sc.published[self.rollout_bound]
+        k, y, edge = _solve(
+            lambda x: self.wall(self._decode(start, x), self.rollout_bound)[0],
+            factor,
+            target,
+            *DECODE_RANGE,
+            increasing=True,
+        )
+        self.sc = self._decode(self.sc, k)
+        name = "engine decode speed (decode_base_s, decode_per_seq_s)"
+        return Fit(name, k, DECODE_RANGE, edge, target, y)
+
+    def fit_trainer(self) -> Fit:
+        """Fit ``trainer.gpu_s_per_token`` to the training-bound run; adopt it."""
+        start, target = self.sc, self.sc.published[self.train_bound]
+        c, y, edge = _solve(
+            lambda x: self.wall(self._trainer(start, x), self.train_bound)[0],
+            start.trainer.gpu_s_per_token,
+            target,
+            *TRAINER_RANGE,
+            increasing=True,
+        )
+        self.sc = self._trainer(self.sc, c)
+        return Fit("trainer.gpu_s_per_token", c, TRAINER_RANGE, edge, target, y)
+
+    def report(self, fits: tuple[Fit, Fit], predicted: str, policy: str) -> CalibrationReport:
+        """Run the three configurations of the fitted scenario; the prediction's residual."""
+        walls: dict[str, float] = {}
+        stds: dict[str, float] = {}
+        for name in (self.rollout_bound, self.train_bound, predicted):
+            walls[name], stds[name] = self.wall(self.sc, name, policy)
+        statics = (self.rollout_bound, self.train_bound)
+        return CalibrationReport(
+            self.sc.engine.decode_base_s,
+            self.sc.engine.decode_per_seq_s,
+            self.sc.trainer.gpu_s_per_token,
+            fits,
+            self.seeds,
+            walls,
+            stds,
+            predicted,
+            walls[predicted] / self.sc.published[predicted] - 1,
+            {s: walls[s] / walls[predicted] for s in statics},
+            self.evals,
+        )
+
+
 def calibrate(
     scenario: Scenario,
     *,
@@ -192,88 +271,28 @@ def calibrate(
     for name in (static_rollout_bound, static_train_bound, predicted):
         if name not in pub:
             raise ValueError(f"scenario {scenario.name!r} has no published time for {name!r}")
-    seeds = (
-        tuple(seeds)
-        if seeds is not None
-        else tuple(range(scenario.seed, scenario.seed + scenario.seeds))
-    )
-    evals = 0
-    sc = scenario
-    base0, per0 = sc.engine.decode_base_s, sc.engine.decode_per_seq_s
-    factor = 1.0
-
-    def decode(s: Scenario, k: float) -> Scenario:
-        return s.with_values(engine={"decode_base_s": base0 * k, "decode_per_seq_s": per0 * k})
-
-    def trainer(s: Scenario, c: float) -> Scenario:
-        return s.with_values(trainer={"gpu_s_per_token": c})
-
+    if seeds is None:
+        seeds = range(scenario.seed, scenario.seed + scenario.seeds)
+    fitting = _Fitting(scenario, tuple(seeds), static_rollout_bound, static_train_bound)
     fit_d = fit_t = None
     for rnd in range(rounds):
-
-        def f_decode(k: float, _s: Scenario = sc) -> float:
-            nonlocal evals
-            evals += len(seeds)
-            return mean_wall(decode(_s, k), static_rollout_bound, seeds)[0]
-
-        k, y_d, edge_d = _solve(
-            f_decode, factor, pub[static_rollout_bound], *DECODE_RANGE, increasing=True
+        fit_d = fitting.fit_decode(1.0 if fit_d is None else fit_d.value)
+        log(
+            f"round {rnd + 1}: decode factor x{fit_d.value:.5g} -> {static_rollout_bound} "
+            f"{fit_d.achieved_s / 3600:.4f} h"
         )
-        factor, sc = k, decode(sc, k)
-        log(f"round {rnd + 1}: decode factor x{k:.5g} -> {static_rollout_bound} {y_d / 3600:.4f} h")
-
-        def f_train(c: float, _s: Scenario = sc) -> float:
-            nonlocal evals
-            evals += len(seeds)
-            return mean_wall(trainer(_s, c), static_train_bound, seeds)[0]
-
-        c, y_t, edge_t = _solve(
-            f_train,
-            sc.trainer.gpu_s_per_token,
-            pub[static_train_bound],
-            *TRAINER_RANGE,
-            increasing=True,
-        )
-        sc = trainer(sc, c)
-        log(f"round {rnd + 1}: gpu_s_per_token {c:.6g} -> {static_train_bound} {y_t / 3600:.4f} h")
-        fit_d = Fit(
-            "engine decode speed (decode_base_s, decode_per_seq_s)",
-            k,
-            DECODE_RANGE,
-            edge_d,
-            pub[static_rollout_bound],
-            y_d,
-        )
-        fit_t = Fit(
-            "trainer.gpu_s_per_token", c, TRAINER_RANGE, edge_t, pub[static_train_bound], y_t
+        fit_t = fitting.fit_trainer()
+        log(
+            f"round {rnd + 1}: gpu_s_per_token {fit_t.value:.6g} -> {static_train_bound} "
+            f"{fit_t.achieved_s / 3600:.4f} h"
         )
         # the trainer fit moves the rollout-bound run a little: stop once both hold
-        evals += len(seeds)
-        again = mean_wall(sc, static_rollout_bound, seeds)[0]
+        again = fitting.wall(fitting.sc, static_rollout_bound)[0]
         if abs(again / pub[static_rollout_bound] - 1) < TOLERANCE:
             fit_d = attrs.evolve(fit_d, achieved_s=again)
             break
     assert fit_d is not None and fit_t is not None
-    walls: dict[str, float] = {}
-    stds: dict[str, float] = {}
-    for name in (static_rollout_bound, static_train_bound, predicted):
-        walls[name], stds[name] = mean_wall(sc, name, seeds, policy)
-        evals += len(seeds)
-    ratios = {s: walls[s] / walls[predicted] for s in (static_rollout_bound, static_train_bound)}
-    rep = CalibrationReport(
-        sc.engine.decode_base_s,
-        sc.engine.decode_per_seq_s,
-        sc.trainer.gpu_s_per_token,
-        (fit_d, fit_t),
-        seeds,
-        walls,
-        stds,
-        predicted,
-        walls[predicted] / pub[predicted] - 1,
-        ratios,
-        evals,
-    )
-    return sc, rep
+    return fitting.sc, fitting.report((fit_d, fit_t), predicted, policy)
 
 
 ASSUMPTIONS: tuple[tuple[str, dict[str, dict[str, Any]], bool], ...] = (

@@ -7,9 +7,12 @@ import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynsched_core.errors import UsageError
+
+if TYPE_CHECKING:
+    from dynsched_sim._scenario import Scenario
 
 __all__ = ["main", "register"]
 
@@ -87,28 +90,35 @@ def _check_out(out: str) -> None:
 
 def _handler(args: argparse.Namespace) -> int:
     from dynsched_core import available_policies
-    from dynsched_core.errors import PolicyRegistryError
 
-    from dynsched_sim._report import (
-        COMPACT_WIDTH,
-        ProgressBar,
-        compare,
-        format_compact_table,
-        format_table,
-        seeds_of,
-        write_outputs,
-    )
-    from dynsched_sim._scenario import (
-        ScenarioError,
-        builtin_scenarios,
-        check_run_size,
-        load_scenario,
-    )
+    from dynsched_sim._report import seeds_of
+    from dynsched_sim._scenario import builtin_scenarios
 
     if args.list:
         print("scenarios:", ", ".join(builtin_scenarios()))
         print("policies:", ", ".join(available_policies()))
         return 0
+    scenario, published = _checked_scenario(args)
+    seeds = seeds_of(scenario, args.seed, args.seeds)
+    runs = _run_all(args, scenario, seeds, published)
+    _print_table(args, scenario, runs, published)
+    paths = _write(args, scenario, runs, seeds, published, partial=False)
+    print(f"wrote {', '.join(sorted(set(paths.values())))}")
+    return 0
+
+
+def _checked_scenario(args: argparse.Namespace) -> tuple[Scenario, bool]:
+    """The scenario to run (with ``--steps``) and whether its published times apply, after
+    checking every flag, the policy names and the output folder.
+
+    Raises:
+        UsageError: naming the bad flag, scenario or policy.
+    """
+    from dynsched_core import available_policies
+    from dynsched_core.errors import PolicyRegistryError
+
+    from dynsched_sim._scenario import ScenarioError, check_run_size, load_scenario
+
     try:
         check_run_size(args.steps, args.seed, args.seeds)
         scenario = load_scenario(args.scenario)
@@ -125,7 +135,16 @@ def _handler(args: argparse.Namespace) -> int:
         _check_out(args.out)
     except (ScenarioError, PolicyRegistryError) as e:
         raise UsageError(str(e)) from None
-    seeds = seeds_of(scenario, args.seed, args.seeds)
+    return scenario, published
+
+
+def _run_all(
+    args: argparse.Namespace, scenario: Scenario, seeds: list[int], published: bool
+) -> list[Any]:
+    """Every run of the comparison; on Ctrl-C the finished ones are written (marked partial)
+    before the interrupt goes on with a message saying where."""
+    from dynsched_sim._report import ProgressBar, compare
+
     runs: list[Any] = []
     try:
         compare(
@@ -139,20 +158,21 @@ def _handler(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if not runs:
             raise KeyboardInterrupt("no run finished; nothing written") from None
-        paths = write_outputs(
-            scenario,
-            runs,
-            args.out,
-            policies=args.policy,
-            seeds=seeds,
-            plots=False,
-            partial=True,
-            published=published,
-        )
+        paths = _write(args, scenario, runs, seeds, published, partial=True)
         raise KeyboardInterrupt(
             f"{len(runs)} finished run(s) written to {', '.join(sorted(set(paths.values())))}"
             " (marked partial)"
         ) from None
+    return runs
+
+
+def _print_table(
+    args: argparse.Namespace, scenario: Scenario, runs: list[Any], published: bool
+) -> None:
+    """The scenario's headline and the comparison table (compact unless ``--full``)."""
+    from dynsched_sim._report import COMPACT_WIDTH, format_compact_table, format_table
+    from dynsched_sim._scenario import load_scenario
+
     head = f"scenario {scenario.name}: {scenario.description}".strip()
     print(head if args.full else textwrap.fill(head, COMPACT_WIDTH, subsequent_indent="  "))
     table = format_table if args.full else format_compact_table
@@ -162,17 +182,30 @@ def _handler(args: argparse.Namespace) -> int:
             f"(published wall-clock times are for {load_scenario(args.scenario).steps} steps; "
             f"not compared with this {scenario.steps}-step run)"
         )
-    paths = write_outputs(
+
+
+def _write(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    runs: list[Any],
+    seeds: list[int],
+    published: bool,
+    *,
+    partial: bool,
+) -> dict[str, str]:
+    """result.json, table.txt and (unless partial or ``--no-plots``) the plots."""
+    from dynsched_sim._report import write_outputs
+
+    return write_outputs(
         scenario,
         runs,
         args.out,
         policies=args.policy,
         seeds=seeds,
-        plots=not args.no_plots,
+        plots=not (partial or args.no_plots),
+        partial=partial,
         published=published,
     )
-    print(f"wrote {', '.join(sorted(set(paths.values())))}")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

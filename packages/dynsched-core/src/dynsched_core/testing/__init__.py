@@ -33,24 +33,13 @@ _NEEDS_HYPOTHESIS = {
 }
 
 __all__ = [
-    "POLICY_PROPERTIES",
     "Call",
     "CallRecorder",
-    "ConformanceReport",
     "InMemoryReplica",
-    "PolicyConformanceError",
-    "PolicyStep",
     "RecordingRouter",
     "ReplicaDeadError",
     "ReplicaNotReadyError",
-    "StepInput",
-    "check_policy",
-    "colocated_contexts",
-    "contexts",
-    "drive_step",
-    "drive_steps",
-    "global_steps",
-    "step_sequences",
+    *_NEEDS_HYPOTHESIS,
 ]
 
 

@@ -26,19 +26,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from dynsched_core import _decide as d
 from dynsched_core._context import DynamicScheduleContext
 from dynsched_core._contract import POLICY_API_VERSION
-from dynsched_core._guards import GuardRails
 from dynsched_core._policy import DynamicSchedulePolicyBase
-from dynsched_core.testing._strategies import (
-    PolicyStep,
-    StepInput,
-    colocated_contexts,
-    contexts,
-    drive_steps,
-    global_steps,
-    step_sequences,
-)
+from dynsched_core.testing import _strategies as gen
 
 __all__ = ["POLICY_PROPERTIES", "ConformanceReport", "PolicyConformanceError", "check_policy"]
 
@@ -150,7 +142,9 @@ class _Probe(DynamicSchedulePolicyBase):
             )
             raise self._fail("no_raise", f"{method}({shown}) raised {exc!r}") from exc
 
-    def _bool(self, method: str, value: Any) -> bool:
+    def _bool(self, method: str, *args: Any) -> bool:
+        """Call ``method`` and check that it returned a bool."""
+        value = self._call(method, *args)
         if not isinstance(value, bool):
             raise self._fail(
                 "return_types", f"{method} returned {value!r} ({type(value).__name__}), not bool"
@@ -160,10 +154,7 @@ class _Probe(DynamicSchedulePolicyBase):
     def should_deactivate(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
-        return self._bool(
-            "should_deactivate",
-            self._call("should_deactivate", global_steps, is_hybrid_active, ctx),
-        )
+        return self._bool("should_deactivate", global_steps, is_hybrid_active, ctx)
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
         value = self._call("deactivate_wait_samples", ctx)
@@ -185,10 +176,7 @@ class _Probe(DynamicSchedulePolicyBase):
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
-        return self._bool(
-            "should_activate_after_step",
-            self._call("should_activate_after_step", global_steps, is_hybrid_active, ctx),
-        )
+        return self._bool("should_activate_after_step", global_steps, is_hybrid_active, ctx)
 
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> bool | None:
         value = self._call("request_rebalance", global_steps, ctx)
@@ -242,7 +230,7 @@ def _make(factory: PolicyFactory, label: str) -> _Probe:
     return _Probe(policy, label)
 
 
-def _first_difference(a: Sequence[PolicyStep], b: Sequence[PolicyStep]) -> str:
+def _first_difference(a: Sequence[gen.PolicyStep], b: Sequence[gen.PolicyStep]) -> str:
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x != y:
             return f"step #{i}: {x} vs {y}"
@@ -250,11 +238,11 @@ def _first_difference(a: Sequence[PolicyStep], b: Sequence[PolicyStep]) -> str:
 
 
 def _check_round_trip(
-    factory: PolicyFactory, label: str, steps: Sequence[StepInput], split: int, active: bool
+    factory: PolicyFactory, label: str, steps: Sequence[gen.StepInput], split: int, active: bool
 ) -> None:
     """Checkpoint after ``steps[:split]``, restore into a fresh policy, compare the rest."""
     original = _make(factory, label)
-    head = drive_steps(original, steps[:split], active)
+    head = gen.drive_steps(original, steps[:split], active)
     mid_active = head[-1].is_active_after if head else active
     raw_state = original.inner.state_dict()
     state = original.state_dict()
@@ -265,8 +253,8 @@ def _check_round_trip(
             "state_dict_round_trip",
             f"after load_state_dict(s) state_dict() is {restored.state_dict()!r}, s was {state!r}",
         )
-    rest_o = drive_steps(original, steps[split:], mid_active)
-    rest_r = drive_steps(restored, steps[split:], mid_active)
+    rest_o = gen.drive_steps(original, steps[split:], mid_active)
+    rest_r = gen.drive_steps(restored, steps[split:], mid_active)
     if rest_o != rest_r:
         raise restored._fail(
             "state_dict_round_trip",
@@ -282,18 +270,55 @@ def _check_round_trip(
 
 
 # ----------------------------------------------------------------------------------
-# Colocated run: an abstract model of the driver with hybrid replicas only.
+# Colocated run: the driver's own core, performed on a counts-only model.
 # ----------------------------------------------------------------------------------
-class _ColocatedRun:
-    """Counts-only model of the reference loop with hybrid replicas and no standalone one.
+@attrs.frozen
+class _ModelSettings:
+    """The `CoreSettings` of a colocated deployment, taken from a context."""
 
-    While active, hybrid replicas produce exactly what is waited for (the least a real
-    run produces), within the staleness window ``step_required + buffer`` per weight
-    version; while asleep nothing is produced. Each cycle: for every micro-step the
-    policy may deactivate (after buffering its threshold), then the trainer takes
-    ``required_samples``; after the weight sync the policy may activate. As in the
-    reference loop, the driver's `GuardRails` bound every decision (so the colocated
-    schedule is the framework's, not the policy's).
+    base: DynamicScheduleContext
+    use_dynamic_resource_scheduling: bool = True
+    dynamic_schedule_enable_rebalance: bool = True
+    standalone_gpus: int = 0
+
+    @property
+    def required_samples(self) -> int:
+        return self.base.required_samples
+
+    @property
+    def trigger_parameter_sync_step(self) -> int:
+        return self.base.trigger_parameter_sync_step
+
+    @property
+    def step_required_samples(self) -> int:
+        return self.base.step_required_samples
+
+    @property
+    def buffer_samples(self) -> int:
+        return self.base.buffer_samples
+
+    @property
+    def hybrid_gpus(self) -> int:
+        return self.base.hybrid_gpus
+
+    @property
+    def dynamic_schedule_min_deactivate_ratio(self) -> float:
+        return self.base.min_deactivate_ratio
+
+    @property
+    def dynamic_schedule_max_deactivate_ratio(self) -> float:
+        return self.base.max_deactivate_ratio
+
+
+class _ColocatedRun:
+    """The driver's `DriverCore` run on a counts-only model with hybrid replicas only.
+
+    The decisions, their order and the guard rails are the driver's own (the core is the
+    one the asyncio driver runs); this model only performs the core's actions. While
+    active, hybrid replicas produce exactly what is waited for (the least a real run
+    produces), within the staleness window ``step_required + buffer`` per weight version;
+    while asleep nothing is produced. Each micro-step the trainer takes
+    ``required_samples``; after ``T`` of them the weights are synced.
     """
 
     SECONDS_PER_SAMPLE = 0.5
@@ -308,41 +333,13 @@ class _ColocatedRun:
         self.R = base.required_samples
         self.T = base.trigger_parameter_sync_step
         self.window = base.step_required_samples + base.buffer_samples
+        self.hybrid = tuple(f"h{i}" for i in range(max(1, base.num_hybrid_replicas)))
+        self.core = d.DriverCore(probe, _ModelSettings(base))
         self.active = start_active
-        self.queue = self.generated = self.consumed = self.admitted = self.version = 0
+        self.queue = self.generated = self.admitted = 0
         self.now = 0.0
-        self.waits: list[tuple[float, int]] = []
-        self.last_activate = self.last_deactivate = 0.0
+        self.g = self._waited = 0
         self.trace: list[str] = []
-        self.rails = GuardRails(
-            min_deactivate_ratio=base.min_deactivate_ratio,
-            max_deactivate_ratio=base.max_deactivate_ratio,
-        )
-
-    def ctx(self, *, demand: int, last: bool) -> DynamicScheduleContext:
-        return DynamicScheduleContext(
-            required_samples=self.R,
-            trigger_parameter_sync_step=self.T,
-            total_generated_samples=self.generated,
-            expected_samples=self.consumed + demand,
-            buffer_samples=self.base.buffer_samples,
-            step_wait_times=tuple(t for t, _ in self.waits),
-            step_wait_samples=tuple(n for _, n in self.waits),
-            only_hybrid=True,
-            last_activate_duration_s=self.last_activate,
-            last_deactivate_duration_s=self.last_deactivate,
-            queue_size=self.queue,
-            num_standalone_replicas=0,
-            num_hybrid_replicas=max(1, self.base.num_hybrid_replicas),
-            standalone_gpus=0,
-            hybrid_gpus=self.base.hybrid_gpus,
-            producer_finished=False,
-            is_last_step=last,
-            param_version=self.version,
-            now=self.now,
-            min_deactivate_ratio=self.base.min_deactivate_ratio,
-            max_deactivate_ratio=self.base.max_deactivate_ratio,
-        )
 
     def produce_until(self, target: int) -> int:
         if not self.active or self.queue >= target:
@@ -354,73 +351,97 @@ class _ColocatedRun:
         self.now += n * self.SECONDS_PER_SAMPLE
         return n
 
-    def deadlock(self, g: int, why: str) -> PolicyConformanceError:
+    def deadlock(self, why: str) -> PolicyConformanceError:
         trace = "; ".join(self.trace[-8:])
         return self.p._fail(
             "only_hybrid_no_deadlock",
             f"colocated run (required_samples={self.R}, trigger_parameter_sync_step={self.T}, "
-            f"buffer_samples={self.base.buffer_samples}) deadlocks at global step {g}: {why}. "
-            f"Last decisions: {trace}",
+            f"buffer_samples={self.base.buffer_samples}) deadlocks at global step {self.g}: "
+            f"{why}. Last decisions: {trace}",
         )
 
-    def after_sync(self, g: int, last: bool) -> None:
-        ctx = self.ctx(demand=0, last=last)
-        proposed = self.p.should_activate_after_step(g, self.active, ctx)
-        activate, _ = self.rails.activation(proposed, ctx)
-        self.trace.append(f"g={g} after sync: activate={activate} (policy: {proposed})")
-        if activate:
-            if not self.active:
-                self.active = True
-                self.last_activate = self.SWITCH_S
-            self.p.request_rebalance(g, ctx)
-        self.p.update_after_step(g, ctx)
-        self.waits = []
+    def _switch(self, active: bool, value: Any = True) -> d.Switched:
+        start, self.active = self.now, active
+        return d.Switched(
+            value=value,
+            started=start,
+            ended=start + self.SWITCH_S,
+            is_hybrid_active=active,
+            active_hybrid=len(self.hybrid) if active else 0,
+        )
+
+    def perform(self, action: d.Action) -> d.Outcome:
+        """Carry out one action of the core on the model."""
+        if isinstance(action, d.Observe):
+            return d.Observation(
+                produced=self.generated,
+                queue_size=self.queue,
+                now=self.now,
+                hybrid_ids=self.hybrid,
+                hybrid_nodes=("",) * len(self.hybrid),
+                active_hybrid=len(self.hybrid) if self.active else 0,
+                is_hybrid_active=self.active,
+            )
+        if isinstance(action, d.WaitForSamples):
+            return self._wait(action.target)
+        if isinstance(action, d.Activate):
+            self.trace.append(f"g={self.g} activate")
+            return self._switch(True)
+        if isinstance(action, d.Deactivate):
+            return self._switch(False, value=self.active)
+        if isinstance(action, d.Rebalance):
+            return self._switch(self.active, value=None)
+        return d.Ack()
+
+    def _wait(self, target: int) -> d.Waited:
+        start = self.now
+        produced = self.produce_until(target)
+        self.trace.append(f"g={self.g} deactivate after {target} buffered")
+        if self.queue < target:
+            raise self.deadlock(
+                f"deactivate_wait_samples={target} but only {self.queue} sample(s) can be "
+                "buffered (hybrid replicas "
+                + ("exhausted the staleness window)" if self.active else "asleep)")
+            )
+        self._waited += produced
+        return d.Waited(buffered=self.queue, started=start, ended=self.now)
+
+    def drive(self, command: d.BeforeStep | d.AfterSync | d.InitialActivation) -> None:
+        action = self.core.step(command)
+        while not isinstance(action, d.Done):
+            action = self.core.step(self.perform(action))
+
+    def train(self, last: bool) -> None:
+        """One micro-step: the driver's decisions, then the trainer takes its samples."""
+        self._waited = 0
+        self.drive(d.BeforeStep(global_steps=self.g, is_last_step=last))
+        produced = self._waited + self.produce_until(self.R)
+        if self.queue < self.R:
+            raise self.deadlock(
+                f"the trainer needs {self.R} sample(s), {self.queue} buffered, and "
+                + (
+                    "the staleness window is exhausted"
+                    if self.active
+                    else "the hybrid replicas are asleep (nothing else produces)"
+                )
+            )
+        self.queue -= self.R
+        self.core.record_collection(produced * self.SECONDS_PER_SAMPLE, produced)
+        self.now += 1.0
 
     def run(self) -> None:
-        g = 0
         if not self.active:  # the initial weight sync of the run
-            self.after_sync(0, last=False)
+            self.drive(d.InitialActivation(version=0))
         for cycle in range(self.cycles):
             for micro in range(self.T):
-                g += 1
-                last = cycle == self.cycles - 1 and micro == self.T - 1
-                produced = 0
-                ctx = self.ctx(demand=self.R, last=last)
-                if self.p.should_deactivate(g, self.active, ctx):
-                    proposed = self.p.deactivate_wait_samples(ctx)
-                    threshold, _ = self.rails.wait_target(
-                        proposed, ctx, cycle_remaining=(self.T - micro) * self.R
-                    )
-                    produced += self.produce_until(threshold)
-                    self.trace.append(f"g={g} deactivate after {threshold} buffered")
-                    if self.queue < threshold:
-                        raise self.deadlock(
-                            g,
-                            f"deactivate_wait_samples={threshold} but only {self.queue} sample(s) "
-                            "can be buffered (hybrid replicas "
-                            + ("exhausted the staleness window)" if self.active else "asleep)"),
-                        )
-                    if self.active:
-                        self.active = False
-                        self.last_deactivate = self.SWITCH_S
-                produced += self.produce_until(self.R)
-                if self.queue < self.R:
-                    raise self.deadlock(
-                        g,
-                        f"the trainer needs {self.R} sample(s), {self.queue} buffered, and "
-                        + (
-                            "the staleness window is exhausted"
-                            if self.active
-                            else "the hybrid replicas are asleep (nothing else produces)"
-                        ),
-                    )
-                self.queue -= self.R
-                self.consumed += self.R
-                self.now += 1.0
-                self.waits.append((produced * self.SECONDS_PER_SAMPLE, produced))
-            self.version += 1
+                self.g += 1
+                self.train(last=cycle == self.cycles - 1 and micro == self.T - 1)
             self.admitted = 0
-            self.after_sync(g, last=cycle == self.cycles - 1)
+            self.drive(
+                d.AfterSync(
+                    global_steps=self.g, version=cycle + 1, is_last_step=cycle == self.cycles - 1
+                )
+            )
 
 
 # ----------------------------------------------------------------------------------
@@ -429,6 +450,105 @@ class _ColocatedRun:
 def _label(factory: Callable[..., Any]) -> str:
     name = getattr(factory, "__qualname__", None) or getattr(factory, "__name__", None)
     return str(name) if name else repr(factory)
+
+
+def _run_settings(parent: settings, examples: int, shrink: bool) -> settings:
+    return settings(
+        parent,
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+        + ([Phase.shrink] if shrink else []),
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.filter_too_much,
+            HealthCheck.data_too_large,
+            HealthCheck.large_base_example,
+        ],
+    )
+
+
+def _single_calls(factory: PolicyFactory, label: str, run: settings) -> Callable[[], None]:
+    """After an arbitrary history, every method with an arbitrary valid context."""
+
+    @run
+    @given(
+        history=gen.step_sequences(max_size=3, max_required_samples=64),
+        g=gen.global_steps(),
+        active=st.booleans(),
+        ctx=gen.contexts(),
+    )
+    def single_calls(
+        history: list[gen.StepInput], g: int, active: bool, ctx: DynamicScheduleContext
+    ) -> None:
+        probe = _make(factory, label)
+        gen.drive_steps(probe, history)
+        probe.state_dict()
+        probe.should_deactivate(g, active, ctx)
+        probe.deactivate_wait_samples(ctx)
+        probe.should_activate_after_step(g, active, ctx)
+        probe.request_rebalance(g, ctx)
+        probe.update_after_step(g, ctx)
+        probe.state_dict()
+
+    return single_calls
+
+
+def _sequences(factory: PolicyFactory, label: str, run: settings) -> Callable[[], None]:
+    """Two policies agree; a policy restored at any point agrees with the original."""
+
+    @run
+    @given(steps=gen.step_sequences(min_size=1, max_size=6), active=st.booleans())
+    def sequences(steps: list[gen.StepInput], active: bool) -> None:
+        a, b = _make(factory, label), _make(factory, label)
+        ra, rb = gen.drive_steps(a, steps, active), gen.drive_steps(b, steps, active)
+        if ra != rb:
+            raise a._fail(
+                "deterministic",
+                "two fresh policies fed the same calls decided differently at "
+                + _first_difference(ra, rb),
+            )
+        if a.state_dict() != b.state_dict():
+            raise a._fail(
+                "deterministic",
+                f"two fresh policies fed the same calls ended in different states: "
+                f"{a.state_dict()!r} vs {b.state_dict()!r}",
+            )
+        for split in range(len(steps) + 1):
+            _check_round_trip(factory, label, steps, split, active)
+
+    return sequences
+
+
+def _colocated(factories: Sequence[tuple[PolicyFactory, str]], run: settings) -> Callable[[], None]:
+    """Colocated runs of the driver's core never wait for what nothing can produce."""
+
+    @run
+    @given(
+        base=gen.colocated_contexts(max_required_samples=64, max_sync_steps=4),
+        cycles=st.integers(1, 4),
+        start_active=st.booleans(),
+    )
+    def colocated(base: DynamicScheduleContext, cycles: int, start_active: bool) -> None:
+        for f, lab in factories:
+            _ColocatedRun(_make(f, lab), base, cycles, start_active).run()
+
+    return colocated
+
+
+def _search(search: Callable[[], None], label: str) -> None:
+    """Run one hypothesis search; a flaky example means a non-deterministic policy."""
+    try:
+        search()
+    except Flaky as exc:
+        raise PolicyConformanceError(
+            label,
+            "deterministic",
+            f"hypothesis saw the same example pass once and fail once ({exc!r}): the policy "
+            "does not decide deterministically",
+        ) from exc
 
 
 def check_policy(
@@ -448,10 +568,10 @@ def check_policy(
     * call sequences in the driver's order: two policies agree (``deterministic``); a
       policy restored from ``state_dict()`` at any point keeps agreeing with the original
       (``state_dict_round_trip``);
-    * colocated runs: a counts-only model of the reference loop with hybrid replicas only
-      (started asleep with an initial weight sync at step 0, or started active), with the
-      driver's guard rails applied to the decisions as in a real run, must never wait
-      for samples that nothing can produce (``only_hybrid_no_deadlock``).
+    * colocated runs: the driver's own decision sequence (`DriverCore`, guard rails
+      included) performed on a counts-only model with hybrid replicas only (started
+      asleep with an initial activation, or started active), must never wait for
+      samples that nothing can produce (``only_hybrid_no_deadlock``).
 
     Call it from a plain test function (not from inside another ``@given`` test).
 
@@ -479,91 +599,17 @@ def check_policy(
     """
     label = name or _label(factory)
     _make(factory, label)  # fail fast and clearly when the factory itself is broken
-    colocated_label = f"{label} [colocated_factory]"
+    factories = [(factory, label)]
     if colocated_factory is not None:
-        _make(colocated_factory, colocated_label)
+        factories.append((colocated_factory, f"{label} [colocated_factory]"))
+        _make(*factories[1])
     parent = settings()  # the active hypothesis profile
     examples = max_examples if max_examples is not None else parent.max_examples
-    run_settings = settings(
-        parent,
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        report_multiple_bugs=False,
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
-        + ([Phase.shrink] if shrink else []),
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.filter_too_much,
-            HealthCheck.data_too_large,
-            HealthCheck.large_base_example,
-        ],
-    )
+    run = _run_settings(parent, examples, shrink)
+    for search in (_single_calls(factory, label, run), _sequences(factory, label, run)):
+        _search(search, label)
+    _search(_colocated(factories, run), label)
 
-    @run_settings
-    @given(
-        history=step_sequences(max_size=3, max_required_samples=64),
-        g=global_steps(),
-        active=st.booleans(),
-        ctx=contexts(),
-    )
-    def single_calls(
-        history: list[StepInput], g: int, active: bool, ctx: DynamicScheduleContext
-    ) -> None:
-        probe = _make(factory, label)
-        drive_steps(probe, history)
-        probe.state_dict()
-        probe.should_deactivate(g, active, ctx)
-        probe.deactivate_wait_samples(ctx)
-        probe.should_activate_after_step(g, active, ctx)
-        probe.request_rebalance(g, ctx)
-        probe.update_after_step(g, ctx)
-        probe.state_dict()
-
-    @run_settings
-    @given(steps=step_sequences(min_size=1, max_size=6), active=st.booleans())
-    def sequences(steps: list[StepInput], active: bool) -> None:
-        a, b = _make(factory, label), _make(factory, label)
-        ra, rb = drive_steps(a, steps, active), drive_steps(b, steps, active)
-        if ra != rb:
-            raise a._fail(
-                "deterministic",
-                "two fresh policies fed the same calls decided differently at "
-                + _first_difference(ra, rb),
-            )
-        if a.state_dict() != b.state_dict():
-            raise a._fail(
-                "deterministic",
-                f"two fresh policies fed the same calls ended in different states: "
-                f"{a.state_dict()!r} vs {b.state_dict()!r}",
-            )
-        for split in range(len(steps) + 1):
-            _check_round_trip(factory, label, steps, split, active)
-
-    colocated_factories = [(factory, label)]
-    if colocated_factory is not None:
-        colocated_factories.append((colocated_factory, colocated_label))
-
-    @run_settings
-    @given(
-        base=colocated_contexts(max_required_samples=64, max_sync_steps=4),
-        cycles=st.integers(1, 4),
-        start_active=st.booleans(),
-    )
-    def colocated(base: DynamicScheduleContext, cycles: int, start_active: bool) -> None:
-        for f, lab in colocated_factories:
-            _ColocatedRun(_make(f, lab), base, cycles, start_active).run()
-
-    for search in (single_calls, sequences, colocated):
-        try:
-            search()
-        except Flaky as exc:
-            raise PolicyConformanceError(
-                label,
-                "deterministic",
-                f"hypothesis saw the same example pass once and fail once ({exc!r}): the policy "
-                "does not decide deterministically",
-            ) from exc
     from dynsched_core import __version__
 
     report = ConformanceReport(

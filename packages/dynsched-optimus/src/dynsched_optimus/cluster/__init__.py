@@ -16,7 +16,7 @@ from ._data import (
     load_profiles,
     load_workload,
 )
-from ._jobs import GpuJob, PSJob, PSJobType, SimJob
+from ._jobs import GpuJob, PSJob, PSJobOptions, PSJobType, PSLossCurve, SimJob
 from ._report import format_table, plot_results, result_to_dict, write_result
 from ._run import (
     PS_JOB_BLOCKS,
@@ -61,7 +61,9 @@ __all__ = [
     "OptimusScheduler",
     "OverCommitError",
     "PSJob",
+    "PSJobOptions",
     "PSJobType",
+    "PSLossCurve",
     "Placement",
     "PolluxDataError",
     "SRTFScheduler",

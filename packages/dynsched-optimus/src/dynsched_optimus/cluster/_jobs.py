@@ -28,9 +28,9 @@ import numpy as np
 from dynsched_optimus import StepTimeModel
 
 from ._data import GpuJobSpec, ModelProfile
-from ._spec import Placement
+from ._spec import Placement, _nonneg, _positive
 
-__all__ = ["GpuJob", "PSJob", "PSJobType", "SimJob"]
+__all__ = ["GpuJob", "PSJob", "PSJobOptions", "PSJobType", "PSLossCurve", "SimJob"]
 
 _GPU_REPLICA_DEMAND = np.array([4.0, 16.0, 1.0, 0.0])
 
@@ -310,6 +310,17 @@ class GpuJob(SimJob):
         return used
 
 
+def _positive_int(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+def _non_negative_int(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+@attrs.frozen
 class PSJobType:
     """A synthetic parameter-server job type around dynsched-optimus' ``StepTimeModel``.
 
@@ -331,37 +342,35 @@ class PSJobType:
         link_gbps: link bandwidth used by the transfer term.
     """
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        t_fwd: float,
-        t_back: float,
-        model_gb: float,
-        t_update: float,
-        delta: float,
-        delta_ps: float,
-        batch: int,
-        sync: bool = True,
-        task_gbps: float = 1.0,
-        link_gbps: float = 10.0,
-    ) -> None:
-        self.name = name
-        self.batch = batch
-        self.sync = sync
-        self.task_gbps = task_gbps
-        self.model = StepTimeModel(
-            mode="sync" if sync else "async",
-            batch=float(batch),
-            t_forward=t_fwd,
-            t_back=t_back,
-            model_size=model_gb,
-            bandwidth=link_gbps / 8.0,
-            t_update=t_update,
-            delta=delta,
-            delta_ps=delta_ps,
+    name: str
+    t_fwd: float = attrs.field(kw_only=True, validator=_nonneg)
+    t_back: float = attrs.field(kw_only=True, validator=_nonneg)
+    model_gb: float = attrs.field(kw_only=True, validator=_nonneg)
+    t_update: float = attrs.field(kw_only=True, validator=_nonneg)
+    delta: float = attrs.field(kw_only=True, validator=_nonneg)
+    delta_ps: float = attrs.field(kw_only=True, validator=_nonneg)
+    batch: int = attrs.field(kw_only=True, validator=_positive_int)
+    sync: bool = attrs.field(default=True, kw_only=True)
+    task_gbps: float = attrs.field(default=1.0, kw_only=True, validator=_nonneg)
+    link_gbps: float = attrs.field(default=10.0, kw_only=True, validator=_positive)
+    model: StepTimeModel = attrs.field(init=False, eq=False, repr=False)
+    _cache: dict[tuple[float, float], StepTimeModel] = attrs.field(
+        init=False, factory=dict, eq=False, repr=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        model = StepTimeModel(
+            mode="sync" if self.sync else "async",
+            batch=float(self.batch),
+            t_forward=self.t_fwd,
+            t_back=self.t_back,
+            model_size=self.model_gb,
+            bandwidth=self.link_gbps / 8.0,
+            t_update=self.t_update,
+            delta=self.delta,
+            delta_ps=self.delta_ps,
         )
-        self._cache: dict[tuple[float, float], StepTimeModel] = {}
+        object.__setattr__(self, "model", model)
 
     def _model(self, cross: float, imbalance: float) -> StepTimeModel:
         key = (round(cross, 9), round(imbalance, 9))
@@ -394,6 +403,47 @@ def cross_fraction(placement: Placement) -> float:
     return float(1.0 - (w * p).sum() / tot)
 
 
+@attrs.frozen
+class PSLossCurve:
+    """A PS job's true loss curve and how it is observed (see :class:`PSJob`).
+
+    Args:
+        b0, b1, b2: coefficients of ``l(k) = 1 / (b0 k + b1) + b2``.
+        steps_per_epoch: steps between two loss observations (>= 1).
+        delta_conv: convergence threshold on the normalised per-epoch improvement.
+        loss_noise: relative noise of an observation.
+        lr_decay_epoch: epoch after which the excess loss drops to 60% (``None``: never).
+    """
+
+    b0: float = attrs.field(validator=_nonneg)
+    b1: float = attrs.field(validator=_nonneg)
+    b2: float = attrs.field(validator=_nonneg)
+    steps_per_epoch: int = attrs.field(validator=_positive_int)
+    delta_conv: float = attrs.field(default=0.002, validator=_positive)
+    loss_noise: float = attrs.field(default=0.03, validator=_nonneg)
+    lr_decay_epoch: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_nonneg)
+    )
+
+
+@attrs.frozen
+class PSJobOptions:
+    """What a PS job asks for and how noisy its speed is (see :class:`PSJob`).
+
+    Args:
+        requested_workers, requested_ps: the tasks it asks for (>= 0).
+        max_tasks: most workers (and most PS) it may get (>= 1).
+        imbalance: load imbalance of the busiest PS, or a function of the PS count.
+        speed_noise: relative noise of a speed sample.
+    """
+
+    requested_workers: int = attrs.field(default=4, validator=_non_negative_int)
+    requested_ps: int = attrs.field(default=4, validator=_non_negative_int)
+    max_tasks: int = attrs.field(default=32, validator=_positive_int)
+    imbalance: float | Callable[[int], float] = 1.0
+    speed_noise: float = attrs.field(default=0.05, validator=_nonneg)
+
+
 class PSJob(SimJob):
     """Synthetic parameter-server job.
 
@@ -401,6 +451,7 @@ class PSJob(SimJob):
     per epoch of ``steps_per_epoch`` steps; the job converges at the first step where the
     true curve, normalised by its value after the first epoch, improves by less than
     ``delta_conv`` over one epoch (the same normalisation the scheduler's fit uses).
+    The curve is a :class:`PSLossCurve`, the requests and noise a :class:`PSJobOptions`.
     """
 
     kind = "ps"
@@ -412,35 +463,28 @@ class PSJob(SimJob):
         jtype: PSJobType,
         rng: np.random.Generator,
         *,
-        b0: float,
-        b1: float,
-        b2: float,
-        steps_per_epoch: int,
-        delta_conv: float = 0.002,
-        loss_noise: float = 0.03,
-        requested_workers: int = 4,
-        requested_ps: int = 4,
-        max_tasks: int = 32,
-        imbalance: float | Callable[[int], float] = 1.0,
-        speed_noise: float = 0.05,
-        lr_decay_epoch: int | None = None,
+        curve: PSLossCurve,
+        options: PSJobOptions | None = None,
     ) -> None:
         super().__init__(name, submit_time, rng)
+        opts = options if options is not None else PSJobOptions()
         self.jtype = jtype
-        self.b0, self.b1, self.b2 = b0, b1, b2
-        self.steps_per_epoch = steps_per_epoch
-        self.delta_conv = delta_conv
-        self.loss_noise = loss_noise
+        self.curve = curve
+        self.options = opts
+        self.b0, self.b1, self.b2 = curve.b0, curve.b1, curve.b2
+        self.steps_per_epoch = curve.steps_per_epoch
+        self.delta_conv = curve.delta_conv
+        self.loss_noise = curve.loss_noise
         self.batch_size = jtype.batch
-        self.requested_workers = requested_workers
-        self.requested_ps = requested_ps
-        self.max_workers = max_tasks
-        self.max_ps = max_tasks
+        self.requested_workers = opts.requested_workers
+        self.requested_ps = opts.requested_ps
+        self.max_workers = opts.max_tasks
+        self.max_ps = opts.max_tasks
         self.worker_demand = np.array([5.0, 10.0, 0.0, jtype.task_gbps])
         self.ps_demand = np.array([5.0, 10.0, 0.0, jtype.task_gbps])
-        self.imbalance = imbalance
-        self.speed_noise = speed_noise
-        self.lr_decay_epoch = lr_decay_epoch
+        self.imbalance = opts.imbalance
+        self.speed_noise = opts.speed_noise
+        self.lr_decay_epoch = curve.lr_decay_epoch
         self.total_steps = self._convergence_step()
 
     def true_loss(self, k: float) -> float:

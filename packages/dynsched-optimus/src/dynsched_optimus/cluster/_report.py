@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,77 +75,79 @@ def plot_results(
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
         v = np.sort(np.array(list(r.jct.values())))
         if len(v):
             ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=r.scheduler)
     ax.set_xscale("log")
-    ax.set_xlabel("JCT (s)")
-    ax.set_ylabel("CDF")
-    ax.set_title(f"JCT CDF {title}")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out_dir / "jct_cdf.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    _label(ax, "JCT (s)", "CDF", f"JCT CDF {title}")
+    paths = [_save(plt, fig, out_dir / "jct_cdf.png")]
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
         t = np.array([x[0] for x in r.timeline]) / 3600
         ax.plot(t, [x[1] for x in r.timeline], label=r.scheduler, lw=0.8)
-    ax.set_xlabel("time (h)")
-    ax.set_ylabel("running jobs")
-    ax.set_title(f"Running jobs {title}")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out_dir / "running_jobs.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    _label(ax, "time (h)", "running jobs", f"Running jobs {title}")
+    paths.append(_save(plt, fig, out_dir / "running_jobs.png"))
 
-    if results:
-        if job is None:
-            # the job with the most allocation changes under the first scheduler
-            allocs = results[0].allocations
-            job = max(sorted(allocs), key=lambda k: len(allocs[k])) if allocs else None
-        if job is not None:
-            with_batch = [r for r in results if r.batches.get(job)]
-            color = {id(r): f"C{i}" for i, r in enumerate(results)}
-            if with_batch:
-                fig, (ax, bx) = plt.subplots(2, 1, figsize=(6, 6), sharex=True)
-            else:
-                fig, ax = plt.subplots(figsize=(6, 4))
-            for r in with_batch:
-                b = r.batches[job]
-                t = [x[0] / 3600 for x in b] + [r.makespan / 3600]
-                bx.step(
-                    t,
-                    [x[1] for x in b] + [b[-1][1]],
-                    where="post",
-                    label=r.scheduler,
-                    color=color[id(r)],
-                )
-            if with_batch:
-                bx.set_yscale("log")
-                bx.set_xlabel("time (h)")
-                bx.set_ylabel("global batch size")
-                bx.legend()
-            for r in results:
-                a = r.allocations.get(job, [])
-                if not a:
-                    continue
-                end = r.makespan
-                t = [x[0] / 3600 for x in a] + [end / 3600]
-                w = [x[1] + x[2] for x in a] + [a[-1][1] + a[-1][2]]
-                ax.step(t, w, where="post", label=r.scheduler, color=color[id(r)])
-            if not with_batch:
-                ax.set_xlabel("time (h)")
-            ax.set_ylabel("tasks (workers + PS)")
-            ax.set_title(f"Allocation of {job}")
-            ax.legend()
-            fig.tight_layout()
-            paths.append(out_dir / "allocation_job.png")
-            fig.savefig(paths[-1], dpi=100)
-            plt.close(fig)
+    job = _plotted_job(results, job)
+    if job is not None:
+        fig = _allocation_figure(plt, results, job)
+        paths.append(_save(plt, fig, out_dir / "allocation_job.png"))
     return paths
+
+
+def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plotted_job(results: Sequence[SimResult], job: str | None) -> str | None:
+    """``job``, or the job with the most allocation changes under the first scheduler."""
+    if not results:
+        return None
+    if job is not None:
+        return job
+    allocs = results[0].allocations
+    return max(sorted(allocs), key=lambda k: len(allocs[k])) if allocs else None
+
+
+def _allocation_figure(plt: Any, results: Sequence[SimResult], job: str) -> Any:
+    """Tasks of ``job`` over time, above its global batch when a scheduler changed it."""
+    with_batch = [r for r in results if r.batches.get(job)]
+    color = {id(r): f"C{i}" for i, r in enumerate(results)}
+    if with_batch:
+        fig, (ax, bx) = plt.subplots(2, 1, figsize=(6, 6), sharex=True)
+        for r in with_batch:
+            b = r.batches[job]
+            t = [x[0] / 3600 for x in b] + [r.makespan / 3600]
+            y = [x[1] for x in b] + [b[-1][1]]
+            bx.step(t, y, where="post", label=r.scheduler, color=color[id(r)])
+        bx.set_yscale("log")
+        bx.set_xlabel("time (h)")
+        bx.set_ylabel("global batch size")
+        bx.legend()
+    else:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.set_xlabel("time (h)")
+    for r in results:
+        a = r.allocations.get(job, [])
+        if not a:
+            continue
+        t = [x[0] / 3600 for x in a] + [r.makespan / 3600]
+        w = [x[1] + x[2] for x in a] + [a[-1][1] + a[-1][2]]
+        ax.step(t, w, where="post", label=r.scheduler, color=color[id(r)])
+    ax.set_ylabel("tasks (workers + PS)")
+    ax.set_title(f"Allocation of {job}")
+    ax.legend()
+    return fig

@@ -14,7 +14,7 @@ import numpy as np
 from dynsched_optimus import assign_parameters, model_blocks
 
 from ._data import GpuJobSpec, load_profiles, load_workload
-from ._jobs import GpuJob, PSJob, PSJobType, SimJob
+from ._jobs import GpuJob, PSJob, PSJobOptions, PSJobType, PSLossCurve, SimJob
 from ._schedulers import make_scheduler
 from ._sim import SimResult, Simulator
 from ._spec import ClusterSpec, SimConfig
@@ -52,58 +52,21 @@ def gpu_jobs(
     ]
 
 
+#: Columns of :data:`_PS_JOB_ROWS` (keyword arguments of :class:`PSJobType`).
+_PS_JOB_COLUMNS = ("t_fwd", "t_back", "model_gb", "t_update", "delta", "delta_ps", "batch")
+_PS_JOB_ROWS: dict[str, tuple[float, float, float, float, float, float, int]] = {
+    "resnet-50": (0.012, 0.4, 0.1, 0.02, 0.004, 0.006, 128),
+    "vgg-16": (0.02, 0.6, 0.55, 0.05, 0.004, 0.006, 128),
+    "inception-bn": (0.008, 0.3, 0.045, 0.015, 0.003, 0.005, 128),
+    "seq2seq": (0.01, 0.25, 0.2, 0.03, 0.004, 0.004, 256),
+    "cnn-rand": (0.002, 0.05, 0.01, 0.005, 0.002, 0.003, 64),
+}
+
 #: Synthetic PS job types (step-time coefficients in seconds, model size in GB).
 PS_JOB_TYPES: dict[str, PSJobType] = {
-    "resnet-50": PSJobType(
-        "resnet-50",
-        t_fwd=0.012,
-        t_back=0.4,
-        model_gb=0.1,
-        t_update=0.02,
-        delta=0.004,
-        delta_ps=0.006,
-        batch=128,
-    ),
-    "vgg-16": PSJobType(
-        "vgg-16",
-        t_fwd=0.02,
-        t_back=0.6,
-        model_gb=0.55,
-        t_update=0.05,
-        delta=0.004,
-        delta_ps=0.006,
-        batch=128,
-    ),
-    "inception-bn": PSJobType(
-        "inception-bn",
-        t_fwd=0.008,
-        t_back=0.3,
-        model_gb=0.045,
-        t_update=0.015,
-        delta=0.003,
-        delta_ps=0.005,
-        batch=128,
-    ),
-    "seq2seq": PSJobType(
-        "seq2seq",
-        t_fwd=0.01,
-        t_back=0.25,
-        model_gb=0.2,
-        t_update=0.03,
-        delta=0.004,
-        delta_ps=0.004,
-        batch=256,
-    ),
-    "cnn-rand": PSJobType(
-        "cnn-rand",
-        t_fwd=0.002,
-        t_back=0.05,
-        model_gb=0.01,
-        t_update=0.005,
-        delta=0.002,
-        delta_ps=0.003,
-        batch=64,
-    ),
+    # a row's ``batch`` is an int; mypy sees the zipped row as ``dict[str, float]``
+    name: PSJobType(name, **dict(zip(_PS_JOB_COLUMNS, row, strict=True)))  # type: ignore[arg-type]
+    for name, row in _PS_JOB_ROWS.items()
 }
 
 
@@ -173,20 +136,24 @@ def paper_ps_workload(
                 float(round(arrivals[i])),
                 jt,
                 np.random.default_rng(children[i]),
-                b0=b0,
-                b1=b1,
-                b2=b2,
-                steps_per_epoch=spe,
-                delta_conv=float(rng.uniform(0.001, 0.004)),
-                requested_workers=req,
-                requested_ps=max(1, req // 2),
-                imbalance=(
-                    functools.partial(ps_imbalance, jt.name, method=imbalance)
-                    if isinstance(imbalance, str)
-                    else imbalance
+                curve=PSLossCurve(
+                    b0,
+                    b1,
+                    b2,
+                    spe,
+                    delta_conv=float(rng.uniform(0.001, 0.004)),
+                    lr_decay_epoch=decay,
                 ),
-                speed_noise=speed_noise,
-                lr_decay_epoch=decay,
+                options=PSJobOptions(
+                    requested_workers=req,
+                    requested_ps=max(1, req // 2),
+                    imbalance=(
+                        functools.partial(ps_imbalance, jt.name, method=imbalance)
+                        if isinstance(imbalance, str)
+                        else imbalance
+                    ),
+                    speed_noise=speed_noise,
+                ),
             )
         )
     return jobs

@@ -217,88 +217,109 @@ class Simulator:
         cfg = self.config
         wall0 = time.perf_counter()
         jobs = sorted(self.jobs, key=lambda j: (j.submit_time, j.name))
-        total = len(jobs)
+        tally = _Tally(jobs, self.capacity)
         now = 0.0
-        timeline: list[tuple[float, int, int, int]] = []
-        allocs: dict[str, list[tuple[float, int, int]]] = {j.name: [] for j in jobs}
-        pred_err: list[tuple[float, float, float]] = []
-        batches: dict[str, list[tuple[float, int]]] = {}
-        gpu_seconds = 0.0
-        dom_seconds = 0.0
-        cap_tot = self.capacity.sum(axis=0)
-        cap_tot_safe = np.where(cap_tot > 0, cap_tot, np.inf)
-        n_done = 0
-        first_submit = jobs[0].submit_time if jobs else 0.0
-        pending = list(jobs)
         idx = 0
         active: list[SimJob] = []
-        while n_done < total and now < cfg.max_time_s:
-            while idx < total and pending[idx].submit_time <= now:
-                job = pending[idx]
-                self._prerun(job, now)
-                active.append(job)
-                idx += 1
+        while tally.n_done < len(jobs) and now < cfg.max_time_s:
+            idx = self._admit(jobs, idx, now, active)
             runnable = [j for j in active if j.ready_time <= now]
-            if not runnable and idx < total and not active:
+            if not runnable and idx < len(jobs) and not active:
                 # Skip idle time to the next interval boundary at or after the next arrival.
-                nxt = pending[idx].submit_time
+                nxt = jobs[idx].submit_time
                 now = max(now + cfg.interval_s, np.ceil(nxt / cfg.interval_s) * cfg.interval_s)
                 continue
-            decisions = self.scheduler.schedule(now, runnable, self.state) if runnable else {}
-            decisions = {k: v for k, v in decisions.items() if v.num_workers + v.num_ps > 0}
-            self.check_placements(decisions, {j.name: j for j in runnable})
-            gpus_used = 0
-            for job in runnable:
-                new = decisions.get(job.name)
-                old = job.placement
-                if new is not None and new.batch_size and new.batch_size != job.batch_size:
-                    hist = batches.setdefault(job.name, [(job.submit_time, job.batch_size)])
-                    job.set_batch_size(int(new.batch_size))
-                    hist.append((now, job.batch_size))
-                if new is None:
-                    if old is not None:
-                        job.placement = None
-                        job.restart_left = 0.0
-                        allocs[job.name].append((now, 0, 0))
-                    continue
-                if not new.same_tasks(old):
-                    job.placement = Placement(new.workers, new.ps)
-                    job.restart_left = cfg.restart_delay_s
-                    job.pause_is_restart = job.start_time is not None
-                    if job.start_time is not None:
-                        job.num_restarts += 1
-                    allocs[job.name].append((now, new.num_workers, new.num_ps))
-                if job.start_time is None:
-                    job.start_time = now
-                gpus_used += round(
-                    float(job.placement.usage(job.worker_demand, job.ps_demand)[:, 2].sum())
-                )
-            reporter = getattr(self.scheduler, "prediction_report", None)
-            if reporter is not None:
-                err = reporter(now, runnable)
-                if err is not None:
-                    pred_err.append((now, err[0], err[1]))
-            running = 0
-            for job in runnable:
-                if job.placement is None:
-                    continue
-                running += 1
-                used = job.advance(cfg.interval_s, now)
-                u = job.placement.usage(job.worker_demand, job.ps_demand).sum(axis=0)
-                gpu_seconds += used * u[2]
-                dom_seconds += used * float(np.max(u / cap_tot_safe))
-                if job.done:
-                    n_done += 1
-                    job.placement = None
-            timeline.append((now, running, len(active) - running, gpus_used))
+            gpus_used = self._apply_decisions(self._decide(now, runnable), runnable, now, tally)
+            self._report_prediction(now, runnable, tally)
+            running = self._advance(runnable, now, tally)
+            tally.timeline.append((now, running, len(active) - running, gpus_used))
             active = [j for j in active if not j.done]
             now += cfg.interval_s
             if self.progress is not None:
-                self.progress(now, n_done, total)
+                self.progress(now, tally.n_done, len(jobs))
+        return self._result(jobs, tally, now, time.perf_counter() - wall0)
+
+    def _admit(self, jobs: list[SimJob], idx: int, now: float, active: list[SimJob]) -> int:
+        """Append to ``active`` the jobs submitted by ``now``; the index of the next one."""
+        while idx < len(jobs) and jobs[idx].submit_time <= now:
+            self._prerun(jobs[idx], now)
+            active.append(jobs[idx])
+            idx += 1
+        return idx
+
+    def _decide(self, now: float, runnable: list[SimJob]) -> dict[str, Placement]:
+        """The scheduler's non-empty placements, checked against the cluster."""
+        decisions = self.scheduler.schedule(now, runnable, self.state) if runnable else {}
+        decisions = {k: v for k, v in decisions.items() if v.num_workers + v.num_ps > 0}
+        self.check_placements(decisions, {j.name: j for j in runnable})
+        return decisions
+
+    def _apply_decisions(
+        self, decisions: dict[str, Placement], runnable: list[SimJob], now: float, tally: _Tally
+    ) -> int:
+        """Set each runnable job's batch and placement; the GPUs the placed jobs hold."""
+        gpus_used = 0
+        for job in runnable:
+            new = decisions.get(job.name)
+            if new is not None and new.batch_size and new.batch_size != job.batch_size:
+                hist = tally.batches.setdefault(job.name, [(job.submit_time, job.batch_size)])
+                job.set_batch_size(int(new.batch_size))
+                hist.append((now, job.batch_size))
+            if new is None:
+                if job.placement is not None:
+                    job.placement = None
+                    job.restart_left = 0.0
+                    tally.allocs[job.name].append((now, 0, 0))
+                continue
+            placement = self._place(job, new, now, tally)
+            gpus_used += round(float(placement.usage(job.worker_demand, job.ps_demand)[:, 2].sum()))
+        return gpus_used
+
+    def _place(self, job: SimJob, new: Placement, now: float, tally: _Tally) -> Placement:
+        """Give ``job`` the placement ``new``: a change of tasks pauses (and counts a restart)."""
+        placement = job.placement
+        if placement is None or not new.same_tasks(placement):
+            placement = job.placement = Placement(new.workers, new.ps)
+            job.restart_left = self.config.restart_delay_s
+            job.pause_is_restart = job.start_time is not None
+            if job.start_time is not None:
+                job.num_restarts += 1
+            tally.allocs[job.name].append((now, new.num_workers, new.num_ps))
+        if job.start_time is None:
+            job.start_time = now
+        return placement
+
+    def _report_prediction(self, now: float, runnable: list[SimJob], tally: _Tally) -> None:
+        """Record the scheduler's prediction errors when it reports them."""
+        reporter = getattr(self.scheduler, "prediction_report", None)
+        if reporter is not None:
+            err = reporter(now, runnable)
+            if err is not None:
+                tally.pred_err.append((now, err[0], err[1]))
+
+    def _advance(self, runnable: list[SimJob], now: float, tally: _Tally) -> int:
+        """Advance the placed jobs one interval; the number of jobs that ran."""
+        running = 0
+        for job in runnable:
+            if job.placement is None:
+                continue
+            running += 1
+            used = job.advance(self.config.interval_s, now)
+            u = job.placement.usage(job.worker_demand, job.ps_demand).sum(axis=0)
+            tally.gpu_seconds += used * u[2]
+            tally.dom_seconds += used * float(np.max(u / tally.cap_tot_safe))
+            if job.done:
+                tally.n_done += 1
+                job.placement = None
+        return running
+
+    def _result(self, jobs: list[SimJob], tally: _Tally, now: float, wall_s: float) -> SimResult:
+        """The figures of a finished run."""
         jct = {
             j.name: j.completion_time - j.submit_time for j in jobs if j.completion_time is not None
         }
         last = max((j.completion_time for j in jobs if j.completion_time is not None), default=now)
+        first_submit = jobs[0].submit_time if jobs else 0.0
         makespan = max(last - first_submit, 1e-9)
         held = sum(j.held_seconds for j in jobs)
         restart = sum(j.restart_seconds for j in jobs)
@@ -307,15 +328,30 @@ class Simulator:
             scheduler=getattr(self.scheduler, "name", type(self.scheduler).__name__),
             jct=jct,
             makespan=makespan,
-            gpu_utilization=gpu_seconds / (total_gpus * makespan) if total_gpus else 0.0,
-            task_utilization=dom_seconds / makespan,
+            gpu_utilization=tally.gpu_seconds / (total_gpus * makespan) if total_gpus else 0.0,
+            task_utilization=tally.dom_seconds / makespan,
             overhead_share=restart / held if held > 0 else 0.0,
             restarts={j.name: j.num_restarts for j in jobs},
-            timeline=timeline,
-            allocations=allocs,
-            prediction_errors=pred_err,
-            wall_s=time.perf_counter() - wall0,
+            timeline=tally.timeline,
+            allocations=tally.allocs,
+            prediction_errors=tally.pred_err,
+            wall_s=wall_s,
             simulated_s=now,
             unfinished=tuple(j.name for j in jobs if j.completion_time is None),
-            batches=batches,
+            batches=tally.batches,
         )
+
+
+class _Tally:
+    """What a run accumulates: completions, timelines and resource-seconds."""
+
+    def __init__(self, jobs: list[SimJob], capacity: np.ndarray) -> None:
+        cap_tot = capacity.sum(axis=0)
+        self.cap_tot_safe = np.where(cap_tot > 0, cap_tot, np.inf)
+        self.n_done = 0
+        self.gpu_seconds = 0.0
+        self.dom_seconds = 0.0
+        self.timeline: list[tuple[float, int, int, int]] = []
+        self.allocs: dict[str, list[tuple[float, int, int]]] = {j.name: [] for j in jobs}
+        self.pred_err: list[tuple[float, float, float]] = []
+        self.batches: dict[str, list[tuple[float, int]]] = {}

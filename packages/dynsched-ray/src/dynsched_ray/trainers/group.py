@@ -1,0 +1,624 @@
+"""Real trainers on Ray: worker actors on the trainer pool's bundles, one data-parallel group.
+
+- `TrainerActor` hosts any core `Trainer` (`TorchTrainer`, `MegatronTrainer`, ...) built
+  inside the actor by a factory; with more than one worker it first joins a
+  ``torch.distributed`` group (gloo on CPU, NCCL on GPU) so the workers form one
+  data-parallel trainer.
+- `RayTrainerGroup` starts one `TrainerActor` per trainer GPU, on bundle ``rank`` of the
+  trainer pool, the bundle where the hybrid replicas of that GPU also sit, and owns the
+  GPU side of the hand-over: it records every offload and reload in a core
+  `GpuHandOver`, so a hybrid replica wrapped in `HandOverReplica` cannot wake on a GPU
+  whose worker has not offloaded, and a worker cannot reload while a hybrid replica on
+  its GPU is awake (`HandOverError`).
+- `RayTrainerGroupBackend` is the core loop's ``TrainerBackend`` over a group: it
+  reloads the workers (through the hand-over record), trains, exports the weights in
+  Hugging Face names as safetensors bytes, and loads them into the standalone replicas.
+
+torch is imported inside the actors only; the driver needs none of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import socket
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import ray
+from dynsched_core.trainer import (
+    GpuHandOver,
+    HandOverReplica,
+    MemoryReport,
+    OffloadReport,
+    TrainBatch,
+    TrainMetrics,
+)
+
+from dynsched_ray.runtime.actors import placement_info, remote_class
+from dynsched_ray.runtime.errors import ActorUnavailableError, TrainerOffloadedError
+from dynsched_ray.runtime.placement import ResourcePools
+from dynsched_ray.runtime.remote import await_ref
+
+__all__ = [
+    "RayTrainerGroup",
+    "RayTrainerGroupBackend",
+    "RayTrainerSpec",
+    "TrainerActor",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerActor:
+    """Hosts one `Trainer`, built inside the actor by ``factory(*args, **kwargs)``.
+
+    A plain (threaded-off) Ray actor: its calls run one at a time, so a training step,
+    an offload and an export never overlap on one worker.
+
+    Args:
+        factory: Builds the trainer (a class such as `TorchTrainer`, or a picklable
+            callable).
+        args: Positional arguments of ``factory``.
+        kwargs: Keyword arguments of ``factory``.
+        rank: Data-parallel rank.
+        world_size: Data-parallel size; > 1 makes `setup` join a process group first.
+        collective_timeout_s: Bound of one collective (gradient all-reduce) of the group.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        collective_timeout_s: float = 600.0,
+    ) -> None:
+        self._factory = factory
+        self.collective_timeout_s = float(collective_timeout_s)
+        self._args = tuple(args)
+        self._kwargs = dict(kwargs or {})
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self._trainer: Any = None
+        self._synced: tuple[int, bytes] | None = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """An address and a free port of this node, for rank 0 to host the group."""
+        host = ray.util.get_node_ip_address()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return host, port
+
+    def setup(self, address: tuple[str, int] | None = None) -> dict[str, Any]:
+        """Join the data-parallel group (when ``world_size > 1``), then build the trainer.
+
+        Returns:
+            `describe`'s answer.
+        """
+        if self._trainer is None:
+            if self.world_size > 1:
+                import torch
+                import torch.distributed as dist
+
+                if address is None:
+                    raise ValueError("setup needs the rank-0 address when world_size > 1")
+                backend = "nccl" if torch.cuda.is_available() else "gloo"
+                if not dist.is_initialized():
+                    dist.init_process_group(
+                        backend,
+                        init_method=f"tcp://{address[0]}:{address[1]}",
+                        rank=self.rank,
+                        world_size=self.world_size,
+                        # a collective whose peer never comes fails instead of hanging
+                        timeout=datetime.timedelta(seconds=self.collective_timeout_s),
+                    )
+            self._trainer = self._factory(*self._args, **self._kwargs)
+        return self.describe()
+
+    def _t(self) -> Any:
+        if self._trainer is None:
+            raise RuntimeError("TrainerActor.setup() has not run")
+        return self._trainer
+
+    def describe(self) -> dict[str, Any]:
+        """Rank, placement, trainer class, version and memory of this worker."""
+        t = self._trainer
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "placement": placement_info(),
+            "trainer": type(t).__name__ if t is not None else None,
+            "version": t.version if t is not None else None,
+            "offloaded": t.is_offloaded if t is not None else None,
+            "collective_export": bool(getattr(t, "collective_export", False)),
+            "pid": os.getpid(),
+        }
+
+    def ping(self) -> bool:
+        """Liveness check."""
+        return True
+
+    def train_step(self, batch: TrainBatch) -> TrainMetrics:
+        """One update on ``batch`` (this rank's share of it)."""
+        metrics: TrainMetrics = self._t().train_step(batch)
+        return metrics
+
+    def offload(self) -> OffloadReport:
+        """Offload the trainer (parameters, gradients, optimizer state)."""
+        report: OffloadReport = self._t().offload()
+        return report
+
+    def reload(self) -> OffloadReport:
+        """Reload the trainer."""
+        report: OffloadReport = self._t().reload()
+        return report
+
+    def memory(self) -> MemoryReport:
+        """Bytes the trainer holds."""
+        report: MemoryReport = self._t().memory()
+        return report
+
+    def export_weights(self, as_bytes: bool = True, keep: bool = True) -> tuple[int, Any]:
+        """``(version, weights)`` in Hugging Face names (safetensors bytes by default).
+
+        ``keep=False`` (a rank that only takes part in a sharded trainer's gather) answers
+        ``(version, None)``: the weights do not travel to the caller.
+        """
+        version, weights = self._t().export_weights(as_bytes=as_bytes)
+        return int(version), weights if keep else None
+
+    def keep_synced(self, version: int, return_bytes: bool = False) -> bytes | int:
+        """Keep a host copy of the weights as synced as ``version`` (safetensors bytes).
+
+        Called at every weight sync on every worker (all ranks hold the same weights):
+        a hybrid replica on this worker's GPU that is lent later in the cycle loads this
+        copy (`synced_weights`), while the trainer trains on; one copy is kept.
+
+        Returns:
+            The bytes when ``return_bytes`` (rank 0 feeds the standalone replicas), else
+            their size.
+        """
+        _, data = self._t().export_weights(as_bytes=True)
+        self._synced = (int(version), data)
+        return data if return_bytes else len(data)
+
+    def synced_weights(self, version: int) -> bytes:
+        """The copy `keep_synced` kept for ``version``.
+
+        Raises:
+            LookupError: this worker keeps another version (or none).
+        """
+        if self._synced is None or self._synced[0] != version:
+            kept = None if self._synced is None else self._synced[0]
+            raise LookupError(f"trainer rank {self.rank} keeps weights v{kept}, not v{version}")
+        return self._synced[1]
+
+    def state_dict(self, keep: bool = True) -> dict[str, Any]:
+        """The trainer's checkpoint (``keep=False``: built, for a sharded trainer's gather,
+        but answered as ``{}``)."""
+        state: dict[str, Any] = self._t().state_dict()
+        return state if keep else {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a checkpoint."""
+        self._t().load_state_dict(state)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call any other method of the hosted trainer."""
+        return getattr(self._t(), method)(*args, **kwargs)
+
+
+@attrs.frozen(kw_only=True)
+class RayTrainerSpec:
+    """What trainer the Ray runner starts on each trainer GPU, and how it is fed.
+
+    Attributes:
+        factory: Builds the trainer inside each worker actor (e.g. `TorchTrainer`).
+        args: Positional arguments of ``factory`` (e.g. the model folder).
+        kwargs: Keyword arguments of ``factory`` (e.g. ``{"options": TrainerOptions()}``).
+        make_batch: ``make_batch(samples, version) -> TrainBatch``, in the driver
+            (e.g. ``lambda s, v: TrainBatch.from_samples(s, reward_fn, version=v)``).
+        workers: Worker actors (None: one per trainer GPU).
+        gpu_fraction: Share of its bundle's GPU each worker declares (None: what the
+            hybrid replicas leave).
+        allow_unreleased_sleep: See `GpuHandOver` (True only where the GPUs are
+            bookkeeping, e.g. CPU runs whose replicas cannot free memory).
+        setup_timeout_s: Bound of the workers' start-up (model load, group join).
+        step_timeout_s: Bound of one training step.
+    """
+
+    factory: Callable[..., Any]
+    args: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
+    kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+    make_batch: Callable[[Sequence[Any], int], TrainBatch]
+    workers: int | None = None
+    gpu_fraction: float | None = None
+    allow_unreleased_sleep: bool = False
+    setup_timeout_s: float = 600.0
+    step_timeout_s: float = 3600.0
+
+
+class RayTrainerGroup:
+    """Trainer worker actors on the trainer pool, one data-parallel trainer.
+
+    Build with `launch`. Worker ``rank`` sits on trainer bundle ``rank`` (its GPU key in
+    `handover`). Every method awaits its actor calls with a timeout.
+
+    Attributes:
+        workers: Actor handles, by rank.
+        gpus: GPU key (trainer bundle index) of each worker.
+        handover: The hand-over record shared with the hybrid replicas.
+        collective: The trainer's ``collective_export`` (a sharded trainer: its export and
+            checkpoint gather the shards, so `export_weights`, `state_dict` and
+            `keep_synced` run on every rank and keep rank 0's answer; otherwise rank 0 alone
+            answers them, all ranks holding the same weights).
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[Any],
+        gpus: Sequence[Hashable],
+        handover: GpuHandOver,
+        *,
+        call_timeout_s: float = 600.0,
+        step_timeout_s: float = 3600.0,
+        collective: bool = False,
+    ) -> None:
+        self.workers = list(workers)
+        self.collective = bool(collective)
+        self.gpus = list(gpus)
+        self.handover = handover
+        self.call_timeout_s = float(call_timeout_s)
+        self.step_timeout_s = float(step_timeout_s)
+        self._offloaded = dict.fromkeys(self.gpus, False)
+        self.reports: list[tuple[Hashable, OffloadReport]] = []
+        #: The version the workers that host hybrid replicas keep a synced copy of
+        #: (`keep_synced`), or None.
+        self.synced_version: int | None = None
+        self._hybrid_gpus: set[Hashable] = set()
+        self._kept_ranks: frozenset[int] = frozenset()
+
+    @classmethod
+    async def launch(
+        cls,
+        pools: ResourcePools,
+        spec: RayTrainerSpec,
+        *,
+        handover: GpuHandOver | None = None,
+        gpu_fraction: float = 1.0,
+        name: str = "dynsched",
+        namespace: str | None = None,
+        call_timeout_s: float = 600.0,
+    ) -> RayTrainerGroup:
+        """Start one worker per trainer GPU (or ``spec.workers``) and build the trainers.
+
+        Raises:
+            RemoteCallTimeoutError: the workers did not come up within
+                ``spec.setup_timeout_s``.
+        """
+        n = pools.trainer_gpus if spec.workers is None else spec.workers
+        if not 1 <= n <= pools.trainer_gpus:
+            raise ValueError(
+                f"RayTrainerSpec.workers must be in [1, {pools.trainer_gpus}] (one per trainer "
+                f"GPU at most), got {n}"
+            )
+        frac = spec.gpu_fraction if spec.gpu_fraction is not None else gpu_fraction
+        handover = handover or GpuHandOver(allow_unreleased_sleep=spec.allow_unreleased_sleep)
+        handles: list[Any] = []
+        try:
+            for rank in range(n):
+                opts: dict[str, Any] = {
+                    "num_cpus": 0,
+                    "scheduling_strategy": pools.trainer_strategy(rank),
+                    "name": f"{name}-trainer-{rank}",
+                    "namespace": namespace,
+                }
+                if frac > 0:
+                    opts["num_gpus"] = frac
+                handles.append(
+                    remote_class(TrainerActor)
+                    .options(**opts)
+                    .remote(
+                        spec.factory, spec.args, dict(spec.kwargs), rank, n, spec.step_timeout_s
+                    )
+                )
+            address = None
+            if n > 1:
+                address = await await_ref(
+                    handles[0].rendezvous_address.remote(),
+                    timeout_s=spec.setup_timeout_s,
+                    what="trainer.rendezvous_address",
+                )
+            described = await asyncio.gather(
+                *(
+                    await_ref(
+                        h.setup.remote(address),
+                        timeout_s=spec.setup_timeout_s,
+                        what="trainer.setup",
+                    )
+                    for h in handles
+                )
+            )
+        except BaseException:
+            for h in handles:
+                _kill(h)
+            raise
+        gpus = list(range(n))
+        for g in gpus:
+            handover.register_trainer(g, resident=True)
+        logger.info("trainer group %s up: %d worker(s)", name, n)
+        return cls(
+            handles,
+            gpus,
+            handover,
+            call_timeout_s=call_timeout_s,
+            step_timeout_s=spec.step_timeout_s,
+            collective=any(d.get("collective_export", False) for d in described),
+        )
+
+    async def _all(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        return list(
+            await asyncio.gather(
+                *(
+                    await_ref(
+                        getattr(w, method).remote(*args),
+                        timeout_s=timeout_s or self.call_timeout_s,
+                        what=f"trainer.{method}",
+                    )
+                    for w in self.workers
+                )
+            )
+        )
+
+    async def train_step(self, batch: TrainBatch) -> TrainMetrics:
+        """One data-parallel update on every worker; returns rank 0's metrics.
+
+        Raises:
+            TrainerOffloadedError: a worker is offloaded (call `acquire` first).
+        """
+        offloaded = [g for g in self.gpus if self._offloaded[g]]
+        if offloaded:
+            # checked here: a rank that started alone would wait in its all-reduce forever
+            raise TrainerOffloadedError(
+                f"trainer worker(s) of GPU(s) {offloaded} are offloaded: call acquire() first"
+            )
+        metrics = await self._all("train_step", batch, timeout_s=self.step_timeout_s)
+        out: TrainMetrics = metrics[0]
+        slowest = max(m.compute_s for m in metrics)
+        return attrs.evolve(out, compute_s=slowest)
+
+    async def release(self, gpus: Sequence[Hashable] | None = None) -> list[OffloadReport]:
+        """Offload the workers of ``gpus`` (default: all) and record it in `handover`."""
+        targets = [g for g in (self.gpus if gpus is None else gpus) if g in self._offloaded]
+        todo = [g for g in targets if not self._offloaded[g]]
+        reports = await asyncio.gather(
+            *(
+                await_ref(
+                    self.workers[self.gpus.index(g)].offload.remote(),
+                    timeout_s=self.call_timeout_s,
+                    what="trainer.offload",
+                )
+                for g in todo
+            )
+        )
+        for g, rep in zip(todo, reports, strict=True):
+            self._offloaded[g] = True
+            self.reports.append((g, rep))
+        for g in targets:
+            self.handover.trainer_offloaded(g)
+        return list(reports)
+
+    async def acquire(self) -> list[OffloadReport]:
+        """Reload every offloaded worker.
+
+        Raises:
+            HandOverError: a hybrid replica on one of the GPUs is still awake (nothing is
+                reloaded then).
+        """
+        todo = [g for g in self.gpus if self._offloaded[g]]
+        for g in todo:  # check every GPU before touching any
+            holders = self.handover.holders(g)
+            if holders.awake:
+                self.handover.trainer_reloading(g)  # raises HandOverError
+        for g in todo:
+            self.handover.trainer_reloading(g)
+        reports = await asyncio.gather(
+            *(
+                await_ref(
+                    self.workers[self.gpus.index(g)].reload.remote(),
+                    timeout_s=self.call_timeout_s,
+                    what="trainer.reload",
+                )
+                for g in todo
+            )
+        )
+        for g, rep in zip(todo, reports, strict=True):
+            self._offloaded[g] = False
+            self.reports.append((g, rep))
+        return list(reports)
+
+    def is_offloaded(self, gpu: Hashable) -> bool:
+        """Whether the worker of ``gpu`` is offloaded."""
+        return self._offloaded[gpu]
+
+    def _answering(self, ranks: Sequence[int] = (0,)) -> list[int]:
+        """The ranks a rank-0 question goes to: ``ranks``, or every rank when `collective`
+        (all of them must enter the gather)."""
+        return list(range(len(self.workers))) if self.collective else sorted(ranks)
+
+    async def _rank0(self, method: str, *args: Any) -> Any:
+        """Rank 0's answer to ``method(*args, keep)``, asked of the `_answering` ranks
+        (``keep`` is True for rank 0 alone, so only its answer travels)."""
+        outs = await asyncio.gather(
+            *(
+                await_ref(
+                    getattr(self.workers[rank], method).remote(*args, rank == 0),
+                    timeout_s=self.call_timeout_s,
+                    what=f"trainer.{method}",
+                )
+                for rank in self._answering()
+            )
+        )
+        return outs[0]
+
+    async def export_weights(self, as_bytes: bool = True) -> tuple[int, Any]:
+        """Rank 0's ``(version, weights)`` (all ranks hold the same weights)."""
+        out: tuple[int, Any] = await self._rank0("export_weights", as_bytes)
+        return out
+
+    async def keep_synced(self, version: int) -> bytes:
+        """Rank 0 and every worker whose GPU hosts a hybrid replica keep a host copy of
+        ``version`` (`TrainerActor.keep_synced`), in parallel; returns rank 0's bytes (for
+        the standalone replicas). Workers without a hybrid replica export nothing, unless
+        the trainer is `collective` (then every rank gathers and keeps a copy)."""
+        self.synced_version = None
+        ranks = self._answering(
+            list({0} | {self.gpus.index(g) for g in self._hybrid_gpus if g in self.gpus})
+        )
+        outs = await asyncio.gather(
+            *(
+                await_ref(
+                    self.workers[rank].keep_synced.remote(version, rank == 0),
+                    timeout_s=self.call_timeout_s,
+                    what="trainer.keep_synced",
+                )
+                for rank in ranks
+            )
+        )
+        self._kept_ranks = frozenset(ranks)
+        self.synced_version = version
+        data: bytes = outs[0]
+        return data
+
+    def local_weights(self, gpus: Sequence[Hashable], version: int) -> Any:
+        """An object ref of the synced copy of ``version`` kept by the worker on ``gpus``.
+
+        A hybrid replica sitting on those GPUs loads it from its own node's object store
+        (a local copy; the driver never handles the bytes). None when no worker there
+        keeps that version (e.g. right after a resume, before the first sync).
+        """
+        if self.synced_version != version:
+            return None
+        for g in gpus:
+            if g in self.gpus and self.gpus.index(g) in self._kept_ranks:
+                return self.workers[self.gpus.index(g)].synced_weights.remote(version)
+        return None
+
+    async def memory(self) -> list[MemoryReport]:
+        """Each worker's memory."""
+        return await self._all("memory")
+
+    async def describe(self) -> list[dict[str, Any]]:
+        """Each worker's `TrainerActor.describe`."""
+        return await self._all("describe")
+
+    async def state_dict(self) -> dict[str, Any]:
+        """Rank 0's checkpoint."""
+        out: dict[str, Any] = await self._rank0("state_dict")
+        return out
+
+    async def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load one checkpoint into every worker."""
+        await self._all("load_state_dict", state)
+
+    def hybrid(
+        self, replica: Any, gpus: Sequence[Hashable], *, awake: bool = False
+    ) -> HandOverReplica:
+        """Wrap a hybrid replica on ``gpus``: its ``wake_up`` first offloads those workers
+        (and from the next sync on they keep a synced copy of the weights for it)."""
+        self._hybrid_gpus.update(gpus)
+        return HandOverReplica(
+            replica,
+            self.handover,
+            gpus,
+            before_wake=lambda: self.release(gpus),
+            awake=awake,
+        )
+
+    def shutdown(self) -> None:
+        """Kill the worker actors."""
+        for w in self.workers:
+            _kill(w)
+
+
+class RayTrainerGroupBackend:
+    """The core loop's ``TrainerBackend`` over a `RayTrainerGroup`.
+
+    Args:
+        group: The trainer workers.
+        make_batch: ``make_batch(samples, version) -> TrainBatch``.
+        replicas: The run's `ReplicaSet` (its live standalone members get the weights),
+            or a mapping of standalone replicas.
+        on_step: Called with the samples of every step.
+
+    Attributes:
+        metrics: `TrainMetrics` of every step.
+        version: The last synced version.
+    """
+
+    def __init__(
+        self,
+        group: RayTrainerGroup,
+        make_batch: Callable[[Sequence[Any], int], TrainBatch],
+        replicas: Any,
+        *,
+        on_step: Callable[[Sequence[Any]], None] | None = None,
+    ) -> None:
+        self.group = group
+        self.make_batch = make_batch
+        self.replicas = replicas
+        self._on_step = on_step
+        self.metrics: list[TrainMetrics] = []
+        self.version = 0
+
+    async def train_step(self, samples: Sequence[Any]) -> Mapping[str, float]:
+        """Reload the workers (hand-over checked), train; return ``update_actor`` seconds."""
+        if self._on_step is not None:
+            self._on_step(samples)
+        batch = self.make_batch(samples, self.version)
+        reloaded = await self.group.acquire()
+        metrics = await self.group.train_step(batch)
+        self.metrics.append(metrics)
+        out = {"update_actor": metrics.compute_s}
+        if reloaded:
+            out["trainer_reload"] = max(r.seconds for r in reloaded)
+        return out
+
+    async def sync_weights(self, version: int) -> Any:
+        """Every worker keeps the synced copy; rank 0's safetensors bytes go to the live
+        standalone replicas (and back to the loop, for the driver)."""
+        self.version = version
+        weights = await self.group.keep_synced(version)
+        replicas = [r for r in standalone_of(self.replicas) if not getattr(r, "is_dead", False)]
+        results = await asyncio.gather(
+            *(r.update_weights(version, weights) for r in replicas), return_exceptions=True
+        )
+        for replica, res in zip(replicas, results, strict=True):
+            if isinstance(res, ActorUnavailableError):
+                logger.warning(
+                    "weight sync v%d skipped dead replica %s", version, replica.replica_id
+                )
+            elif isinstance(res, BaseException):
+                raise res
+        return weights
+
+
+def standalone_of(replicas: Any) -> list[Any]:
+    """The live standalone members of a `ReplicaSet`, or the values of a mapping."""
+    of_role = getattr(replicas, "of_role", None)
+    if of_role is not None:
+        return list(of_role("standalone"))
+    return list(replicas.values())
+
+
+def _kill(handle: Any) -> None:
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:
+        logger.debug("trainer actor already gone", exc_info=True)

@@ -1,0 +1,722 @@
+"""`dynsched train` underneath: real fully-async RL with dynamic scheduling on Ray.
+
+`TrainRunner` is the `RayRunner` (same fleet, `ReplicaSet`, `ScheduleDriver`, retrying
+client and loop) with real parts plugged in:
+
+- rollout replicas are real engines, built by the engine plug-in ``settings.engine``
+  (`VLLMReplica`, `HFReplica` where starting vLLM costs more than the run, or any
+  installed `EnginePlugin`), serving the warmed-up tiny model (`warm_up`);
+- the trainers are real, built by the trainer plug-in ``settings.trainer`` (`TorchTrainer`,
+  `MegatronTrainer` or any installed `TrainerPlugin`) in a `RayTrainerGroup`, fed
+  `TrainBatch`es of the task's prompts with the task's reward;
+- every step writes one JSON line (reward, loss, step time, queue size, hybrid state,
+  weight-version lag, and the ``dynamic_resource/*`` metrics of the cycle it closes);
+- every weight sync checkpoints the trainer (model and optimizer, ``trainer-v<N>.pt``),
+  the driver (policy state, counters, parameter version) and the consumed sample ids;
+  ``resume`` loads them, pushes the restored weights to every replica, and continues
+  with the prompts not yet consumed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from dynsched_core import ConfigError, DynamicScheduleConfig
+from dynsched_core import validators as v
+from dynsched_core._config import MAX_STEPS, MAX_TOKENS
+from dynsched_core.events import TrainStepEvent
+from dynsched_core.storage import append_line, atomic_writer, trim_json_lines
+from dynsched_core.trainer import HandOverReplica, TrainBatch
+
+from dynsched_ray.plugins import ENGINES, TRAINERS, PluginKind, RunContext
+from dynsched_ray.runtime.runner import RayRunner, RayRunOptions, RayRunResult, config_fingerprint
+from dynsched_ray.task.addition import AdditionTask, TaskTokenizer, WarmUpOptions
+from dynsched_ray.trainers.group import RayTrainerGroupBackend, RayTrainerSpec
+
+__all__ = [
+    "TrainRunner",
+    "TrainSettings",
+    "TrainSummary",
+    "lag_bound",
+    "read_metrics",
+]
+
+logger = logging.getLogger(__name__)
+
+#: `TrainSettings` field -> the verl key it is read from (`TrainSettings.from_verl`).
+_VERL_KEYS = {
+    "lr": "actor_rollout_ref.actor.optim.lr",
+    "temperature": "actor_rollout_ref.rollout.temperature",
+    "max_tokens": "data.max_response_length",
+    "seed": "data.seed",
+    "steps": "trainer.total_training_steps",
+    "out_dir": "trainer.default_local_dir",
+}
+#: The verl keys ``dynsched train`` reads besides the scheduler's (misspelling warnings).
+TRAIN_VERL_KEYS = tuple(_VERL_KEYS.values())
+TRAINER_CKPT = "trainer-v{version}.pt"
+
+
+def _installed(kind: PluginKind[Any]) -> Any:
+    """Validator: the value names an installed plug-in of ``kind`` (nothing imported)."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"TrainSettings.{attribute.name} must be a {kind.group.kind} name (one of "
+                f"{kind.names()}), got {type(value).__name__}",
+                key=attribute.name,
+            )
+        kind.check(value, key=attribute.name, where=f"TrainSettings.{attribute.name}")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class TrainSettings:
+    """What `dynsched train` trains, besides the scheduler config.
+
+    The verl keys they come from (`from_verl`): ``actor_rollout_ref.actor.optim.lr``,
+    ``actor_rollout_ref.rollout.temperature``, ``data.max_response_length``,
+    ``data.seed``, ``trainer.total_training_steps``, ``trainer.default_local_dir``.
+
+    Attributes:
+        out_dir: Metrics (``metrics.jsonl``) and checkpoints (``checkpoint/``) go here.
+        model_cache: Folder of the warmed-up model (built on first use, then reused).
+        engine: An engine plug-in's name (entry-point group ``dynsched.engines``):
+            ``"vllm"`` (`VLLMReplica`), ``"hf"`` (`HFReplica`) or an installed one.
+        trainer: A trainer plug-in's name (``dynsched.trainers``): ``"torch"``
+            (`TorchTrainer`), ``"megatron"`` (`MegatronTrainer`) or an installed one.
+        steps: Trainer micro-steps of this run.
+        seed: Seed of the prompts' order, the sampling and the trainer.
+        lr: Trainer learning rate (judgement for the tiny model; verl's default 1e-6
+            is for billion-parameter models).
+        temperature: Rollout sampling temperature.
+        max_tokens: Response budget in tokens.
+        task: The task.
+        warm_up: The supervised warm-up.
+        device: Trainer and HF-engine device (``cpu``, ``cuda``, ``auto``).
+        stream_tokens: Replica streaming segment (see `RayRunOptions`).
+        keep_checkpoints: Trainer checkpoints kept on disk (older ones are deleted).
+    """
+
+    out_dir: str = "dynsched-train"
+    model_cache: str = "dynsched-model-cache"
+    engine: str = attrs.field(default="vllm", validator=_installed(ENGINES))
+    trainer: str = attrs.field(default="torch", validator=_installed(TRAINERS))
+    steps: int = attrs.field(default=12, validator=v.int_ge(1, maximum=MAX_STEPS))
+    seed: int = attrs.field(default=0, validator=v.int_ge(0, maximum=2**32 - 1))
+    lr: float = attrs.field(default=1e-3, validator=v.float_gt(0.0))
+    temperature: float = attrs.field(default=1.0, validator=v.float_in(0.0, 100.0))
+    max_tokens: int = attrs.field(default=6, validator=v.int_ge(1, maximum=MAX_TOKENS))
+    task: AdditionTask = attrs.field(factory=AdditionTask)
+    warm_up: WarmUpOptions = attrs.field(factory=WarmUpOptions)
+    device: str = "cpu"
+    stream_tokens: int | None = 16
+    keep_checkpoints: int = 2
+
+    @classmethod
+    def from_verl(cls, tree: Mapping[str, Any], **kwargs: Any) -> TrainSettings:
+        """Read the training keys of a verl config tree; ``kwargs`` win."""
+
+        def get(path: str) -> Any:
+            node: Any = tree
+            for part in path.split("."):
+                if not isinstance(node, Mapping) or part not in node:
+                    return None
+                node = node[part]
+            return node
+
+        found = {name: get(path) for name, path in _VERL_KEYS.items()}
+        values = {k: v for k, v in found.items() if v is not None}
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        values.update(given)
+        try:
+            return cls(**values)
+        except ConfigError as exc:  # name the key as the user gave it
+            field = exc.key or ""
+            prefix = f"{cls.__name__}.{field}"
+            where = f"--{field.replace('_', '-')}" if field in given else _VERL_KEYS.get(field)
+            message = str(exc)
+            if where is None or not message.startswith(prefix):
+                raise
+            raise type(exc)(f"{where}{message[len(prefix) :]}", key=where) from None
+
+    @property
+    def metrics_path(self) -> Path:
+        """The per-step JSON-lines file."""
+        return Path(self.out_dir) / "metrics.jsonl"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The checkpoint folder."""
+        return Path(self.out_dir) / "checkpoint"
+
+
+def lag_bound(config: DynamicScheduleConfig) -> int:
+    """The largest weight-version lag a sample may have under the staleness control.
+
+    Window ``v`` admits at most ``(1 + staleness_threshold) * required_samples * T``
+    samples while the trainer consumes ``required_samples * T`` per version, so the
+    surplus admitted under ``v`` is consumed within ``ceil(staleness_threshold)`` later
+    versions: lag = consuming version - admission version <= ``ceil(threshold)``.
+    """
+    return math.ceil(config.staleness_threshold)
+
+
+def train_fingerprint(config: DynamicScheduleConfig, settings: TrainSettings) -> dict[str, Any]:
+    """What a resumed `dynsched train` must share with the run that wrote the checkpoint:
+    the scheduler config's fingerprint (`config_fingerprint`), the engine, trainer,
+    seed, learning rate, temperature, response budget, the task and the warm-up."""
+    out = dict(config_fingerprint(config))
+    out.update(
+        {
+            "train.engine": settings.engine,
+            "train.trainer": settings.trainer,
+            "data.seed": settings.seed,
+            "actor_rollout_ref.actor.optim.lr": settings.lr,
+            "actor_rollout_ref.rollout.temperature": settings.temperature,
+            "train.max_tokens": settings.max_tokens,
+        }
+    )
+    out.update({f"task.{k}": v for k, v in attrs.asdict(settings.task).items() if k != "seed"})
+    out.update({f"warm_up.{k}": v for k, v in attrs.asdict(settings.warm_up).items()})
+    normal: dict[str, Any] = json.loads(json.dumps(out, default=str))  # as read back
+    return normal
+
+
+def resolve_checkpoint_file(folder: str | os.PathLike[str], name: Any) -> Path:
+    """The file a checkpoint's JSON names, inside the checkpoint folder only.
+
+    Raises:
+        ConfigError: ``name`` is not a plain file name (absolute, ``..``, a folder part),
+            or resolves (through a symlink) outside ``folder``, or is not a file there.
+    """
+    base = Path(folder)
+    shown = repr(name) if not isinstance(name, str) else repr(name[:80])
+    if (
+        not isinstance(name, str)
+        or not name
+        or "\x00" in name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or os.path.isabs(name)
+    ):
+        raise ConfigError(
+            f"resume: the checkpoint's 'trainer_state' must be a file name inside {str(base)!r},"
+            f" got {shown}",
+            key="trainer_state",
+        )
+    path = base / name
+    real, root = os.path.realpath(path), os.path.realpath(base)
+    if os.path.commonpath([real, root]) != root:
+        raise ConfigError(
+            f"resume: the checkpoint's 'trainer_state' {shown} leads outside {str(base)!r} "
+            "(a symlink); refusing it",
+            key="trainer_state",
+        )
+    if not os.path.isfile(real):
+        raise ConfigError(
+            f"resume: the checkpoint names trainer state {shown}, which is not in {str(base)!r}",
+            key="trainer_state",
+        )
+    return path
+
+
+def load_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a trainer checkpoint holding only tensors and plain data (``weights_only``:
+    a file that would run code when unpickled is refused, nothing of it is executed).
+
+    Raises:
+        ConfigError: the file is not such a checkpoint (one line naming it).
+    """
+    import pickle
+    import zipfile
+
+    import torch
+
+    try:
+        state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as exc:
+        import re
+
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        # torch's refusal names the offending global (its advice to load the file
+        # anyway is not repeated)
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        why = f"it calls {found.group(1)}" if found else f"unreadable ({type(exc).__name__})"
+        raise ConfigError(
+            f"resume: trainer state {os.fspath(path)!r} is not a plain tensor checkpoint "
+            f"(refused, nothing in it was run): {why[:200]}",
+            key="trainer_state",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"resume: trainer state {os.fspath(path)!r}: cannot read it ({exc.strerror or exc})",
+            key="trainer_state",
+        ) from None
+    if not isinstance(state, dict):
+        raise ConfigError(
+            f"resume: trainer state {os.fspath(path)!r} is not a state dict "
+            f"(got {type(state).__name__})",
+            key="trainer_state",
+        )
+    return state
+
+
+@attrs.frozen(kw_only=True)
+class TrainSummary:
+    """What a `TrainRunner` run reports besides the `RayRunResult`.
+
+    Attributes:
+        result: The Ray runner's result.
+        rows: The per-step metric rows of this run (as written to ``metrics.jsonl``).
+        wall_s: Wall-clock seconds of the run (fleet start to end).
+        lags: Weight-version lag of every consumed sample of this run.
+        model: The model folder the run started from.
+    """
+
+    result: RayRunResult
+    rows: tuple[dict[str, Any], ...]
+    wall_s: float
+    lags: tuple[int, ...]
+    model: str
+
+
+class _TrainerLocalHandOver(HandOverReplica):
+    """A hybrid replica that loads its weights from the trainer worker on its own GPU.
+
+    Every weight load of a hybrid replica (after a sync, or when lent mid-cycle at any
+    step boundary) takes the synced copy its trainer worker keeps
+    (`RayTrainerGroup.local_weights`): an object ref resolved from the node's own object
+    store, so the driver never sends the bytes (no broadcast). When that worker keeps no
+    copy of the version (right after a resume, before the first sync) the weights come
+    from ``weights_for`` (the restored checkpoint) or, failing that, as the driver
+    passed them.
+
+    Attributes:
+        loads: ``(version, source)`` of every weight load, source ``"trainer"`` (the
+            trainer worker's copy) or ``"driver"`` (the driver's or the checkpoint's).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        weights_for: Callable[[int], Any],
+        local: Callable[[int], Any],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._weights_for = weights_for
+        self._local = local
+        self.loads: list[tuple[int, str]] = []
+
+    async def update_weights(self, version: int, weights: Any = None) -> None:
+        ref = self._local(version)
+        if ref is not None:
+            self.loads.append((version, "trainer"))
+            await super().update_weights(version, ref)
+            return
+        if weights is None:
+            weights = self._weights_for(version)
+        self.loads.append((version, "driver"))
+        await super().update_weights(version, weights)
+
+
+class _TrainBackend(RayTrainerGroupBackend):
+    """The group backend plus the trainer checkpoint at every weight sync."""
+
+    def __init__(self, *args: Any, runner: TrainRunner, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._runner = runner
+
+    async def sync_weights(self, version: int) -> Any:
+        weights = await super().sync_weights(version)
+        self._runner.latest_weights = (version, weights)
+        await self._runner.save_trainer(version)
+        return weights
+
+
+class TrainRunner(RayRunner):
+    """Real RL on Ray: the `RayRunner` with real engines, real trainers and a task.
+
+    Args:
+        config: Scheduler settings (verl keys).
+        settings: What to train and where to write.
+        options: Ray-side settings (name, namespace, timeouts); the fields this class
+            sets (trainer, replica factory, metrics, checkpoint, resume, steps, max
+            tokens, stream) are overwritten.
+        resume: Continue from ``settings.checkpoint_dir``.
+        policy: The policy (default: ``config.build_policy()``).
+        model: The model folder (default: ``warm_up(settings.model_cache, ...)``).
+        replica_kwargs: Extra keyword arguments of every replica (e.g. vLLM settings);
+            they win over the engine plug-in's options for the run.
+        progress: Called with each progress line (fleet, switches, failures).
+        on_step: Called with each per-step metric row.
+        on_transition: See `RayRunner`.
+        keep_samples: See `RayRunner`.
+    """
+
+    def __init__(
+        self,
+        config: DynamicScheduleConfig,
+        settings: TrainSettings,
+        options: RayRunOptions | None = None,
+        *,
+        resume: bool = False,
+        policy: Any = None,
+        model: str | Path | None = None,
+        replica_kwargs: Mapping[str, Any] | None = None,
+        progress: Callable[[str], None] | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        on_transition: Callable[[Any], None] | None = None,
+        keep_samples: bool = False,
+    ) -> None:
+        from dynsched_ray.task.addition import warm_up
+
+        self.settings = settings
+        self.model = (
+            Path(model)
+            if model is not None
+            else warm_up(settings.model_cache, settings.task, settings.warm_up)
+        )
+        self.tokenizer = TaskTokenizer(self.model)
+        t = config.trigger_parameter_sync_step
+        if settings.steps % t:
+            raise ConfigError(
+                f"steps must be a multiple of trigger_parameter_sync_step ({t}) so that every "
+                f"checkpoint holds the trained weights, got {settings.steps}",
+                key="steps",
+            )
+        ckpt = settings.checkpoint_dir / "driver.json"
+        if resume and not ckpt.is_file():
+            raise ConfigError(
+                f"resume: no checkpoint at {ckpt} (train without --resume first)", key="resume"
+            )
+        base = options or RayRunOptions()
+        opts = attrs.evolve(
+            base,
+            num_steps=settings.steps,
+            max_tokens=settings.max_tokens,
+            min_response_len=1,
+            max_response_len=settings.max_tokens,
+            stream_tokens=settings.stream_tokens,
+            replica_factory=self._replica_factory(),
+            trainer=self._trainer_spec(),
+            metrics_path=str(Path(settings.out_dir) / "dynamic_resource.jsonl"),
+            checkpoint_path=str(ckpt),
+            resume=resume,
+        )
+        super().__init__(
+            config,
+            opts,
+            policy=policy,
+            progress=progress,
+            on_transition=on_transition,
+            keep_samples=keep_samples,
+        )
+        self._replica_kwargs = dict(replica_kwargs or {})
+        self._on_step_row = on_step
+        self.rows: list[dict[str, Any]] = []
+        self.lags: list[int] = []
+        self.latest_weights: tuple[int, Any] | None = None
+        self._aggregator: Any = None
+        self._last_batch: dict[str, Any] = {}
+        self._t0 = 0.0
+        self._wall_offset = 0.0
+        self._rows_before = 0
+        self._skip_save_version: int | None = None
+        #: Keep every loop event in `events` (for the resource-time layout plot).
+        self.record_events = False
+        self.events: list[Any] = []
+
+    #: Ids of the task's prompts (``t0, t1, ...``).
+    _id_prefix: str | None = "t"
+
+    def _say(self, line: str) -> None:
+        if line.startswith("step "):  # the per-step row (on_step) replaces the step line
+            logger.info(line)
+            return
+        super()._say(line)
+
+    # ------------------------------------------------------------------ parts
+    def _run_context(self) -> RunContext:
+        s = self.settings
+        return RunContext(
+            model=str(self.model), temperature=s.temperature, seed=s.seed, device=s.device, lr=s.lr
+        )
+
+    def _replica_factory(self) -> Any:
+        return ENGINES.load(self.settings.engine).factory
+
+    def _trainer_spec(self) -> RayTrainerSpec:
+        s = self.settings
+        plugin = TRAINERS.load(s.trainer)
+        return RayTrainerSpec(
+            factory=plugin.factory,
+            args=(str(self.model),),
+            kwargs=dict(plugin.options(self._run_context())),
+            make_batch=self._make_batch,
+            # on a CPU nothing is freed by sleep and the GPUs are bookkeeping
+            allow_unreleased_sleep=s.device == "cpu",
+        )
+
+    def fleet_spec(self) -> Any:
+        spec = super().fleet_spec()
+        engine = ENGINES.load(self.settings.engine)
+        # the engine's options for this run; the caller's replica_kwargs win
+        common = {**engine.options(self._run_context()), **self._replica_kwargs}
+        return attrs.evolve(spec, standalone_kwargs=dict(common), hybrid_kwargs=dict(common))
+
+    def _prompt_source(self) -> Any:
+        s = self.settings
+        count = 4 * (self._step_offset + self.num_steps) * self.config.required_samples + 16
+        return AdditionTask.prompts(
+            attrs.evolve(s.task, seed=s.seed),
+            self.tokenizer,
+            count,
+            max_tokens=s.max_tokens,
+            skip=frozenset(self._consumed),
+        )
+
+    def _reward(self, sample: Any, outcome: Any) -> float:
+        return self.settings.task.sample_reward(self.tokenizer, sample, outcome)
+
+    def _make_batch(self, samples: Sequence[Any], version: int) -> TrainBatch:
+        ordered = sorted(samples, key=lambda s: int(str(s.sample_id).lstrip("t") or 0))
+        batch = TrainBatch.from_samples(ordered, self._reward, version=version)
+        rewards = [r.reward for r in batch.responses]
+        lags = [version - int(s.param_version) for s in ordered]
+        token_lags = [version - min(r.versions) for r in batch.responses if r.versions]
+        self.lags.extend(lags)
+        lengths = [len(r.response_ids) for r in batch.responses]
+        self._last_batch = {
+            "reward": sum(rewards) / len(rewards) if rewards else 0.0,
+            "exact_match": sum(1 for r in rewards if r >= 1.0) / max(1, len(rewards)),
+            "response_len": sum(lengths) / max(1, len(lengths)),
+            "lag_max": max(lags, default=0),
+            "lag_mean": sum(lags) / len(lags) if lags else 0.0,
+            "token_lag_max": max(token_lags, default=0),
+            "sample_ids": [str(s.sample_id) for s in ordered],
+        }
+        return batch
+
+    async def _trainer_group(self, fleet: Any) -> dict[str, Any]:
+        hybrid = await super()._trainer_group(fleet)
+        group = self.trainer_group
+        assert group is not None
+        out: dict[str, Any] = {}
+        for rid, wrapped in hybrid.items():
+            gpus: Sequence[Hashable] = wrapped.gpus
+            out[rid] = _TrainerLocalHandOver(
+                wrapped.inner,
+                group.handover,
+                gpus,
+                before_wake=lambda g=gpus: group.release(g),
+                weights_for=self._weights_for,
+                local=lambda version, g=gpus: group.local_weights(g, version),
+            )
+        return out
+
+    def _weights_for(self, version: int) -> Any:
+        latest = self.latest_weights
+        if latest is not None and latest[0] == version:
+            return latest[1]
+        return None
+
+    def _group_backend(self, replicas: Any) -> RayTrainerGroupBackend:
+        assert self.trainer_group is not None
+        return _TrainBackend(
+            self.trainer_group, self._make_batch, replicas, on_step=self._record_step, runner=self
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    async def save_trainer(self, version: int) -> None:
+        """Write the trainer's model and optimizer state for ``version``."""
+        import torch
+
+        group = self.trainer_group
+        if group is None:
+            return
+        if self._skip_save_version == version:  # just restored from this very file
+            self._skip_save_version = None
+            return
+        folder = self.settings.checkpoint_dir
+        state = await group.state_dict()
+        path = folder / TRAINER_CKPT.format(version=version)
+        try:  # tensors and plain containers only: loadable with weights_only=True
+            with atomic_writer(path) as fh:
+                torch.save(state, fh)
+        except OSError as exc:  # the run stops; the last good checkpoint stays
+            raise self._output_failed("checkpoint write", exc) from None
+        kept = sorted(folder.glob("trainer-v*.pt"), key=lambda p: int(p.stem[len("trainer-v") :]))
+        for old in kept[: -max(1, self.settings.keep_checkpoints)]:
+            old.unlink(missing_ok=True)
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        state = super()._checkpoint_state()
+        version = int(state["param_version"])
+        state["trainer_state"] = TRAINER_CKPT.format(version=version) if version else None
+        state["metrics_rows"] = len(self.rows) + int(self._rows_before)
+        state["wall_s"] = self._wall_offset + (time.monotonic() - self._t0)
+        state["settings"] = {
+            "engine": self.settings.engine,
+            "trainer": self.settings.trainer,
+            "seed": self.settings.seed,
+            "lr": self.settings.lr,
+            "model": str(self.model),
+        }
+        return state
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The config's fingerprint plus the training settings (`train_fingerprint`)."""
+        return train_fingerprint(self.config, self.settings)
+
+    async def _restore(self, loop: Any, restored: dict[str, Any] | None) -> None:
+        if restored is not None:
+            self._rows_before = int(restored.get("metrics_rows", 0))
+            self._wall_offset = float(restored.get("wall_s", 0.0))
+        await super()._restore(loop, restored)
+
+    async def _restore_trainer(self, loop: Any, restored: dict[str, Any]) -> None:
+        """Load the trainer's model and optimizer state before the restore's weight sync
+        exports weights from it (the sync then pushes the restored weights to every
+        standalone replica, and hybrid replicas get them at their first activation)."""
+        name = restored.get("trainer_state")
+        version = int(restored["param_version"])
+        loop.trainer.version = version
+        if not name:
+            return
+        path = resolve_checkpoint_file(self.settings.checkpoint_dir, name)
+        state = load_trainer_state(path)
+        group = self.trainer_group
+        assert group is not None
+        await group.load_state_dict(state)
+        # the restore's sync re-exports these weights; it need not write them again
+        self._skip_save_version = version
+        self._say(f"restored trainer state {name} (v{version})")
+
+    # ------------------------------------------------------------------ metrics
+    def _metrics(self, bus: Any) -> tuple[Any, Any]:
+        aggregator, sink = super()._metrics(bus)
+        self._aggregator = aggregator
+        return aggregator, sink
+
+    def _on_event(self, event: Any) -> None:
+        if self.record_events:
+            self.events.append(event)
+        if isinstance(event, TrainStepEvent):
+            self._step_row(event)
+        super()._on_event(event)
+
+    def _trim_metrics(self, steps_done: int) -> None:
+        super()._trim_metrics(steps_done)
+        self._truncate_metrics(steps_done)
+
+    def _step_row(self, event: TrainStepEvent) -> None:
+        loop = self.loop
+        backend = loop.trainer if loop is not None else None
+        tm = backend.metrics[-1] if backend is not None and backend.metrics else None
+        row: dict[str, Any] = {
+            "step": event.step + self._step_offset,
+            "version": loop.driver.param_version if loop is not None else 0,
+            "wall_s": round(self._wall_offset + time.monotonic() - self._t0, 4),
+            "loop_time_s": round(float(event.time), 4),
+            "step_time_s": round(float(event.timings.get("step", 0.0)), 4),
+            "gen_wait_s": round(float(event.timings.get("gen", 0.0)), 4),
+            "mq_size": event.mq_size,
+            "hybrid_state": str(loop.controller.state.name) if loop is not None else None,
+            "hybrid_did_rollout": bool(event.hybrid_did_rollout),
+            "is_sync_step": bool(event.is_sync_step),
+            **{k: v for k, v in self._last_batch.items()},
+        }
+        if tm is not None:
+            row.update(
+                loss=float(tm.loss),
+                grad_norm=float(tm.grad_norm),
+                train_compute_s=float(tm.compute_s),
+                clip_fraction=float(tm.clip_fraction),
+                ratio_mean=float(tm.ratio_mean),
+                approx_kl=float(tm.approx_kl),
+            )
+        agg = self._aggregator
+        if event.is_sync_step and agg is not None and agg.records:
+            row.update(
+                {
+                    k: v
+                    for k, v in agg.records[-1].as_dict().items()
+                    if k.startswith(("dynamic_resource/", "fully_async/"))
+                }
+            )
+        self.rows.append(row)
+        path = self.settings.metrics_path
+        try:  # one whole line per row, fsynced
+            path.parent.mkdir(parents=True, exist_ok=True)
+            append_line(path, json.dumps(row))
+        except OSError as exc:  # the bus would only log it: stop the run instead
+            self._output_failed("metrics write", exc)
+        if self._on_step_row is not None:
+            try:
+                self._on_step_row(row)
+            except Exception:
+                logger.exception("on_step callback failed")
+
+    # ------------------------------------------------------------------ run
+    def _truncate_metrics(self, steps_done: int) -> None:
+        """Drop the rows a crashed run wrote after its last checkpoint's step (they are
+        redone) and a truncated last line, so every step is in the file exactly once."""
+
+        def keep(row: Any) -> bool:
+            step = row.get("step") if isinstance(row, dict) else None
+            return isinstance(step, int) and not isinstance(step, bool) and step <= steps_done
+
+        dropped = trim_json_lines(self.settings.metrics_path, keep)
+        if dropped:
+            logger.info("resume: dropped %d metric row(s) after step %d", dropped, steps_done)
+
+    def _clear_outputs(self) -> None:
+        """A fresh run starts without an earlier run's metrics and trainer checkpoints."""
+        self.settings.metrics_path.unlink(missing_ok=True)
+        for old in self.settings.checkpoint_dir.glob("trainer-v*.pt"):
+            old.unlink()
+        if self.options.metrics_path:
+            Path(self.options.metrics_path).unlink(missing_ok=True)
+
+    async def train(self) -> TrainSummary:
+        """Run (or resume) the training; return the summary.
+
+        Raises:
+            AllReplicasLostError: every replica died.
+            SampleWaitTimeoutError: the trainer waited longer than ``wait_timeout_s``.
+        """
+        if not self.options.resume:
+            self._clear_outputs()
+        self._t0 = time.monotonic()
+        result = await self.run()
+        return TrainSummary(
+            result=result,
+            rows=tuple(self.rows),
+            wall_s=time.monotonic() - self._t0,
+            lags=tuple(self.lags),
+            model=str(self.model),
+        )
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` written by `TrainRunner` (resumed runs appended)."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
