@@ -98,6 +98,7 @@ def test_a_known_subcommand_that_is_not_installed_names_its_package(
                 f"the sub-command {name!r} is provided by {dist}, which is not installed: "
                 f"pip install {dist}"
             ) in err
+            assert f"hatch run test:dynsched {name}" in err
             assert "invalid choice" not in err
     with pytest.raises(SystemExit) as exc:
         cli.main(["--help"])

@@ -179,7 +179,8 @@ def _not_installed(name: str, dist: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         print(
             f"dynsched: the sub-command {name!r} is provided by {dist}, which is not "
-            f"installed: pip install {dist}",
+            f"installed: pip install {dist}\n"
+            f"  (in a checkout of the dynsched repository: hatch run test:dynsched {name})",
             file=sys.stderr,
         )
         return 2
