@@ -282,8 +282,29 @@ def main(args: argparse.Namespace) -> int:
         KeyboardInterrupt: Ctrl-C; the actors are released, Ray is shut down and the
             metrics file ends with a ``{"partial": true, ...}`` line.
     """
-    from dynsched_core import DynschedError
+    ray_plan, config, metrics_path = _prepare_config(args)
+    policy = config.build_policy()
+    if metrics_path:
+        _check_output_file("--metrics", metrics_path, "--out" if args.metrics is None else None)
+    restored = _check_resume_flags(args, config)
+    options = _run_options(args, metrics_path)
 
+    import ray
+
+    # one live run per output folder (freed by the kernel if this process dies)
+    locks = _hold_folders(_output_flags(args, metrics_path), "dynsched run")
+    _print_header(config, options, restored)
+    result = _run_on_ray(ray, args, (config, ray_plan, policy, options), locks)
+    if result is None:
+        return 1
+    _print_summary(result, options)
+    return 0
+
+
+def _prepare_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
+    """Check the flags, plan Ray's start, load the config and check it fits a local
+    cluster; the Ray plan, the config and the metrics file (``None``: none)."""
+    from dynsched_ray.cli.config import check_local_capacity
     from dynsched_ray.runtime.security import plan_ray_start
 
     _check_flags(args)
@@ -291,15 +312,16 @@ def main(args: argparse.Namespace) -> int:
     config = build_config(args.config, list(args.overrides))
     if args.policy:
         config = config.evolve(dynamic_schedule_policy=args.policy)
-    from dynsched_ray.cli.config import check_local_capacity
-
     check_local_capacity(config, address=args.address, trainer_workers=args.trainer_workers)
-    policy = config.build_policy()
     metrics_path = (
         str(Path(args.out) / "metrics.jsonl") if args.metrics is None else args.metrics or None
     )
-    if metrics_path:
-        _check_output_file("--metrics", metrics_path, "--out" if args.metrics is None else None)
+    return ray_plan, config, metrics_path
+
+
+def _check_resume_flags(args: argparse.Namespace, config: Any) -> dict[str, Any] | None:
+    """The checkpoint to resume from (``None`` without ``--resume``), then the
+    ``--checkpoint`` file checked writable."""
     restored = (
         _check_resume(
             args.checkpoint,
@@ -311,10 +333,13 @@ def main(args: argparse.Namespace) -> int:
     )
     if args.checkpoint:
         _check_output_file("--checkpoint", args.checkpoint)
+    return restored
 
-    from dynsched_ray.runtime.runner import RayRunner, RayRunOptions
 
-    options = RayRunOptions(
+def _run_options(args: argparse.Namespace, metrics_path: str | None) -> Any:
+    from dynsched_ray.runtime.runner import RayRunOptions
+
+    return RayRunOptions(
         name=args.name,
         namespace=args.namespace,
         num_steps=args.steps,
@@ -328,25 +353,20 @@ def main(args: argparse.Namespace) -> int:
         keep_router=bool(args.keep_router),
     )
 
-    import ray
 
-    def printer(line: str) -> None:
-        # The runner's closing "done:" line repeats the "finished:" summary printed below.
-        if not args.quiet and not line.startswith("done:"):
-            print(line, flush=True)
+def _output_flags(args: argparse.Namespace, metrics_path: str | None) -> list[tuple[str, str]]:
+    """``(flag, file)`` of each output file, for `_hold_folders`."""
+    return [
+        *(
+            [("--out" if args.metrics is None else "--metrics", metrics_path)]
+            if metrics_path
+            else []
+        ),
+        *([("--checkpoint", args.checkpoint)] if args.checkpoint else []),
+    ]
 
-    # one live run per output folder (freed by the kernel if this process dies)
-    locks = _hold_folders(
-        [
-            *(
-                [("--out" if args.metrics is None else "--metrics", metrics_path)]
-                if metrics_path
-                else []
-            ),
-            *([("--checkpoint", args.checkpoint)] if args.checkpoint else []),
-        ],
-        "dynsched run",
-    )
+
+def _print_header(config: Any, options: Any, restored: dict[str, Any] | None) -> None:
     steps = options.num_steps or config.total_training_steps or 8
     first = int(restored["steps_done"]) + 1 if restored is not None else 1
     print(
@@ -356,6 +376,30 @@ def main(args: argparse.Namespace) -> int:
         f"T={config.trigger_parameter_sync_step}, steps {first}..{first + steps - 1}",
         flush=True,
     )
+
+
+def _run_on_ray(
+    ray: Any, args: argparse.Namespace, plan: tuple[Any, Any, Any, Any], locks: list[Any]
+) -> Any:
+    """Start (or join) Ray, run the loop and shut down; the run's result, or ``None``
+    after a one-line error (Ray did not start, or a `DynschedError`). The ``locks`` are
+    released at the end whatever happens.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C (the metrics file is marked partial).
+    """
+    from dynsched_core import DynschedError
+
+    from dynsched_ray.runtime.runner import RayRunner
+
+    config, ray_plan, policy, options = plan
+    metrics_path = options.metrics_path
+
+    def printer(line: str) -> None:
+        # The runner's closing "done:" line repeats the "finished:" summary printed later.
+        if not args.quiet and not line.startswith("done:"):
+            print(line, flush=True)
+
     started = False
     interrupted = False
     deadline = _InterruptDeadline(
@@ -363,29 +407,18 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         if not ray.is_initialized():
-            try:
-                _init_ray(ray, args, config, ray_plan)
-            except (KeyboardInterrupt, DynschedError):
-                raise
-            except Exception as exc:  # Ray could not start or join: say so in one line
-                where = (
-                    f"join the Ray cluster at {args.address!r}"
-                    if args.address
-                    else ("start a local Ray cluster")
-                )
-                print(f"dynsched run: error: could not {where}: {exc}", file=sys.stderr)
-                _shutdown_ray(ray)  # whatever part of it did start
-                return 1
+            if not _start_ray(ray, args, config, ray_plan):
+                return None
             started = True
         runner = RayRunner(config, options, policy=policy, progress=printer)
-        result = _run_quietly_on_interrupt(_armed(runner.run(), deadline))
+        return _run_quietly_on_interrupt(_armed(runner.run(), deadline))
     except KeyboardInterrupt:
         interrupted = True
         deadline.arm()  # Ctrl-C before the loop ran (e.g. while Ray started)
         raise KeyboardInterrupt(_partial_note(metrics_path, args.checkpoint)) from None
     except DynschedError as exc:
         print(f"dynsched run: error: {exc}", file=sys.stderr)
-        return 1
+        return None
     finally:
         if started:
             _shutdown_ray(ray)
@@ -396,6 +429,29 @@ def main(args: argparse.Namespace) -> int:
             lock.release()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _start_ray(ray: Any, args: argparse.Namespace, config: Any, ray_plan: Any) -> bool:
+    """`_init_ray`; False after one line on stderr when Ray could not start or join."""
+    from dynsched_core import DynschedError
+
+    try:
+        _init_ray(ray, args, config, ray_plan)
+    except (KeyboardInterrupt, DynschedError):
+        raise
+    except Exception as exc:  # Ray could not start or join: say so in one line
+        where = (
+            f"join the Ray cluster at {args.address!r}"
+            if args.address
+            else ("start a local Ray cluster")
+        )
+        print(f"dynsched run: error: could not {where}: {exc}", file=sys.stderr)
+        _shutdown_ray(ray)  # whatever part of it did start
+        return False
+    return True
+
+
+def _print_summary(result: Any, options: Any) -> None:
     loop = result.loop
     print(
         f"finished: {loop.steps} step(s) from step {result.first_step}, version "
@@ -412,7 +468,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"cycle {rec['cycle']} (step {rec['step']}): {keys}")
     if options.metrics_path:
         print(f"metrics: {options.metrics_path}")
-    return 0
 
 
 #: Seconds a Ctrl-C'd run may take to release its actors and stop Ray before the process

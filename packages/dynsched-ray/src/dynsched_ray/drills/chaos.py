@@ -43,7 +43,7 @@ import os
 import random
 import statistics
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -553,6 +553,72 @@ def _natural(x: str) -> tuple[str, int]:
     return head, int(tail) if tail else -1
 
 
+@attrs.define
+class _IdChecks:
+    """The findings `account_samples` gathers while it walks the driver lifetimes."""
+
+    problems: list[str] = attrs.Factory(list)
+    duplicated: set[str] = attrs.Factory(set)
+    lost: set[str] = attrs.Factory(set)
+
+    def duplicate(self, ids: Collection[str], message: str) -> None:
+        """Count ``ids`` (if any) as duplicated, with one problem line."""
+        if ids:
+            self.duplicated.update(ids)
+            self.problems.append(f"{message}: {_ids(ids)}")
+
+    def lose(self, ids: Collection[str], message: str) -> None:
+        """Count ``ids`` (if any) as lost, with one problem line."""
+        if ids:
+            self.lost.update(ids)
+            self.problems.append(f"{message}: {_ids(ids)}")
+
+    def check_lifetime(self, i: int, life: _Lifetime, before: set[str]) -> set[str]:
+        """Check driver lifetime ``i`` (``before``: committed when it started); its ids."""
+        for what, ids in (("produced", life.produced), ("taken from the queue", life.consumed)):
+            again = sorted(sid for sid, n in Counter(ids).items() if n > 1)
+            self.duplicate(again, f"{what} twice by driver lifetime {i}")
+        produced = set(life.produced)
+        self.duplicate(
+            set(life.consumed) - produced, f"taken but never produced in driver lifetime {i}"
+        )
+        self.duplicate(
+            produced & before,
+            f"produced again by driver lifetime {i} after a checkpoint recorded them trained",
+        )
+        return produced
+
+    def check_last(self, last: _Lifetime, final: set[str]) -> set[str]:
+        """Check the last driver's ending; the ids left in its queue (not trained)."""
+        if last.left is None:
+            self.problems.append("the last driver did not report the samples left in its queue")
+        left = set(last.left or ()) - final
+        self.lose(set(last.consumed) - final, "trained by the last driver but not checkpointed")
+        return left
+
+    def sort_out_the_rest(
+        self,
+        lifetimes: Sequence[_Lifetime],
+        last_made: Mapping[str, int],
+        final: set[str],
+        left: set[str],
+    ) -> set[str]:
+        """Ids neither trained nor left: returned (discarded with a restarted driver) or
+        lost; the returned ones."""
+        n = len(lifetimes)
+        returned: set[str] = set()
+        vanished: set[str] = set()
+        for sid, where in last_made.items():
+            if sid in final or sid in left or sid in self.lost:
+                continue
+            if where < n and not lifetimes[where - 1].finished:
+                returned.add(sid)  # discarded with a restarted driver, prompt still pending
+                continue
+            vanished.add(sid)
+        self.lose(vanished, "lost (produced, never trained, not in the final queue)")
+        return returned
+
+
 def account_samples(lifetimes: Sequence[_Lifetime]) -> SampleAccounting:
     """Check every sample id across every driver lifetime.
 
@@ -561,79 +627,36 @@ def account_samples(lifetimes: Sequence[_Lifetime]) -> SampleAccounting:
     (then produced again by a later driver at most once per restart, or left to the
     prompt source). Anything else is lost or duplicated.
     """
-    problems: list[str] = []
-    duplicated: set[str] = set()
-    lost: set[str] = set()
+    checks = _IdChecks()
     final = lifetimes[-1].committed if lifetimes else []
     final_set = set(final)
     twice = sorted(sid for sid, n in Counter(final).items() if n > 1)
-    if twice:
-        duplicated.update(twice)
-        problems.append(f"trained twice (final checkpoint): {_ids(twice)}")
+    checks.duplicate(twice, "trained twice (final checkpoint)")
     last_made: dict[str, int] = {}
     made_in: Counter[str] = Counter()
     before: set[str] = set()  # committed when a lifetime started
     for i, life in enumerate(lifetimes, start=1):
-        for what, ids in (("produced", life.produced), ("taken from the queue", life.consumed)):
-            again = sorted(sid for sid, n in Counter(ids).items() if n > 1)
-            if again:
-                duplicated.update(again)
-                problems.append(f"{what} twice by driver lifetime {i}: {_ids(again)}")
-        produced = set(life.produced)
-        phantom = set(life.consumed) - produced
-        if phantom:
-            duplicated.update(phantom)
-            problems.append(f"taken but never produced in driver lifetime {i}: {_ids(phantom)}")
-        retrained = produced & before
-        if retrained:
-            duplicated.update(retrained)
-            problems.append(
-                f"produced again by driver lifetime {i} after a checkpoint recorded them"
-                f" trained: {_ids(retrained)}"
-            )
-        for sid in produced:
+        for sid in checks.check_lifetime(i, life, before):
             made_in[sid] += 1
             last_made[sid] = i
-        dropped = set(life.committed) - set(final)
-        if dropped:
-            lost.update(dropped)
-            problems.append(f"checkpointed after lifetime {i}, missing later: {_ids(dropped)}")
+        checks.lose(
+            set(life.committed) - final_set, f"checkpointed after lifetime {i}, missing later"
+        )
         before = set(life.committed)
-    last = lifetimes[-1] if lifetimes else None
-    left: set[str] = set()
-    returned: set[str] = set()
-    if last is not None:
-        if last.left is None:
-            problems.append("the last driver did not report the samples left in its queue")
-        left = set(last.left or ()) - final_set
-        untrained = set(last.consumed) - final_set
-        if untrained:
-            lost.update(untrained)
-            problems.append(f"trained by the last driver but not checkpointed: {_ids(untrained)}")
-    n = len(lifetimes)
-    vanished: set[str] = set()
-    for sid, where in last_made.items():
-        if sid in final_set or sid in left or sid in lost:
-            continue
-        if where < n and not lifetimes[where - 1].finished:
-            returned.add(sid)  # discarded with a restarted driver, prompt still pending
-            continue
-        vanished.add(sid)
-    if vanished:
-        lost.update(vanished)
-        problems.append(f"lost (produced, never trained, not in the final queue): {_ids(vanished)}")
+    left = checks.check_last(lifetimes[-1], final_set) if lifetimes else set()
+    returned = checks.sort_out_the_rest(lifetimes, last_made, final_set, left)
     never = final_set - set(last_made)
     if never:
-        problems.append(f"in the final checkpoint but never produced: {_ids(never)}")
+        checks.problems.append(f"in the final checkpoint but never produced: {_ids(never)}")
     return SampleAccounting(
         produced=len(last_made),
         consumed=len(final_set),
         regenerated=sum(1 for c in made_in.values() if c > 1),
         left=len(left),
         returned=len(returned),
-        lost=tuple(sorted(lost, key=_natural)),
-        duplicated=tuple(sorted(duplicated, key=_natural)),
-        problems=tuple(problems),
+        lost=tuple(sorted(checks.lost, key=_natural)),
+        duplicated=tuple(sorted(checks.duplicated, key=_natural)),
+        problems=tuple(checks.problems),
     )
 
 
@@ -744,53 +767,30 @@ async def run_chaos_soak(
         options: Overrides of the `RayRunOptions`.
         progress: Called with every progress line.
     """
-    config = chaos_config()
-    bound = (
-        staleness_bound
-        if staleness_bound is not None
-        else math.ceil(1 + config.staleness_threshold) + 1
+    soak = _Soak(
+        seed,
+        num_steps,
+        name=name,
+        kinds=kinds,
+        faults_per_10_steps=faults_per_10_steps,
+        checkpoint_dir=checkpoint_dir,
+        wait_timeout_s=wait_timeout_s,
+        staleness_bound=staleness_bound,
+        options=options,
+        progress=progress,
     )
-    schedule = ChaosSchedule.generate(
-        seed, num_steps, faults_per_10_steps=faults_per_10_steps, kinds=kinds
-    )
-    restart_requested = asyncio.Event()
-    monkey = ChaosMonkey(schedule, on_driver_restart=restart_requested.set)
-    loop = asyncio.get_running_loop()
-    ckpt = os.path.join(checkpoint_dir, f"{name}-driver.json")
-    start = loop.time()
-    failures: list[str] = []
-    lifetimes: list[_Lifetime] = []
-    step_times: list[tuple[int, float]] = []
-    waits: list[float] = []
-    memory: list[dict[str, float]] = []
-    staleness: list[int] = []
-    resumed_requests = 0
-    restarts: list[Any] = []
-    failovers = 0
-    router_recovery: list[float] = []
-    queue_recovery: list[float] = []
-    driver_cancels: list[float] = []
-    stale: list[dict[str, Any]] = []
-    steps_redone = 0
-    segments = 0
-    steps_done = 0
+    while soak.steps_done < num_steps:
+        if not await soak.run_lifetime():
+            break
+    await soak.monkey.cancel()
+    return soak.report(soak.loop.time() - soak.start)
 
-    def on_step(step: int, event: TrainStepEvent) -> None:
-        step_times.append((step, loop.time()))
-        waits.append(float(event.timings.get("gen", 0.0)))
-        monkey.on_step(step)
-        if step % 10 == 0:
-            gc.collect()
-            memory.append(
-                {
-                    "step": step,
-                    "t": loop.time() - start,
-                    "rss_mb": _rss_mb(),
-                    "ray_refs": _ray_refs(),
-                }
-            )
 
-    base = {
+def _soak_options(
+    name: str, ckpt: str, wait_timeout_s: float, options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The `RayRunOptions` of every driver of a soak (but its steps and resume flag)."""
+    base: dict[str, Any] = {
         "name": name,
         "trainer_workers": 1,
         "tokens_per_s": 1500.0,
@@ -807,176 +807,293 @@ async def run_chaos_soak(
         "switch_delay_s": 0.01,
     }
     base.update(options or {})
-    while steps_done < num_steps:
-        segments += 1
-        restart_requested.clear()
+    return base
+
+
+def _committed(saved: Mapping[str, Any] | None) -> list[str]:
+    """The sample ids a driver checkpoint records trained."""
+    return [str(x) for x in (saved or {}).get("consumed_sample_ids", [])]
+
+
+class _Soak:
+    """The running state of one `run_chaos_soak`: its set-up, the facts collected from
+    every driver lifetime (segment), and the final checks and report."""
+
+    def __init__(
+        self,
+        seed: int,
+        num_steps: int,
+        *,
+        name: str,
+        kinds: Sequence[str],
+        faults_per_10_steps: float,
+        checkpoint_dir: str,
+        wait_timeout_s: float,
+        staleness_bound: int | None,
+        options: Mapping[str, Any] | None,
+        progress: Callable[[str], None] | None,
+    ) -> None:
+        self.seed, self.num_steps, self.kinds = seed, num_steps, kinds
+        self.wait_timeout_s, self.progress = wait_timeout_s, progress
+        self.config = chaos_config()
+        self.bound = (
+            staleness_bound
+            if staleness_bound is not None
+            else math.ceil(1 + self.config.staleness_threshold) + 1
+        )
+        self.schedule = ChaosSchedule.generate(
+            seed, num_steps, faults_per_10_steps=faults_per_10_steps, kinds=kinds
+        )
+        self.restart_requested = asyncio.Event()
+        self.monkey = ChaosMonkey(self.schedule, on_driver_restart=self.restart_requested.set)
+        self.loop = asyncio.get_running_loop()
+        self.ckpt = os.path.join(checkpoint_dir, f"{name}-driver.json")
+        self.start = self.loop.time()
+        self.base = _soak_options(name, self.ckpt, wait_timeout_s, options)
+        self.failures: list[str] = []
+        self.lifetimes: list[_Lifetime] = []
+        self.step_times: list[tuple[int, float]] = []
+        self.waits: list[float] = []
+        self.memory: list[dict[str, float]] = []
+        self.staleness: list[int] = []
+        self.resumed_requests = 0
+        self.restarts: list[Any] = []
+        self.failovers = 0
+        self.router_recovery: list[float] = []
+        self.queue_recovery: list[float] = []
+        self.driver_cancels: list[float] = []
+        self.stale: list[dict[str, Any]] = []
+        self.steps_redone = 0
+        self.segments = 0
+        self.steps_done = 0
+
+    # ------------------------------------------------------------ one driver lifetime
+    def on_step(self, step: int, event: TrainStepEvent) -> None:
+        """A global training step finished: its time, its wait, faults, memory."""
+        self.step_times.append((step, self.loop.time()))
+        self.waits.append(float(event.timings.get("gen", 0.0)))
+        self.monkey.on_step(step)
+        if step % 10 == 0:
+            gc.collect()
+            self.memory.append(
+                {
+                    "step": step,
+                    "t": self.loop.time() - self.start,
+                    "rss_mb": _rss_mb(),
+                    "ray_refs": _ray_refs(),
+                }
+            )
+
+    async def run_lifetime(self) -> bool:
+        """Run one driver until it ends or a driver restart fault cancels it, and collect
+        its facts; False when the driver failed (the soak stops)."""
+        self.segments += 1
+        self.restart_requested.clear()
         life = _Lifetime()
-        lifetimes.append(life)
-        offset = steps_done  # the resumed driver numbers its steps from the checkpoint's
-        opt = RayRunOptions(
-            **{**base, "num_steps": num_steps - steps_done, "resume": steps_done > 0}
-        )
-
-        def on_event(event: Any, life: _Lifetime = life, offset: int = offset) -> None:
-            if isinstance(event, SampleEvent):
-                life.record(event)
-            elif isinstance(event, TrainStepEvent):
-                on_step(offset + event.step, event)
-
-        runner = _SoakRunner(
-            config,
-            opt,
-            gate=monkey.settle,
-            policy=_ChaosPolicy(),
-            keep_samples=True,
-            progress=progress,
-            on_transition=monkey.on_transition,
-            on_event=on_event,
-        )
-        monkey.attach(runner)
+        self.lifetimes.append(life)
+        offset = self.steps_done  # the resumed driver numbers its steps from the checkpoint's
+        runner = self._new_runner(life, offset)
+        self.monkey.attach(runner)
         task = asyncio.ensure_future(runner.run())
-        waiter = asyncio.ensure_future(restart_requested.wait())
+        waiter = asyncio.ensure_future(self.restart_requested.wait())
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         if not task.done():  # driver restart: cancel it mid-step
-            cancelled_at = loop.time()
-            trained = len(runner.consumed_samples) // config.required_samples
-            task.cancel()
-            await asyncio.wait({task}, timeout=60.0)
-            saved = _read_checkpoint(ckpt)
-            kept = int(saved["steps_done"]) if saved is not None else 0
-            steps_redone += max(0, offset + trained - kept)
-            steps_done = kept
-            driver_cancels.append(cancelled_at)
+            saved = await self._cancel_driver(runner, task, offset)
         else:
             try:
                 res = task.result()
             except Exception as exc:
-                failures.append(f"segment {segments} failed: {type(exc).__name__}: {exc}")
-                saved = _read_checkpoint(ckpt)
-                steps_done = int(saved["steps_done"]) if saved is not None else 0
-                life.committed = [str(x) for x in (saved or {}).get("consumed_sample_ids", [])]
-                break
-            life.finished = True
-            steps_done = res.first_step - 1 + res.loop.steps
-            if res.loop.samples_failed:
-                failures.append(f"segment {segments}: {res.loop.samples_failed} sample(s) failed")
-            if res.loop.samples_produced != res.loop.samples_consumed + res.loop.samples_left:
-                failures.append(f"segment {segments}: queue counters do not add up")
-            saved = _read_checkpoint(ckpt)
-        life.committed = [str(x) for x in (saved or {}).get("consumed_sample_ids", [])]
-        # recoveries of every driver lifetime, the cancelled ones included
+                self.failures.append(f"segment {self.segments} failed: {type(exc).__name__}: {exc}")
+                saved = _read_checkpoint(self.ckpt)
+                self.steps_done = int(saved["steps_done"]) if saved is not None else 0
+                life.committed = _committed(saved)
+                return False
+            saved = self._driver_finished(res, life)
+        life.committed = _committed(saved)
+        self._collect_recoveries(runner)
+        self._collect_staleness(runner)
+        return True
+
+    def _new_runner(self, life: _Lifetime, offset: int) -> _SoakRunner:
+        opt = RayRunOptions(
+            **{
+                **self.base,
+                "num_steps": self.num_steps - self.steps_done,
+                "resume": self.steps_done > 0,
+            }
+        )
+
+        def on_event(event: Any) -> None:
+            if isinstance(event, SampleEvent):
+                life.record(event)
+            elif isinstance(event, TrainStepEvent):
+                self.on_step(offset + event.step, event)
+
+        return _SoakRunner(
+            self.config,
+            opt,
+            gate=self.monkey.settle,
+            policy=_ChaosPolicy(),
+            keep_samples=True,
+            progress=self.progress,
+            on_transition=self.monkey.on_transition,
+            on_event=on_event,
+        )
+
+    async def _cancel_driver(
+        self, runner: _SoakRunner, task: asyncio.Future[Any], offset: int
+    ) -> dict[str, Any] | None:
+        """Cancel the driver mid-step; the checkpoint the next driver resumes from."""
+        cancelled_at = self.loop.time()
+        trained = len(runner.consumed_samples) // self.config.required_samples
+        task.cancel()
+        await asyncio.wait({task}, timeout=60.0)
+        saved = _read_checkpoint(self.ckpt)
+        kept = int(saved["steps_done"]) if saved is not None else 0
+        self.steps_redone += max(0, offset + trained - kept)
+        self.steps_done = kept
+        self.driver_cancels.append(cancelled_at)
+        return saved
+
+    def _driver_finished(self, res: Any, life: _Lifetime) -> dict[str, Any] | None:
+        """The driver ran its steps: check its counters; its last checkpoint."""
+        life.finished = True
+        self.steps_done = res.first_step - 1 + res.loop.steps
+        if res.loop.samples_failed:
+            self.failures.append(
+                f"segment {self.segments}: {res.loop.samples_failed} sample(s) failed"
+            )
+        if res.loop.samples_produced != res.loop.samples_consumed + res.loop.samples_left:
+            self.failures.append(f"segment {self.segments}: queue counters do not add up")
+        return _read_checkpoint(self.ckpt)
+
+    # ------------------------------------------------------------ collecting the facts
+    def _collect_recoveries(self, runner: _SoakRunner) -> None:
+        """Recoveries of every driver lifetime, the cancelled ones included."""
         if runner.supervisor is not None:
-            restarts.extend(runner.supervisor.history)
+            self.restarts.extend(runner.supervisor.history)
         if runner.loop is not None:
             # per driver lifetime (the counter itself is checkpointed)
-            failovers += sum(1 for e in runner.loop.driver.failover_events if e.ok)
+            self.failovers += sum(1 for e in runner.loop.driver.failover_events if e.ok)
         if runner.fleet is not None:
-            router_recovery += runner.fleet.router.recovery_s
-            queue_recovery += runner.fleet.queue.recovery_s
-            resumed_requests += sum(
+            self.router_recovery += runner.fleet.router.recovery_s
+            self.queue_recovery += runner.fleet.queue.recovery_s
+            self.resumed_requests += sum(
                 len(r.interrupted) for r in [*runner.fleet.retired, *runner.fleet.replicas.values()]
             )
-        # staleness of every sample trained in this segment
+
+    def _collect_staleness(self, runner: _SoakRunner) -> None:
+        """Staleness of every sample trained in this segment."""
         for sample, version in zip(runner.consumed_samples, runner.consumed_versions, strict=True):
             lag = version - int(sample.min_param_version)
-            staleness.append(lag)
-            if lag > bound and len(stale) < 20:
-                stale.append(
+            self.staleness.append(lag)
+            if lag > self.bound and len(self.stale) < 20:
+                self.stale.append(
                     {
                         "sample_id": str(sample.sample_id),
                         "trained_version": version,
                         "admitted_version": int(sample.param_version),
                         "oldest_version": int(sample.min_param_version),
                         "replicas": sorted({x for r in sample.responses for x in r.replica_ids}),
-                        "segment": segments,
+                        "segment": self.segments,
                     }
                 )
-    await monkey.cancel()
-    wall = loop.time() - start
 
-    # driver restart recovery: cancel -> the next step's line
-    fixed: list[float] = []
-    for t0 in driver_cancels:
-        later = [t for _, t in step_times if t > t0]
-        fixed.append((later[0] - t0) if later else float("nan"))
+    # ------------------------------------------------------------ accounting and report
+    def _check_run(self, accounting: SampleAccounting) -> tuple[list[int], list[float]]:
+        """Failures of samples, steps, staleness and waits; the stale lags, the long waits."""
+        self.failures.extend(f"samples: {p}" for p in accounting.problems)
+        if self.steps_done < self.num_steps:
+            self.failures.append(f"finished {self.steps_done}/{self.num_steps} steps")
+        expected = self.steps_done * self.config.required_samples
+        if accounting.consumed != expected:
+            self.failures.append(f"{accounting.consumed} sample(s) trained, {expected} expected")
+        over = [s for s in self.staleness if s > self.bound]
+        if over:
+            self.failures.append(f"{len(over)} sample(s) staler than {self.bound} version(s)")
+        long_waits = [w for w in self.waits if w > self.wait_timeout_s]
+        if long_waits:
+            self.failures.append(f"{len(long_waits)} wait(s) longer than {self.wait_timeout_s} s")
+        return over, long_waits
 
-    accounting = account_samples(lifetimes)
-    failures.extend(f"samples: {p}" for p in accounting.problems)
-    if steps_done < num_steps:
-        failures.append(f"finished {steps_done}/{num_steps} steps")
-    if accounting.consumed != steps_done * config.required_samples:
-        failures.append(
-            f"{accounting.consumed} sample(s) trained, {steps_done * config.required_samples}"
-            " expected"
-        )
-    over = [s for s in staleness if s > bound]
-    if over:
-        failures.append(f"{len(over)} sample(s) staler than {bound} version(s)")
-    long_waits = [w for w in waits if w > wait_timeout_s]
-    if long_waits:
-        failures.append(f"{len(long_waits)} wait(s) longer than {wait_timeout_s} s")
-    mem = _memory_summary(memory)
-    if mem.get("leak"):
-        failures.append(f"memory grows: {mem['leak']}")
-    executed = monkey.executed
-    by_kind = Counter(str(f["kind"]) for f in executed)
-    missing = [k for k in kinds if k not in by_kind]
-    if missing:
-        failures.append(f"fault kinds never injected: {missing}")
-    not_executed = monkey.not_executed
-    if not_executed:
-        failures.append(
-            f"{len(not_executed)} scheduled fault(s) never executed: "
-            + ", ".join(f"{f['kind']}@{f['step']}" for f in not_executed)
-        )
-    lost_by_kind = _time_lost(monkey.injected, step_times)
-    report = ChaosReport(
-        seed=seed,
-        steps_requested=num_steps,
-        steps_completed=steps_done,
-        segments=segments,
-        wall_s=round(wall, 2),
-        faults_by_kind=dict(sorted(by_kind.items())),
-        faults=tuple(executed),
-        schedule=tuple(
-            {"step": f.step, "kind": f.kind, "delay_s": f.delay_s, "target": f.target}
-            for f in schedule.faults
-        ),
-        faults_not_executed=tuple(not_executed),
-        fault_deferrals=monkey.deferrals,
-        samples=accounting.as_dict(),
-        recoveries={
+    def _check_faults(
+        self, by_kind: Mapping[str, int], not_executed: Sequence[Mapping[str, Any]]
+    ) -> None:
+        missing = [k for k in self.kinds if k not in by_kind]
+        if missing:
+            self.failures.append(f"fault kinds never injected: {missing}")
+        if not_executed:
+            self.failures.append(
+                f"{len(not_executed)} scheduled fault(s) never executed: "
+                + ", ".join(f"{f['kind']}@{f['step']}" for f in not_executed)
+            )
+
+    def _recoveries(self) -> dict[str, Any]:
+        # driver restart recovery: cancel -> the next step's line
+        fixed: list[float] = []
+        for t0 in self.driver_cancels:
+            later = [t for _, t in self.step_times if t > t0]
+            fixed.append((later[0] - t0) if later else float("nan"))
+        restarts = self.restarts
+        return {
             "replica_restarts": len([r for r in restarts if r.ok]),
             "replica_restarts_failed": len([r for r in restarts if not r.ok]),
             "replica_downtime_s": _spread([r.downtime_s for r in restarts if r.ok]),
-            "failovers": failovers,
-            "router_replacements": len(router_recovery),
-            "router_recovery_s": _spread(router_recovery),
-            "queue_replacements": len(queue_recovery),
-            "queue_recovery_s": _spread(queue_recovery),
+            "failovers": self.failovers,
+            "router_replacements": len(self.router_recovery),
+            "router_recovery_s": _spread(self.router_recovery),
+            "queue_replacements": len(self.queue_recovery),
+            "queue_recovery_s": _spread(self.queue_recovery),
             "driver_restarts": len(fixed),
             "driver_recovery_s": _spread(fixed),
-        },
-        time_lost_s_by_kind=lost_by_kind,
-        samples_produced=accounting.produced,
-        samples_consumed=accounting.consumed,
-        samples_lost=len(accounting.lost),
-        samples_duplicated=len(accounting.duplicated),
-        samples_regenerated_after_driver_restart=accounting.regenerated,
-        requests_resumed_after_replica_death=resumed_requests,
-        steps_redone_after_driver_restart=steps_redone,
-        staleness_bound=bound,
-        max_staleness=max(staleness, default=0),
-        staleness_violations=len(over),
-        stale_samples=tuple(stale),
-        wait_timeout_s=wait_timeout_s,
-        max_wait_s=round(max(waits, default=0.0), 3),
-        waits_over_timeout=len(long_waits),
-        memory=mem,
-        failures=tuple(failures),
-    )
-    return report
+        }
+
+    def report(self, wall: float) -> ChaosReport:
+        """Run the final checks (adding to the failures) and build the report."""
+        accounting = account_samples(self.lifetimes)
+        over, long_waits = self._check_run(accounting)
+        mem = _memory_summary(self.memory)
+        if mem.get("leak"):
+            self.failures.append(f"memory grows: {mem['leak']}")
+        executed = self.monkey.executed
+        by_kind = Counter(str(f["kind"]) for f in executed)
+        not_executed = self.monkey.not_executed
+        self._check_faults(by_kind, not_executed)
+        return ChaosReport(
+            seed=self.seed,
+            steps_requested=self.num_steps,
+            steps_completed=self.steps_done,
+            segments=self.segments,
+            wall_s=round(wall, 2),
+            faults_by_kind=dict(sorted(by_kind.items())),
+            faults=tuple(executed),
+            schedule=tuple(
+                {"step": f.step, "kind": f.kind, "delay_s": f.delay_s, "target": f.target}
+                for f in self.schedule.faults
+            ),
+            faults_not_executed=tuple(not_executed),
+            fault_deferrals=self.monkey.deferrals,
+            samples=accounting.as_dict(),
+            recoveries=self._recoveries(),
+            time_lost_s_by_kind=_time_lost(self.monkey.injected, self.step_times),
+            samples_produced=accounting.produced,
+            samples_consumed=accounting.consumed,
+            samples_lost=len(accounting.lost),
+            samples_duplicated=len(accounting.duplicated),
+            samples_regenerated_after_driver_restart=accounting.regenerated,
+            requests_resumed_after_replica_death=self.resumed_requests,
+            steps_redone_after_driver_restart=self.steps_redone,
+            staleness_bound=self.bound,
+            max_staleness=max(self.staleness, default=0),
+            staleness_violations=len(over),
+            stale_samples=tuple(self.stale),
+            wait_timeout_s=self.wait_timeout_s,
+            max_wait_s=round(max(self.waits, default=0.0), 3),
+            waits_over_timeout=len(long_waits),
+            memory=mem,
+            failures=tuple(self.failures),
+        )
 
 
 def _read_checkpoint(path: str) -> dict[str, Any] | None:

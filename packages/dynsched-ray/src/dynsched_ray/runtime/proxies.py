@@ -18,6 +18,7 @@ import attrs
 from dynsched_core import GenerateRequest, GenerateResult, ReplicaCapabilities
 from dynsched_core._protocols import QueueStats, RouterListener
 from dynsched_core.errors import NoRoutableReplicaError
+from dynsched_core.rollout import ReplicaIdentity
 from ray import exceptions as rex
 
 from dynsched_ray.runtime.errors import (
@@ -355,7 +356,7 @@ def _fail_all(futures: Sequence[asyncio.Future[Any]], exc: BaseException) -> Non
 
 
 # --------------------------------------------------------------------------- replica
-class RayReplica:
+class RayReplica(ReplicaIdentity):
     """`RolloutReplica` backed by a `ReplicaActor`.
 
     Args:
@@ -417,16 +418,7 @@ class RayReplica:
         )
 
     # ----------------------------------------------------------------- properties
-    @property
-    def replica_id(self) -> str:
-        """Stable, unique id."""
-        return self._id
-
-    @property
-    def capabilities(self) -> ReplicaCapabilities:
-        """Capabilities of the hosted replica."""
-        return self._caps
-
+    # replica_id, capabilities, role: from `ReplicaIdentity`
     @property
     def is_dead(self) -> bool:
         """True once the actor was found dead (or `mark_dead` was called)."""

@@ -392,6 +392,119 @@ def check_fingerprint(
 _ID_RE = {"p": r"p(0|[1-9][0-9]{0,17})", "t": r"t(0|[1-9][0-9]{0,17})"}
 
 
+def _checkpoint_error(name: str, field: str, why: str) -> ConfigError:
+    """One line naming the checkpoint and the field."""
+    return ConfigError(f"checkpoint {name!r}: {field!r} {why}", key="checkpoint")
+
+
+def _check_checkpoint_finite(value: Any, name: str, where: str = "", depth: int = 0) -> None:
+    """No NaN or infinity anywhere in ``value``, nested at most 64 deep."""
+    import math
+
+    if depth > 64:
+        raise _checkpoint_error(name, where, "is nested too deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _checkpoint_error(name, where, f"must be a finite number, got {value}")
+    if isinstance(value, Mapping):
+        for k, x in value.items():
+            _check_checkpoint_finite(x, name, f"{where}.{k}" if where else str(k), depth + 1)
+    elif isinstance(value, list | tuple):
+        for i, x in enumerate(value):
+            _check_checkpoint_finite(x, name, f"{where}[{i}]", depth + 1)
+
+
+def _check_checkpoint_int(name: str, field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _checkpoint_error(name, field, f"must be an int >= 0, got {value!r}")
+
+
+def _check_checkpoint_steps(data: Mapping[str, Any], name: str, max_steps_done: int | None) -> int:
+    """``steps_done``: an int >= 0 and at most ``max_steps_done``; returned."""
+    steps = data.get("steps_done")
+    _check_checkpoint_int(name, "steps_done", steps)
+    if max_steps_done is None:
+        max_steps_done = MAX_STEPS_DONE
+    if steps > max_steps_done:
+        raise _checkpoint_error(
+            name, "steps_done", f"must be <= {max_steps_done} for this config, got {steps}"
+        )
+    return steps
+
+
+def _check_checkpoint_counters(data: Mapping[str, Any], name: str, steps: int) -> None:
+    """``param_version`` (agreeing with the driver's, at most ``steps``), the driver's
+    numbers, ``metrics_rows`` and ``wall_s``: non-negative."""
+    driver = data.get("driver")
+    driver = driver if isinstance(driver, Mapping) else {}
+    if "param_version" in data:
+        version = data["param_version"]
+        _check_checkpoint_int(name, "param_version", version)
+        if "param_version" in driver and driver["param_version"] != version:
+            raise _checkpoint_error(
+                name,
+                "param_version",
+                f"is {version!r} but the driver state says {driver['param_version']!r}",
+            )
+        if version > steps:  # one version per sync at most
+            raise _checkpoint_error(
+                name, "param_version", f"is {version} but only {steps} step(s) were trained"
+            )
+    for key, value in driver.items():
+        if key != "policy" and isinstance(value, int | float) and not isinstance(value, bool):
+            if value < 0:
+                raise _checkpoint_error(name, f"driver.{key}", f"must be >= 0, got {value!r}")
+            if key in ("param_version", "cycles", "requested_samples"):
+                _check_checkpoint_int(name, f"driver.{key}", value)
+    if "metrics_rows" in data:
+        _check_checkpoint_int(name, "metrics_rows", data["metrics_rows"])
+    wall = data.get("wall_s", 0)
+    if isinstance(wall, bool) or not isinstance(wall, int | float) or wall < 0:
+        raise _checkpoint_error(name, "wall_s", f"must be a number >= 0, got {wall!r}")
+
+
+def _check_checkpoint_ids(
+    data: Mapping[str, Any],
+    name: str,
+    steps: int,
+    required_samples: int | None,
+    id_prefix: str | None,
+) -> None:
+    """``consumed_sample_ids``: unique, of the source's form, as many as were consumed."""
+    import re
+
+    field = "consumed_sample_ids"
+    ids = data.get(field)
+    if not isinstance(ids, list) or not all(
+        isinstance(x, str | int) and not isinstance(x, bool) for x in ids
+    ):
+        raise _checkpoint_error(name, field, "must be a list of sample ids")
+    seen: set[str] = set()
+    for x in ids:
+        key = str(x)
+        if key in seen:
+            raise _checkpoint_error(
+                name, field, f"holds {key!r} twice (each sample is consumed once)"
+            )
+        seen.add(key)
+    if id_prefix is not None:
+        pattern = re.compile(_ID_RE.get(id_prefix, re.escape(id_prefix) + r"[0-9]+"))
+        for x in ids:
+            if not isinstance(x, str) or not pattern.fullmatch(x):
+                raise _checkpoint_error(
+                    name,
+                    field,
+                    f"holds {str(x)[:40]!r}, not an id of this prompt source "
+                    f"({id_prefix}0, {id_prefix}1, ...)",
+                )
+    if required_samples is not None and len(ids) != steps * required_samples:
+        raise _checkpoint_error(
+            name,
+            field,
+            f"holds {len(ids)} id(s) but {steps} step(s) x {required_samples} sample(s) were "
+            "consumed (a cut or emptied list would retrain prompts already consumed)",
+        )
+
+
 def validate_checkpoint(
     data: Mapping[str, Any],
     name: str,
@@ -411,89 +524,10 @@ def validate_checkpoint(
     Raises:
         ConfigError: one line naming the checkpoint and the field.
     """
-    import math
-    import re
-
-    def bad(field: str, why: str) -> ConfigError:
-        return ConfigError(f"checkpoint {name!r}: {field!r} {why}", key="checkpoint")
-
-    def walk(value: Any, where: str, depth: int = 0) -> None:
-        if depth > 64:
-            raise bad(where, "is nested too deep")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise bad(where, f"must be a finite number, got {value}")
-        if isinstance(value, Mapping):
-            for k, x in value.items():
-                walk(x, f"{where}.{k}" if where else str(k), depth + 1)
-        elif isinstance(value, list | tuple):
-            for i, x in enumerate(value):
-                walk(x, f"{where}[{i}]", depth + 1)
-
-    walk(data, "")
-    steps = data.get("steps_done")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise bad("steps_done", f"must be an int >= 0, got {steps!r}")
-    if max_steps_done is None:
-        max_steps_done = MAX_STEPS_DONE
-    if steps > max_steps_done:
-        raise bad("steps_done", f"must be <= {max_steps_done} for this config, got {steps}")
-
-    def non_negative_int(field: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(field, f"must be an int >= 0, got {value!r}")
-
-    driver = data.get("driver")
-    driver = driver if isinstance(driver, Mapping) else {}
-    if "param_version" in data:
-        non_negative_int("param_version", data["param_version"])
-        if "param_version" in driver and driver["param_version"] != data["param_version"]:
-            raise bad(
-                "param_version",
-                f"is {data['param_version']!r} but the driver state says "
-                f"{driver['param_version']!r}",
-            )
-        if data["param_version"] > steps:  # one version per sync at most
-            raise bad(
-                "param_version",
-                f"is {data['param_version']} but only {steps} step(s) were trained",
-            )
-    for key, value in driver.items():
-        if key != "policy" and isinstance(value, int | float) and not isinstance(value, bool):
-            if value < 0:
-                raise bad(f"driver.{key}", f"must be >= 0, got {value!r}")
-            if key in ("param_version", "cycles", "requested_samples"):
-                non_negative_int(f"driver.{key}", value)
-    if "metrics_rows" in data:
-        non_negative_int("metrics_rows", data["metrics_rows"])
-    wall = data.get("wall_s", 0)
-    if isinstance(wall, bool) or not isinstance(wall, int | float) or wall < 0:
-        raise bad("wall_s", f"must be a number >= 0, got {wall!r}")
-    ids = data.get("consumed_sample_ids")
-    if not isinstance(ids, list) or not all(
-        isinstance(x, str | int) and not isinstance(x, bool) for x in ids
-    ):
-        raise bad("consumed_sample_ids", "must be a list of sample ids")
-    seen: set[str] = set()
-    for x in ids:
-        key = str(x)
-        if key in seen:
-            raise bad("consumed_sample_ids", f"holds {key!r} twice (each sample is consumed once)")
-        seen.add(key)
-    if id_prefix is not None:
-        pattern = re.compile(_ID_RE.get(id_prefix, re.escape(id_prefix) + r"[0-9]+"))
-        for x in ids:
-            if not isinstance(x, str) or not pattern.fullmatch(x):
-                raise bad(
-                    "consumed_sample_ids",
-                    f"holds {str(x)[:40]!r}, not an id of this prompt source "
-                    f"({id_prefix}0, {id_prefix}1, ...)",
-                )
-    if required_samples is not None and len(ids) != steps * required_samples:
-        raise bad(
-            "consumed_sample_ids",
-            f"holds {len(ids)} id(s) but {steps} step(s) x {required_samples} sample(s) were "
-            "consumed (a cut or emptied list would retrain prompts already consumed)",
-        )
+    _check_checkpoint_finite(data, name)
+    steps = _check_checkpoint_steps(data, name, max_steps_done)
+    _check_checkpoint_counters(data, name, steps)
+    _check_checkpoint_ids(data, name, steps, required_samples, id_prefix)
 
 
 def check_resumable(

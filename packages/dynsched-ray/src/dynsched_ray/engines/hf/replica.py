@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 from dynsched_core import GenerateRequest, GenerateResult, ReplicaCapabilities
+from dynsched_core.rollout import ReplicaIdentity
 
 from dynsched_ray.engines.lifecycle import ReplicaLifecycle
 
@@ -37,7 +38,7 @@ def _result_fields() -> frozenset[str]:
     return frozenset(a.name for a in attrs.fields(GenerateResult))
 
 
-class HFReplica:
+class HFReplica(ReplicaIdentity):
     """A `RolloutReplica` that samples from a Hugging Face causal LM (float32).
 
     Args:
@@ -92,16 +93,7 @@ class HFReplica:
         self.generated_tokens = 0
 
     # ------------------------------------------------------------------ protocol
-    @property
-    def replica_id(self) -> str:
-        """Stable id."""
-        return self._id
-
-    @property
-    def capabilities(self) -> ReplicaCapabilities:
-        """Static description."""
-        return self._caps
-
+    # replica_id, capabilities, role: from `ReplicaIdentity`
     @property
     def weights_version(self) -> int:
         """Version of the loaded weights."""
