@@ -55,7 +55,8 @@ def test_engine_options_for_a_run() -> None:
         "sampling": {"temperature": 0.5},
         "seed": 3,
     }
-    pytest.importorskip("torch")
+    import torch  # noqa: F401  (the test environment installs the torch extra)
+
     (options,) = load_trainer("torch").options(run).values()
     assert (options.lr, options.device) == (0.1, "cpu")
 
