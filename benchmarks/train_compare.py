@@ -65,7 +65,7 @@ def quarter_means(values: list[float]) -> tuple[float, float]:
 def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     from dynsched_core import DynamicScheduleConfig
     from dynsched_ray import RayRunOptions
-    from dynsched_ray.training import TrainRunner, TrainSettings, lag_bound
+    from dynsched_ray.training import TrainRunner, TrainRunnerOptions, TrainSettings, lag_bound
 
     cfg_dict = json.loads(json.dumps(CONFIG))
     cfg_dict["async_training"]["dynamic_schedule_policy"] = policy
@@ -86,8 +86,8 @@ def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> di
         RayRunOptions(name=f"cmp-{policy}-{seed}"),
         model=model,
         progress=lambda line: print(f"  [{policy} s{seed}] {line}", flush=True),
+        runner_options=TrainRunnerOptions(record_events=True),
     )
-    runner.record_events = True
     t0 = time.monotonic()
     summary = asyncio.run(runner.train())
     rows = list(summary.rows)

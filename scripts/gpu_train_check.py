@@ -46,7 +46,7 @@ CONFIG: dict[str, Any] = {
 def run(policy: str, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     from dynsched_core import DynamicScheduleConfig
     from dynsched_ray import RayRunOptions
-    from dynsched_ray.training import TrainRunner, TrainSettings
+    from dynsched_ray.training import TrainRunner, TrainRunnerOptions, TrainSettings
 
     cfg = json.loads(json.dumps(CONFIG))
     cfg["async_training"]["dynamic_schedule_policy"] = policy
@@ -67,7 +67,7 @@ def run(policy: str, args: argparse.Namespace, model: Path) -> dict[str, Any]:
         settings,
         RayRunOptions(name=f"gpu-{policy}"),
         model=model,
-        replica_kwargs=replica_kwargs,
+        runner_options=TrainRunnerOptions(replica_kwargs=replica_kwargs),
         progress=lambda line: print(f"[{policy}] {line}", flush=True),
     )
     summary = asyncio.run(runner.train())

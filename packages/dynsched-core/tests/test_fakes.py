@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from dynsched_core import (
@@ -20,6 +21,8 @@ from dynsched_core.testing import (
     ReplicaDeadError,
     ReplicaNotReadyError,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 FAST = 20_000.0  # tokens/s: a 64-token response takes ~3 ms
 
@@ -325,3 +328,71 @@ def test_options_reach_the_replica() -> None:
     assert r.weights_version == 7 and r.sleep_delay_s == 0.0
     with pytest.raises(ValueError, match="weights_version"):
         InMemoryReplicaOptions(weights_version=1.5)  # type: ignore[arg-type]
+
+
+class _OldFlags:
+    """The replica's former bookkeeping (asleep, accepting, alive flags) and its messages."""
+
+    def __init__(self, rid: str, asleep: bool) -> None:
+        self.rid, self.asleep, self.accepting, self.alive = rid, asleep, not asleep, True
+
+    def call(self, method: str) -> str | None:
+        """The expected error message of ``method``, or None when it goes through."""
+        if method in ("kill", "revive"):
+            self.alive = method == "revive"
+            return None
+        if not self.alive:
+            return f"replica {self.rid!r} is dead ({method} refused)"
+        first = {"generate": "wake_up and resume", "update_weights": "wake_up", "resume": "wake_up"}
+        call = {"generate": "generate('q')", "update_weights": "update_weights(1)"}.get(
+            method, method
+        )
+        if self.asleep and method in first:
+            return f"replica {self.rid!r} is asleep: {call} refused ({first[method]} first)"
+        if method == "generate" and not self.accepting:
+            return f"replica {self.rid!r} is paused: {call} refused (resume first)"
+        if method in ("pause", "sleep"):
+            self.accepting = False
+        self.asleep = {"sleep": True, "wake_up": False}.get(method, self.asleep)
+        self.accepting = self.accepting or method == "resume"
+        return None
+
+    @property
+    def state(self) -> str:
+        if not self.alive:
+            return "dead"
+        return "asleep" if self.asleep else "accepting" if self.accepting else "paused"
+
+
+_CALLS = ["pause", "resume", "sleep", "wake_up", "update_weights", "generate", "kill", "revive"]
+
+
+@given(
+    role=st.sampled_from(["standalone", "hybrid"]),
+    asleep=st.sampled_from([None, True, False]),
+    calls=st.lists(st.sampled_from(_CALLS), max_size=25),
+)
+def test_the_lifecycle_state_machine_keeps_the_former_flags_behaviour(
+    role: str, asleep: bool | None, calls: list[str]
+) -> None:
+    async def scenario() -> None:
+        r = InMemoryReplica("x", role=role, tokens_per_s=FAST, asleep=asleep)  # type: ignore[arg-type]
+        old = _OldFlags("x", (role == "hybrid") if asleep is None else asleep)
+        for method in calls:
+            expected = old.call(method)
+            if method in ("kill", "revive"):
+                getattr(r, method)()
+            else:
+                args = {"generate": (req("q", max_tokens=2),), "update_weights": (1,)}
+                error = ReplicaDeadError if not old.alive else ReplicaNotReadyError
+                with pytest.raises(error) if expected else contextlib.nullcontext() as info:
+                    await getattr(r, method)(*args.get(method, ()))
+                if expected:
+                    assert str(info.value) == expected
+            assert (r.is_asleep, r.is_accepting) == (
+                old.asleep,
+                old.alive and old.accepting and not old.asleep,
+            )
+            assert f", {old.state}, " in repr(r)
+
+    asyncio.run(scenario())

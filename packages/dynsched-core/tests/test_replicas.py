@@ -30,7 +30,9 @@ from dynsched_core import (
     RollouterOptions,
     ScheduleDriver,
 )
+from dynsched_core._replicas import ReplicaPlacement, ReplicaSpec
 from dynsched_core.events import MembershipEvent
+from dynsched_core.trainer import GpuHandOver
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -307,3 +309,186 @@ class MembershipMachine(RuleBasedStateMachine):
 
 MembershipMachine.TestCase.settings = settings(stateful_step_count=30, deadline=None)
 TestMembershipMachine = MembershipMachine.TestCase
+
+
+# ------------------------------------------------------------------ the replica record
+def _on(*gpus: int, pool: str = "trainer", node: str = "") -> ReplicaPlacement:
+    return ReplicaPlacement(pool=pool, bundle=gpus[0], gpu_ids=gpus, node=node)
+
+
+def test_a_member_carries_its_record_across_death_and_re_add() -> None:
+    spec = ReplicaSpec(factory=InMemoryReplica, options={"role": "hybrid"})
+    rs = ReplicaSet()
+    first = InMemoryReplica("h0", role="hybrid")
+    rs.add(first, "hybrid", placement=_on(0, 1, node="n1"), spec=spec)
+    member = rs.member("h0")
+    assert member.placement == _on(0, 1, node="n1") and member.spec == spec
+    assert member.replica is first and member.alive and not member.routable
+    assert rs.placement_of("h0").gpu_ids == (0, 1)
+    rs.mark_dead("h0")
+    assert rs.member("h0").placement == _on(0, 1, node="n1") and not rs.member("h0").alive
+    fresh = InMemoryReplica("h0", role="hybrid")
+    rs.add(fresh, "hybrid")  # a restart brings no record: it keeps the dead member's
+    assert rs.member("h0").replica is fresh and rs.member("h0").spec == spec
+    assert rs.placement_of("h0") == _on(0, 1, node="n1")
+    rs.mark_dead("h0")
+    rs.add(InMemoryReplica("h0", role="hybrid"), "hybrid", placement=_on(0, 1, node="n2"))
+    assert rs.placement_of("h0").node == "n2" and rs.member("h0").spec == spec
+    assert [m.placement for m in rs.members()] == [_on(0, 1, node="n2")]
+
+
+def test_records_are_checked_and_filled_later() -> None:
+    rs = ReplicaSet(
+        standalone=[InMemoryReplica("s0")], hybrid=[InMemoryReplica("h0", role="hybrid")]
+    )
+    with pytest.raises(KeyError, match="no placement record"):
+        rs.placement_of("s0")
+    with pytest.raises(KeyError, match="not a member"):
+        rs.member("ghost")
+    rs.set_record("h0", placement=_on(2))
+    rs.set_record("s0", placement=_on(2, pool="standalone"))  # another pool: no clash
+    assert rs.placement_of("h0").gpu_ids == (2,) and rs.member("h0").spec is None
+    with pytest.raises(ValueError, match=r"GPU\(s\) \[2\] of pool 'trainer': live member 'h0'"):
+        rs.add(InMemoryReplica("h1", role="hybrid"), placement=_on(1, 2))
+    assert "h1" not in rs and rs.version == 0  # nothing recorded, nothing published
+    with pytest.raises(ValueError, match="live member 'h0'"):
+        rs.set_record("s0", placement=_on(2))
+    rs.mark_dead("h0")  # a dead member's GPUs are free
+    rs.add(InMemoryReplica("h1", role="hybrid"), placement=_on(1, 2))
+    with pytest.raises(ValueError, match="live member 'h1'"):
+        rs.add(InMemoryReplica("h0", role="hybrid"))  # its kept record clashes now
+    with pytest.raises(ValueError, match="must not repeat"):
+        ReplicaPlacement(gpu_ids=(1, 1))
+    with pytest.raises(ValueError, match="ints >= 0"):
+        ReplicaPlacement(gpu_ids=(-1,))
+    with pytest.raises(TypeError, match="sequence of ints"):
+        ReplicaPlacement(gpu_ids="01")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        ReplicaSpec(factory="not callable")  # type: ignore[arg-type]
+
+
+def test_the_hand_over_follows_the_set_without_a_hand_call() -> None:
+    rs = ReplicaSet(
+        hybrid=[InMemoryReplica("h0", role="hybrid"), InMemoryReplica("h1", role="hybrid")]
+    )
+    handover = GpuHandOver()
+    handover.register_trainer(0, resident=False)
+    handover.register_hybrid("h0", [0], awake=True)
+    handover.register_hybrid("h1", [0], awake=True)
+    stop = handover.follow(rs)
+    rs.mark_dead("h0")
+    assert handover.holders(0).awake == ("h1",)
+    assert [e for e, _ in handover.log] == ["forget:h0"]
+    handover.forget_hybrid("h0")  # the old hand call stays harmless
+    assert [e for e, _ in handover.log] == ["forget:h0"]
+    stop()
+    rs.mark_dead("h1")
+    assert handover.holders(0).awake == ("h1",)  # no longer following
+
+
+class RecordMachine(RuleBasedStateMachine):
+    """Random launches, deaths and restarts of replicas with GPU records; a hand-over
+    follows the set. The records survive deaths, no two live members of a pool share a
+    GPU, and the hand-over holds exactly the live hybrid members."""
+
+    ids = Bundle("record_ids")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replicas = ReplicaSet()
+        self.handover = GpuHandOver()
+        for gpu in range(4):
+            self.handover.register_trainer(gpu, resident=False)
+        self.handover.follow(self.replicas)
+        self.deaths: list[str] = []
+        self.replicas.subscribe(
+            lambda e: self.deaths.extend(e.replica_ids) if e.kind == "died" else None
+        )
+        self.model: dict[str, tuple[ReplicaPlacement, bool]] = {}  # id -> placement, alive
+        self.killed: list[str] = []
+        self.next_id = 0
+
+    def _free(self, placement: ReplicaPlacement, rid: str) -> bool:
+        return not any(
+            alive and p.pool == placement.pool and set(p.gpu_ids) & set(placement.gpu_ids)
+            for r, (p, alive) in self.model.items()
+            if r != rid
+        )
+
+    def _register(self, rid: str, placement: ReplicaPlacement) -> None:
+        if placement.pool == "trainer":  # what the run's hybrid wrapper does
+            self.handover.register_hybrid(rid, placement.gpu_ids, awake=True)
+
+    @rule(
+        target=ids,
+        pool=st.sampled_from(["trainer", "standalone"]),
+        gpus=st.lists(st.integers(0, 3), min_size=1, max_size=2, unique=True),
+    )
+    def launch(self, pool: str, gpus: list[int]) -> str:
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        placement = ReplicaPlacement(pool=pool, bundle=gpus[0], gpu_ids=gpus)
+        role = "hybrid" if pool == "trainer" else "standalone"
+        replica = InMemoryReplica(rid, role=role)  # type: ignore[arg-type]
+        if not self._free(placement, rid):
+            with pytest.raises(ValueError, match="already does"):
+                self.replicas.add(replica, placement=placement)
+            return rid
+        self._register(rid, placement)
+        self.replicas.add(replica, placement=placement)
+        self.model[rid] = (placement, True)
+        return rid
+
+    @rule(rid=ids)
+    def kill(self, rid: str) -> None:
+        alive = rid in self.model and self.model[rid][1]
+        assert self.replicas.mark_dead(rid) is alive
+        if alive:
+            self.model[rid] = (self.model[rid][0], False)
+            self.killed.append(rid)
+
+    @rule(rid=ids)
+    def restart(self, rid: str) -> None:
+        if rid not in self.model or self.model[rid][1]:
+            return
+        placement = self.model[rid][0]
+        replica = InMemoryReplica(rid, role=self.replicas.role_of(rid))
+        if not self._free(placement, rid):
+            with pytest.raises(ValueError, match="already does"):
+                self.replicas.add(replica)
+            return
+        self._register(rid, placement)
+        self.replicas.add(replica)  # no record given: the dead member's is kept
+        self.model[rid] = (placement, True)
+
+    @invariant()
+    def records_survive_deaths(self) -> None:
+        for rid, (placement, alive) in self.model.items():
+            assert self.replicas.placement_of(rid) == placement
+            assert self.replicas.is_alive(rid) is alive
+        assert self.deaths == self.killed
+
+    @invariant()
+    def gpu_ids_are_unique_per_live_member(self) -> None:
+        for pool in ("trainer", "standalone"):
+            gpus = [
+                g
+                for m in self.replicas.members()
+                if m.alive and m.placement is not None and m.placement.pool == pool
+                for g in m.placement.gpu_ids
+            ]
+            assert len(gpus) == len(set(gpus))
+
+    @invariant()
+    def the_hand_over_holds_the_live_hybrid_members(self) -> None:
+        for gpu in range(4):
+            expected = sorted(
+                rid
+                for rid, (p, alive) in self.model.items()
+                if alive and p.pool == "trainer" and gpu in p.gpu_ids
+            )
+            assert list(self.handover.holders(gpu).awake) == expected
+
+
+RecordMachine.TestCase.settings = settings(stateful_step_count=30, deadline=None)
+TestRecordMachine = RecordMachine.TestCase

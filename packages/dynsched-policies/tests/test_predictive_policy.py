@@ -6,10 +6,10 @@ import random
 from typing import Any
 
 import pytest
-from dynsched_core import DynamicScheduleContext, build_policy
+from dynsched_core import ConfigError, DynamicScheduleContext, build_policy
 from dynsched_core.events import RolloutEvent, SwitchEvent, TrainStepEvent, TransitionEvent
 from dynsched_core.testing import check_policy
-from dynsched_policies import PredictiveDynamicSchedulePolicy
+from dynsched_policies import PredictiveDynamicSchedulePolicy, PredictiveOptions
 from dynsched_policies._estimators import LinearTrend, MeanEstimate, RateModel
 from dynsched_policies._predictive import _expected_shortfall
 from hypothesis import given
@@ -308,3 +308,46 @@ def test_lends_everything_when_rollout_is_the_bottleneck() -> None:
         )
         >= 16
     )
+
+
+def test_keyword_knobs_and_the_options_record_build_the_same_policy() -> None:
+    by_keyword = build_policy("predictive", z=2.0, rate_window=5, rate_model="little")
+    by_record = PredictiveDynamicSchedulePolicy(
+        options=PredictiveOptions(z=2.0, rate_window=5, rate_model="little")
+    )
+    assert isinstance(by_keyword, PredictiveDynamicSchedulePolicy)
+    assert by_keyword.options == by_record.options
+    assert by_keyword.options.rate_window == 5
+    assert by_keyword.state_dict() == by_record.state_dict()
+    # keywords replace the record's fields, the others stay
+    merged = PredictiveDynamicSchedulePolicy(options=PredictiveOptions(z=3.0), mid_cycle=True)
+    assert merged.options == PredictiveOptions(z=3.0, mid_cycle=True)
+    assert PredictiveDynamicSchedulePolicy().options == PredictiveOptions()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("z", -0.5, ConfigError),
+        ("z", "1", TypeError),
+        ("hybrid_rate_prior", 11.0, ConfigError),
+        ("rate_window", 0, ConfigError),
+        ("step_window", 1, ConfigError),
+        ("cost_window", 1001, ConfigError),
+        ("mid_cycle", 1, TypeError),
+        ("mid_cycle_margin", float("nan"), ConfigError),
+        ("fit_hybrid_rate", "yes", TypeError),
+        ("rate_model", "fluid", ConfigError),
+    ],
+)
+def test_a_bad_knob_names_its_field(field: str, value: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=rf"PredictiveOptions\.{field} must be") as info:
+        PredictiveDynamicSchedulePolicy(**{field: value})
+    assert getattr(info.value, "key", None) == field
+
+
+def test_an_unknown_knob_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['zz'\].*'rate_model'"):
+        PredictiveDynamicSchedulePolicy(zz=1.0)
+    with pytest.raises(TypeError, match="options must be a PredictiveOptions"):
+        PredictiveDynamicSchedulePolicy(options={"z": 1.0})  # type: ignore[arg-type]

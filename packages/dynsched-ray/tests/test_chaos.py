@@ -36,6 +36,39 @@ def test_schedule_is_seeded_and_covers_every_kind() -> None:
         ChaosFault(step=1, kind="meteor")
 
 
+def test_the_drill_configures_the_one_runner_and_reads_no_private_field() -> None:
+    """The soak runs the plain `RayRunner` (no subclass), gated through its documented
+    ``on_loop_built`` hook; it reads no private runner field and parses no log line."""
+    import inspect
+
+    from dynsched_ray import RayRunner
+    from dynsched_ray.drills import chaos
+
+    subclasses = [
+        obj
+        for obj in vars(chaos).values()
+        if inspect.isclass(obj) and issubclass(obj, RayRunner) and obj is not RayRunner
+    ]
+    assert subclasses == []
+    source = inspect.getsource(chaos)
+    assert "runner._" not in source and "import re" not in source
+
+    order: list[str] = []
+
+    class _Trainer:
+        async def train_step(self, samples: Any) -> str:
+            order.append(f"train {samples}")
+            return "trained"
+
+    async def gate() -> None:
+        order.append("gate")
+
+    loop = type("Loop", (), {"trainer": _Trainer()})()
+    chaos.gate_training(gate)(loop)
+    assert asyncio.run(loop.trainer.train_step(1)) == "trained"
+    assert order == ["gate", "train 1"]
+
+
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(400)

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from dynsched_core import ConfigError, DynamicScheduleConfig
@@ -37,8 +38,8 @@ from dynsched_ray.runtime.runner import (
     validate_checkpoint,
 )
 from dynsched_ray.training import (
-    TrainRunner,
     TrainSettings,
+    TrainWorkload,
     load_trainer_state,
     resolve_checkpoint_file,
     train_fingerprint,
@@ -176,7 +177,7 @@ def test_trainer_state_round_trips_with_weights_only(tmp_path: Path) -> None:
         "optimizer": opt.state_dict(),
     }
     path = tmp_path / "trainer-v2.pt"
-    with atomic_writer(path) as fh:  # as `TrainRunner.save_trainer` writes it
+    with atomic_writer(path) as fh:  # as `TrainWorkload.save_trainer` writes it
         torch.save(state, fh)
     loaded = load_trainer_state(resolve_checkpoint_file(tmp_path, "trainer-v2.pt"))
     assert loaded["version"] == 2 and torch.equal(loaded["model"]["weight"], model.weight)
@@ -382,7 +383,7 @@ def test_failed_metrics_write_stops_the_run_too(tmp_path: Path) -> None:
     runner = _offline_runner(tmp_path / "driver.json")
     sink = runner_mod._FailFastSink(
         SimpleNamespace(write=lambda r: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full"))),
-        lambda exc: runner._output_failed("metrics write", exc),
+        lambda exc: runner.output_failed("metrics write", exc),
     )
     sink.write(object())
     assert runner._fatal.is_set() and "metrics write failed at step 0" in str(runner._fatal_error)
@@ -397,7 +398,7 @@ def test_resume_after_a_crash_mid_cycle_writes_each_step_once(tmp_path: Path) ->
             fh.write(json.dumps({"step": step, "reward": 0.5}) + "\n")
         fh.write('{"step": 6, "rew')
     fake = SimpleNamespace(settings=SimpleNamespace(metrics_path=metrics))
-    TrainRunner._truncate_metrics(fake, 4)  # type: ignore[arg-type]
+    TrainWorkload._truncate_metrics(fake, 4)  # type: ignore[arg-type]
     for step in (5, 6):  # the resumed run redoes them
         with open(metrics, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"step": step}) + "\n")
@@ -501,6 +502,69 @@ def test_fleet_line_counts_the_real_trainer_workers() -> None:
     stand_in = RayRunner(RUN_CONFIG, RayRunOptions())
     fleet.trainer_workers = ["w0", "w1", "w2"]
     assert stand_in._trainer_worker_count(fleet) == 3  # type: ignore[arg-type]
+
+
+def _factory(replica_id: str, **kw: Any) -> Any:  # pragma: no cover - never called
+    raise AssertionError
+
+
+def test_fleet_spec_is_derived_from_the_options_and_the_config() -> None:
+    """Every `FleetSpec` field the options share comes from them (no field dropped), the
+    layout from the config, the replicas' keyword arguments from the workload."""
+    from dynsched_core import InMemoryReplicaOptions
+    from dynsched_ray.runtime.fleet import FleetSpec
+
+    opt = RayRunOptions(
+        name="derived",
+        namespace="ns",
+        trainer_workers=1,
+        hybrid_gpu_fraction=0.25,
+        placement_strategy="SPREAD",
+        replica_factory=_factory,
+        detached_router=True,
+        batch_router_calls=False,
+        call_timeout_s=7.0,
+        generate_timeout_s=8.0,
+        trainer_step_time_s=0.5,
+        stream_tokens=None,
+        restart_queue=False,
+        restart_router=False,
+        tokens_per_s=123.0,
+        chunk_tokens=4,
+        switch_delay_s=0.1,
+    )
+    kw = {"tokens_per_s": 123.0, "chunk_tokens": 4}
+    delays = InMemoryReplicaOptions(sleep_delay_s=0.1, wake_delay_s=0.1, update_delay_s=0.1)
+    expected = FleetSpec(  # written out field by field: the oracle
+        name="derived",
+        namespace="ns",
+        trainer_gpus=RUN_CONFIG.hybrid_gpus,
+        standalone_replicas=RUN_CONFIG.num_standalone_replicas,
+        hybrid_replicas=RUN_CONFIG.num_hybrid_replicas,
+        gpus_per_replica=RUN_CONFIG.rollout_tensor_parallel_size,
+        trainer_workers=1,
+        hybrid_gpu_fraction=0.25,
+        replica_factory=_factory,
+        standalone_kwargs=kw,
+        hybrid_kwargs={**kw, "options": delays},
+        queue_capacity=RUN_CONFIG.max_queue_size,
+        detached_router=True,
+        batch_router_calls=False,
+        call_timeout_s=7.0,
+        generate_timeout_s=8.0,
+        trainer_step_time_s=0.5,
+        stream_tokens=None,
+        placement_strategy="SPREAD",
+        restart_queue=False,
+        restart_router=False,
+    )
+    assert RayRunner(RUN_CONFIG, opt).fleet_spec() == expected
+    # real trainers start in their group, after the fleet: no stand-in workers
+    from dynsched_ray.trainers.group import RayTrainerSpec
+
+    spec = RayTrainerSpec(factory=object, make_batch=lambda s, v: None)
+    with_trainer = RayRunner(RUN_CONFIG, attrs.evolve(opt, trainer=spec)).fleet_spec()
+    assert with_trainer == attrs.evolve(expected, trainer_workers=0)
 
 
 # ---------------------------------------------------------------- with Ray (one small run)

@@ -8,9 +8,17 @@ from typing import Any
 
 import pytest
 import ray
-from dynsched_core import DynamicScheduleConfig, FullyAsyncLoop
+from dynsched_core import ConfigError, DynamicScheduleConfig, FullyAsyncLoop, Prompt
+from dynsched_core.events import TrainStepEvent
 from dynsched_core.testing import InMemoryReplica
-from dynsched_ray import AllReplicasLostError, RayRunner, RayRunOptions, synthetic_prompts
+from dynsched_ray import (
+    AllReplicasLostError,
+    RayRunner,
+    RayRunOptions,
+    load_checkpoint,
+    synthetic_prompts,
+)
+from dynsched_ray.runtime.workload import RunWorkload
 
 from ._policies import AlwaysSwitchPolicy, ScriptedPolicy
 
@@ -215,3 +223,76 @@ async def test_all_replicas_gone_stops_with_a_clear_error() -> None:
     runner = RayRunner(CONFIG, opt, policy=ScriptedPolicy(), progress=progress)
     with pytest.raises(AllReplicasLostError, match="all rollout replicas are gone"):
         await asyncio.wait_for(runner.run(), 120)
+
+
+class _CountingWorkload(RunWorkload):
+    """A workload of its own: prompts ``q0, q1, ...``, a count of the steps it saw in
+    the checkpoint, restored on resume, and in the fingerprint."""
+
+    id_prefix = "q"
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.prepared: list[int | None] = []
+        self.restored: int | None = None
+
+    def prompts(self, runner: RayRunner) -> Any:
+        skip = set(runner.consumed_sample_ids)
+        return (
+            Prompt(prompt_id=f"q{i}", prompt_len=8, max_tokens=16, target_lens=(8, 12))
+            for i in range(400)
+            if f"q{i}" not in skip
+        )
+
+    def checkpoint_extras(self, runner: RayRunner, state: Any) -> dict[str, Any]:
+        return {"workload_steps": len(self.steps) + (self.restored or 0)}
+
+    def fingerprint_extras(self, runner: RayRunner) -> dict[str, Any]:
+        return {"workload.kind": "counting"}
+
+    async def restore(self, runner: RayRunner, loop: Any, restored: Any) -> None:
+        self.restored = int(restored["workload_steps"])
+
+    def prepare_outputs(self, runner: RayRunner, steps_done: int | None) -> None:
+        self.prepared.append(steps_done)
+
+    def on_event(self, runner: RayRunner, event: Any) -> None:
+        if isinstance(event, TrainStepEvent):
+            self.steps.append(runner.step_offset + event.step)
+
+
+async def test_a_workload_of_its_own_runs_and_resumes_through_the_one_runner(
+    tmp_path: Any,
+) -> None:
+    ckpt = str(tmp_path / "driver.json")
+    first = _CountingWorkload()
+    built: list[Any] = []
+    runner = RayRunner(
+        CONFIG,
+        _options("workload-a", num_steps=4, checkpoint_path=ckpt),
+        workload=first,
+        on_loop_built=built.append,
+    )
+    res = await runner.run()
+    assert res.loop.steps == 4 and built == [runner.loop]
+    assert first.steps == [1, 2, 3, 4] and first.prepared == [None]
+    assert res.consumed_sample_ids and all(x.startswith("q") for x in res.consumed_sample_ids)
+    saved = load_checkpoint(ckpt)
+    assert saved["workload_steps"] == 4 and saved["fingerprint"]["workload.kind"] == "counting"
+    assert saved["fingerprint"]["trigger_parameter_sync_step"] == 2  # the config's too
+    # the stand-in workload's prompts are p0, p1, ...: it refuses this chain's checkpoint
+    with pytest.raises(ConfigError, match="not an id of this prompt source"):
+        await RayRunner(CONFIG, _options("workload-x", checkpoint_path=ckpt, resume=True)).run()
+
+    second = _CountingWorkload()
+    resumed = RayRunner(
+        CONFIG,
+        _options("workload-b", num_steps=2, checkpoint_path=ckpt, resume=True),
+        workload=second,
+    )
+    res2 = await resumed.run()
+    assert res2.resumed and res2.first_step == 5
+    assert second.prepared == [4] and second.restored == 4 and second.steps == [5, 6]
+    chain = res2.consumed_sample_ids
+    assert len(chain) == len(set(chain)) == 6 * CONFIG.required_samples
+    assert load_checkpoint(ckpt)["workload_steps"] == 6

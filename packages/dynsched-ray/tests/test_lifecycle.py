@@ -90,3 +90,46 @@ def test_refusals_name_the_replica_the_call_and_what_comes_first() -> None:
     assert repr(life) == "ReplicaLifecycle('h0', closed)"
     with pytest.raises(KeyError):
         life.apply("explode")
+
+
+def test_the_engines_share_the_one_state_machine_of_core() -> None:
+    from dynsched_core import _lifecycle as core
+    from dynsched_core.testing import InMemoryReplica
+
+    assert ReplicaLifecycle is core.ReplicaLifecycle and Phase is core.ReplicaPhase
+    assert TRANSITIONS is core.TRANSITIONS
+    assert isinstance(InMemoryReplica("r")._life, ReplicaLifecycle)
+
+
+@given(st.booleans(), st.lists(st.sampled_from(EVENTS), max_size=20))
+def test_require_and_allows_answer_as_apply_would(asleep: bool, events: list[str]) -> None:
+    life = ReplicaLifecycle("r", asleep=asleep)
+    for event in events:
+        before = life.phase
+        if life.allows(event):
+            life.require(event)
+            assert life.phase is before  # asking does not move
+            life.apply(event)
+        else:
+            with pytest.raises((ReplicaNotReadyError, ReplicaDeadError)) as asked:
+                life.require(event)
+            with pytest.raises(type(asked.value)) as applied:
+                life.apply(event)
+            assert str(asked.value) == str(applied.value)
+            assert life.phase is before
+
+
+@pytest.mark.parametrize(
+    ("replica_id", "role", "match"),
+    [
+        ("", "standalone", "replica_id must be a non-empty string, got ''"),
+        (3, "hybrid", "replica_id must be a non-empty string, got 3"),
+        ("r", "both", r"role must be one of \['standalone', 'hybrid'\], got 'both'"),
+    ],
+)
+def test_a_bad_identity_is_named(replica_id: object, role: object, match: str) -> None:
+    from dynsched_core._lifecycle import check_replica_identity
+
+    with pytest.raises(ValueError, match=match):
+        check_replica_identity(replica_id, role)
+    check_replica_identity("r", "hybrid")

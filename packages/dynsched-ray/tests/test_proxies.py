@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import ray
-from dynsched_core import GenerateRequest
+from dynsched_core import GenerateRequest, ReplicaSet
 from dynsched_core.errors import NoRoutableReplicaError, SampleWaitTimeoutError
 from dynsched_core.testing import InMemoryReplica
 from dynsched_ray import (
@@ -21,6 +21,7 @@ from dynsched_ray import (
     RouterActor,
     remote_class,
 )
+from dynsched_ray.runtime.remote import await_ref
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -190,3 +191,33 @@ async def test_streamed_generation_keeps_tokens_when_the_actor_dies() -> None:
     assert replica.is_dead and deaths == ["s1"]
     with pytest.raises(ReplicaActorDiedError):
         await replica.generate(GenerateRequest(request_id="e", max_tokens=8))
+
+
+async def test_router_recovery_re_applies_the_replica_sets_routable_members() -> None:
+    handles = [_router()]
+
+    async def respawn() -> object:
+        handles.append(_router())
+        return handles[-1]
+
+    try:
+        router = RayRouter(handles[0], call_timeout_s=30)
+        router.respawn = respawn
+        replicas = ReplicaSet(router, standalone=[InMemoryReplica(r) for r in ("a", "b", "c")])
+        router.follow(replicas)
+        await replicas.route(["a", "b", "c"])
+        replicas.mark_dead("c")
+        await replicas.settle(10.0)
+        await router.add_replicas(["stray"])  # routed behind the set's back: no record of it
+        ray.kill(handles[0], no_restart=True)
+        for _ in range(200):  # ray.kill is asynchronous: wait until the actor is gone
+            try:
+                await await_ref(handles[0].ping.remote(), timeout_s=10.0, what="ping")
+            except ActorUnavailableError:
+                break
+            await asyncio.sleep(0.05)
+        assert await router.refresh() == ["a", "b"]  # the fresh actor got the set's members
+        assert router.restarts == 1 and len(handles) == 2
+    finally:
+        for handle in handles:
+            ray.kill(handle)

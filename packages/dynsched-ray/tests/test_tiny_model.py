@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from dynsched_ray import TinyModelSpec, build_tiny_model
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def _digest(folder: Path) -> str:
@@ -75,3 +77,45 @@ def test_importing_dynsched_ray_loads_no_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_seeded_torch_is_reproducible_and_restores_the_global_generator() -> None:
+    import torch
+    from dynsched_ray.task.tiny_model import seeded_torch
+
+    torch.manual_seed(123)
+    outside = torch.random.get_rng_state()
+    with seeded_torch(7):
+        first = torch.rand(4)
+    assert torch.equal(torch.random.get_rng_state(), outside)
+    with seeded_torch(7):
+        assert torch.equal(torch.rand(4), first)
+    with pytest.raises(RuntimeError), seeded_torch(8):
+        raise RuntimeError("the state comes back on errors too")
+    assert torch.equal(torch.random.get_rng_state(), outside)
+
+
+@given(
+    wanted=st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+    other=st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+    key=st.sampled_from([None, "wanted"]),
+)
+def test_a_marker_matches_only_what_it_records(
+    tmp_path_factory: pytest.TempPathFactory,
+    wanted: dict[str, int],
+    other: dict[str, int],
+    key: str | None,
+) -> None:
+    import json
+
+    from dynsched_ray.task.tiny_model import marker_matches
+
+    marker = tmp_path_factory.mktemp("m") / "marker.json"
+    assert not marker_matches(marker, wanted, key)  # missing
+    marker.write_text(json.dumps(wanted if key is None else {key: wanted, "loss": 1.0}))
+    assert marker_matches(marker, wanted, key)
+    assert marker_matches(marker, other, key) == (other == wanted)
+    marker.write_text("{not json")
+    assert not marker_matches(marker, wanted, key)
+    marker.write_text(json.dumps([1, 2]))
+    assert not marker_matches(marker, wanted, key)  # a list is never a dict

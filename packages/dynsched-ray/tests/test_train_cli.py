@@ -140,3 +140,31 @@ def test_dynsched_train_runs_end_to_end(capsys: Any, tmp_path: Path, warm_model:
     assert "finished: 2 step(s) from step 3" in printed
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------- one runner
+def test_train_runner_is_a_configuration_of_the_one_runner() -> None:
+    """`TrainRunner` composes the one `RayRunner` with a `TrainWorkload` (it overrides
+    none of the runner's methods), in at most 10 constructor parameters."""
+    import inspect
+
+    from dynsched_core import ConfigError
+    from dynsched_ray import RayRunner
+    from dynsched_ray.runtime.workload import RunWorkload
+    from dynsched_ray.training import TrainRunner, TrainRunnerOptions, TrainWorkload
+
+    assert not issubclass(TrainRunner, RayRunner)
+    assert issubclass(TrainWorkload, RunWorkload)
+    params = [p for p in inspect.signature(TrainRunner.__init__).parameters if p != "self"]
+    assert len(params) <= 10, params
+    assert "workload" in inspect.signature(RayRunner.__init__).parameters
+    # neither re-implements a piece of the runner: what differs is in the workload's hooks
+    runner_methods = {
+        n for n, _ in inspect.getmembers(RayRunner, inspect.isfunction) if not n.startswith("__")
+    }
+    assert not runner_methods & (set(vars(TrainWorkload)) | set(vars(TrainRunner)))
+    with pytest.raises(ConfigError, match=r"^TrainRunnerOptions\.replica_kwargs must be a"):
+        TrainRunnerOptions(replica_kwargs={1: "x"})
+    with pytest.raises(ConfigError, match=r"^TrainRunnerOptions\.keep_samples must be a bool"):
+        TrainRunnerOptions(keep_samples="yes")  # type: ignore[arg-type]
+    assert TrainRunnerOptions(replica_kwargs={"device": "cpu"}).replica_kwargs == {"device": "cpu"}

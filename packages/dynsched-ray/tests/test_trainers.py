@@ -17,6 +17,7 @@ from dynsched_ray import (
     hf_llama_to_megatron,
     megatron_to_hf_llama,
 )
+from dynsched_ray.trainers.base import Offloader, hf_model_folder
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -358,3 +359,55 @@ async def test_reference_loop_drives_a_real_trainer_through_the_hand_over(
         if e.startswith("hybrid_waking"):
             assert trainer_events and trainer_events[-1] == "trainer_offloaded", log
     assert "trainer_reloading" in log and backend.offloads
+
+
+class _Counting(Offloader):
+    """An `Offloader` whose moves are counted (each moves 10 bytes)."""
+
+    def __init__(self) -> None:
+        self.moves: list[str] = []
+
+    def _offload(self) -> int:
+        self.moves.append("offload")
+        return 10
+
+    def _reload(self) -> int:
+        self.moves.append("reload")
+        return 10
+
+
+@given(st.lists(st.sampled_from(["offload", "reload"]), max_size=12))
+def test_every_offloader_moves_once_each_way(calls: list[str]) -> None:
+    off = _Counting()
+    expected: list[str] = []
+    for call in calls:
+        due = (call == "offload") != off.offloaded
+        assert getattr(off, call)() == (10 if due else 0)
+        expected += [call] if due else []
+        assert off.offloaded is (expected[-1:] == ["offload"])
+    assert off.moves == expected
+
+
+def test_the_trainers_name_themselves_and_the_folder_they_need(tmp_path: Path) -> None:
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"^TorchTrainer model must be a Hugging Face model folder with config.json, got",
+    ):
+        TorchTrainer(tmp_path)
+    with pytest.raises(
+        FileNotFoundError, match=r"^MegatronTrainer model must be a Hugging Face Llama folder"
+    ):
+        MegatronTrainer(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    assert hf_model_folder(str(tmp_path), "X") == tmp_path
+
+
+def test_the_options_build_the_trainers_adamw() -> None:
+    opts = TrainerOptions(lr=2e-3, betas=(0.8, 0.9), adam_eps=1e-6, weight_decay=0.5)
+    group = opts.adamw([torch.nn.Parameter(torch.zeros(2))]).param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (
+        2e-3,
+        (0.8, 0.9),
+        1e-6,
+        0.5,
+    )

@@ -105,7 +105,10 @@ def test_unknown_key_is_named_with_allowed_keys() -> None:
 def test_bad_value_names_the_field() -> None:
     d = _minimal()
     d["engine"]["decode_base_s"] = -1
-    with pytest.raises(ScenarioError, match="engine.*decode_base_s must be a number > 0"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"engine: EngineModel\.decode_base_s must be a finite number > 0, got -1",
+    ):
         scenario_from_dict(d)
     d = _minimal()
     d["workload"] = {"response_len": {"kind": "pareto"}}
@@ -147,3 +150,22 @@ def test_yaml_and_toml_files(tmp_path: Path) -> None:
         load_scenario(bad)
     with pytest.raises(ScenarioError, match="does not exist"):
         load_scenario(tmp_path / "missing.yaml")
+
+
+_MODELS = ("HardwareModel", "LLMModel", "EngineModel", "TrainerModel")
+
+
+@pytest.mark.parametrize("model", _MODELS)
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "2"])
+def test_every_cost_model_field_refuses_a_bad_number_naming_it(model: str, bad: object) -> None:
+    import attrs
+    import dynsched_sim._models as models
+    from dynsched_core import ConfigError
+
+    cls = getattr(models, model)
+    numeric = [f for f in attrs.fields(cls) if f.type in ("float", "int")]
+    assert numeric
+    for f in numeric:
+        with pytest.raises(ConfigError, match=rf"^{model}\.{f.name} must be ") as info:
+            cls(**{f.name: bad})
+        assert info.value.key == f.name

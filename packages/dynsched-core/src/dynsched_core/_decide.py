@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Generator, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
@@ -318,29 +318,27 @@ _Seq = Generator[Action, Any, BeforeStepResult | AfterSyncResult]
 
 
 # ---------------------------------------------------------------------------- settings
-class CoreSettings(Protocol):
-    """What the core reads of its settings (a `DynamicScheduleConfig` has all of it)."""
+@attrs.frozen(kw_only=True)
+class CoreSettings:
+    """What the core reads of its settings (`of` takes them from a `DynamicScheduleConfig`)."""
 
-    @property
-    def use_dynamic_resource_scheduling(self) -> bool: ...
-    @property
-    def required_samples(self) -> int: ...
-    @property
-    def trigger_parameter_sync_step(self) -> int: ...
-    @property
-    def step_required_samples(self) -> int: ...
-    @property
-    def buffer_samples(self) -> int: ...
-    @property
-    def standalone_gpus(self) -> int: ...
-    @property
-    def hybrid_gpus(self) -> int: ...
-    @property
-    def dynamic_schedule_enable_rebalance(self) -> bool: ...
-    @property
-    def dynamic_schedule_min_deactivate_ratio(self) -> float: ...
-    @property
-    def dynamic_schedule_max_deactivate_ratio(self) -> float: ...
+    use_dynamic_resource_scheduling: bool
+    required_samples: int
+    trigger_parameter_sync_step: int
+    step_required_samples: int
+    buffer_samples: int
+    standalone_gpus: int
+    hybrid_gpus: int
+    dynamic_schedule_enable_rebalance: bool
+    dynamic_schedule_min_deactivate_ratio: float
+    dynamic_schedule_max_deactivate_ratio: float
+
+    @classmethod
+    def of(cls, config: Any) -> CoreSettings:
+        """``config`` itself when it is a `CoreSettings`, else its fields of the same names."""
+        if isinstance(config, cls):
+            return config
+        return cls(**{f.name: getattr(config, f.name) for f in attrs.fields(cls)})
 
 
 # ---------------------------------------------------------------------------- state
@@ -400,7 +398,8 @@ class DriverCore:
     Args:
         policy: The scheduling policy (called only from inside `step`).
         config: Scheduler settings (required samples, ``T``, rebalance, GPUs, guard rails):
-            a `DynamicScheduleConfig` or anything with its `CoreSettings` fields.
+            a `DynamicScheduleConfig`, a `CoreSettings`, or anything with its fields (kept
+            as `CoreSettings`).
         state: Counters to continue from (default: a fresh `DriverState`).
 
     Example:
@@ -420,11 +419,11 @@ class DriverCore:
     def __init__(
         self,
         policy: DynamicSchedulePolicyBase,
-        config: CoreSettings,
+        config: Any,
         state: DriverState | None = None,
     ) -> None:
         self.policy = policy
-        self.config = config
+        self.config = CoreSettings.of(config)
         self.guard_rails = GuardRails.from_config(config)
         self.state = state if state is not None else DriverState()
         self._seq: _Seq | None = None

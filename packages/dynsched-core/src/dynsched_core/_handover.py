@@ -13,6 +13,10 @@ would break the order, instead of letting two parties allocate on one GPU.
 `HandOverReplica` wraps a hybrid `RolloutReplica` so its ``wake_up`` / ``sleep`` go
 through the record (optionally asking the trainer to offload first).
 
+A hybrid replica's death reaches the record through the run's `ReplicaSet`:
+`GpuHandOver.follow` subscribes to its membership events and forgets every hybrid
+replica the set reports dead or removed (its memory went with its process).
+
 State is recorded conservatively: a party counts as holding the GPU from the moment it
 starts taking it (before its ``wake_up`` / ``reload`` returns) until its release has
 finished (after ``sleep`` / ``offload`` returned), and a failed release leaves it holding.
@@ -22,12 +26,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from dynsched_core._errors import DynschedError
 from dynsched_core._protocols import GenerateRequest, GenerateResult, ReplicaCapabilities
+
+if TYPE_CHECKING:
+    from dynsched_core._replicas import MembershipEvent, ReplicaSet
 
 __all__ = ["GpuHandOver", "GpuHolders", "HandOverError", "HandOverReplica"]
 
@@ -116,10 +123,25 @@ class GpuHandOver:
             self._awake.add(replica_id)
 
     def forget_hybrid(self, replica_id: str) -> None:
-        """Drop a replica whose process is gone (its memory went with it)."""
-        self._hybrid_gpus.pop(replica_id, None)
+        """Drop a replica whose process is gone (its memory went with it); idempotent."""
+        if self._hybrid_gpus.pop(replica_id, None) is None:
+            return
         self._awake.discard(replica_id)
         self.log.append((f"forget:{replica_id}", None))
+
+    def follow(self, replicas: ReplicaSet) -> Callable[[], None]:
+        """Forget each hybrid replica ``replicas`` reports dead or removed, from now on.
+
+        Returns:
+            A function that stops following.
+        """
+
+        def on_change(event: MembershipEvent) -> None:
+            if event.kind in ("died", "removed"):
+                for replica_id in event.replica_ids:
+                    self.forget_hybrid(replica_id)
+
+        return replicas.subscribe(on_change)
 
     # ------------------------------------------------------------------ trainer side
     def trainer_offloaded(self, gpu: Hashable) -> None:

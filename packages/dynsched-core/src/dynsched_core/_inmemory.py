@@ -20,7 +20,12 @@ from typing import Any, Protocol
 import attrs
 
 from dynsched_core._clock import Clock, LoopClock
-from dynsched_core._errors import DynschedError
+from dynsched_core._lifecycle import (
+    ReplicaDeadError,
+    ReplicaLifecycle,
+    ReplicaNotReadyError,
+    check_replica_identity,
+)
 from dynsched_core._protocols import (
     FinishReason,
     GenerateRequest,
@@ -55,14 +60,6 @@ class CallSink(Protocol):
     def record(self, who: str, method: str, *args: Any) -> Any:
         """Record that ``who.method(*args)`` was called."""
         ...
-
-
-class ReplicaDeadError(DynschedError, RuntimeError):
-    """Raised by every call of a killed `InMemoryReplica` (and by its running generations)."""
-
-
-class ReplicaNotReadyError(DynschedError, RuntimeError):
-    """A call the replica cannot serve in its current state (e.g. generate while asleep)."""
 
 
 def position_token(request_id: str, position: int) -> int:
@@ -157,10 +154,7 @@ class InMemoryReplica(ReplicaIdentity):
         node: str = "",
         options: InMemoryReplicaOptions | None = None,
     ) -> None:
-        if not isinstance(replica_id, str) or not replica_id:
-            raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
-        if role not in ("standalone", "hybrid"):
-            raise ValueError(f"role must be one of ['standalone', 'hybrid'], got {role!r}")
+        check_replica_identity(replica_id, role)
         if not (isinstance(tokens_per_s, int | float) and math.isfinite(tokens_per_s)):
             raise ValueError(f"tokens_per_s must be a finite number > 0, got {tokens_per_s!r}")
         if tokens_per_s <= 0:
@@ -173,9 +167,11 @@ class InMemoryReplica(ReplicaIdentity):
         self.tokens_per_s = float(tokens_per_s)
         self.chunk_tokens = chunk_tokens
         self._recorder = recorder
-        self._asleep = (role == "hybrid") if asleep is None else bool(asleep)
-        self._accepting = not self._asleep
-        self._alive = True
+        #: Serving phase (accepting, paused, asleep): the one state machine.
+        self._life = ReplicaLifecycle(
+            replica_id, asleep=(role == "hybrid") if asleep is None else bool(asleep)
+        )
+        self._alive = True  # fault injection (`kill` / `revive`), beside the phase
         self._version = opts.weights_version
         # Mutable copies: drills and tests change a live replica's switch durations.
         self.sleep_delay_s = float(opts.sleep_delay_s)
@@ -200,12 +196,12 @@ class InMemoryReplica(ReplicaIdentity):
     @property
     def is_asleep(self) -> bool:
         """True after `sleep` (or at start for a hybrid replica) until `wake_up`."""
-        return self._asleep
+        return self._life.asleep
 
     @property
     def is_accepting(self) -> bool:
         """True when `generate` is accepted (awake and resumed)."""
-        return self._accepting and not self._asleep and self._alive
+        return self._life.accepting and self._alive
 
     @property
     def is_alive(self) -> bool:
@@ -257,7 +253,7 @@ class InMemoryReplica(ReplicaIdentity):
         """Stop accepting generation requests (running ones continue)."""
         self._record("pause")
         self._check("pause")
-        self._accepting = False
+        self._life.apply("pause")
 
     # ------------------------------------------------------------ RolloutReplica
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -270,10 +266,7 @@ class InMemoryReplica(ReplicaIdentity):
         rid = request.request_id
         self._record("generate", rid, request.partial_len, request.max_tokens)
         self._check("generate")
-        if self._asleep:
-            raise self._refused("asleep", f"generate({rid!r})", "wake_up and resume")
-        if not self._accepting:
-            raise self._refused("paused", f"generate({rid!r})", "resume")
+        self._life.require_serving(f"generate({rid!r})")
         if rid in self._running:
             raise RuntimeError(f"request {rid!r} is already running on replica {self._id!r}")
         self.received.append(request)
@@ -334,19 +327,19 @@ class InMemoryReplica(ReplicaIdentity):
         """Abort what still runs, then release memory (asleep and paused)."""
         self._record("sleep")
         self._check("sleep")
-        self._accepting = False
+        self._life.apply("pause")
         left = self._abort_now(None)
         if left:
             logger.debug("replica %s: sleep aborted %d running request(s)", self._id, left)
         await asyncio.sleep(self.sleep_delay_s)
-        self._asleep = True
+        self._life.apply("sleep")
 
     async def wake_up(self) -> None:
         """Reload memory (still paused until `resume`)."""
         self._record("wake_up")
         self._check("wake_up")
         await asyncio.sleep(self.wake_delay_s)
-        self._asleep = False
+        self._life.apply("wake_up")
 
     async def resume(self) -> None:
         """Accept generation again.
@@ -356,10 +349,10 @@ class InMemoryReplica(ReplicaIdentity):
         """
         self._record("resume")
         self._check("resume")
-        if self._asleep:
-            raise self._refused("asleep", "resume", "wake_up")
+        self._life.require("resume")
         await asyncio.sleep(self.resume_delay_s)
-        self._accepting = True
+        if self._life.allows("resume"):  # a sleep that came meanwhile wins
+            self._life.apply("resume")
 
     async def update_weights(self, version: int, weights: Any = None) -> None:
         """Load weights of ``version``.
@@ -369,8 +362,7 @@ class InMemoryReplica(ReplicaIdentity):
         """
         self._record("update_weights", version)
         self._check("update_weights")
-        if self._asleep:
-            raise self._refused("asleep", f"update_weights({version})", "wake_up")
+        self._life.require_awake(f"update_weights({version})")
         await asyncio.sleep(self.update_delay_s)
         self._version = version
 
@@ -383,11 +375,6 @@ class InMemoryReplica(ReplicaIdentity):
     def _record(self, method: str, *args: Any) -> None:
         if self._recorder is not None:
             self._recorder.record(self._id, method, *args)
-
-    def _refused(self, state: str, call: str, first: str) -> ReplicaNotReadyError:
-        return ReplicaNotReadyError(
-            f"replica {self._id!r} is {state}: {call} refused ({first} first)"
-        )
 
     def _check(self, method: str) -> None:
         if not self._alive:
@@ -412,13 +399,7 @@ class InMemoryReplica(ReplicaIdentity):
         self.generated_tokens += k
 
     def __repr__(self) -> str:
-        state = (
-            "dead"
-            if not self._alive
-            else "asleep"
-            if self._asleep
-            else ("accepting" if self._accepting else "paused")
-        )
+        state = self._life.phase.value if self._alive else "dead"
         return (
             f"InMemoryReplica({self._id!r}, role={self.role!r}, {state},"
             f" v{self._version}, running={len(self._running)})"

@@ -1,8 +1,12 @@
 """`ReplicaSet`: the one owner of replica membership, liveness and routability.
 
 Every replica of a run is a member with a *role* (``standalone`` or ``hybrid``), a
-*liveness* (alive until `ReplicaSet.mark_dead`) and a *routability* (in the router's
-routable set or not). Nothing else keeps a copy of these facts: the router follows the
+*liveness* (alive until `ReplicaSet.mark_dead`), a *routability* (in the router's
+routable set or not) and, when a runtime launched it, its *record*: where it runs
+(`ReplicaPlacement`: pool, bundle, GPU ids, node) and how it is built (`ReplicaSpec`:
+factory and options, what a supervisor needs to start it again). A fresh replica that
+takes a dead member's id keeps that record unless it brings its own. Nothing else keeps
+a copy of these facts: the router follows the
 set (every routability change is applied to the `Router` first, then recorded), and the
 readers subscribe to its changes or read it when they need it:
 
@@ -24,7 +28,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -33,12 +37,72 @@ from dynsched_core._events import EventBus
 from dynsched_core._protocols import ReplicaRole, RolloutReplica, Router
 from dynsched_core._routing import LoadBalancer
 
-__all__ = ["MembershipEvent", "MembershipKind", "ReplicaMember", "ReplicaSet"]
+__all__ = [
+    "MembershipEvent",
+    "MembershipKind",
+    "ReplicaMember",
+    "ReplicaPlacement",
+    "ReplicaSet",
+    "ReplicaSpec",
+]
 
 logger = logging.getLogger(__name__)
 
 MembershipKind = Literal["added", "removed", "died", "routed", "unrouted"]
 ROLES: tuple[ReplicaRole, ...] = ("standalone", "hybrid")
+
+
+def _gpu_ids(value: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(value, str | bytes):
+        raise TypeError(f"ReplicaPlacement.gpu_ids must be a sequence of ints, got {value!r}")
+    ids = tuple(value)
+    for gpu in ids:
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
+            raise ValueError(f"ReplicaPlacement.gpu_ids must be ints >= 0, got {ids!r}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"ReplicaPlacement.gpu_ids must not repeat a GPU, got {ids!r}")
+    return ids
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaPlacement:
+    """Where a replica runs: computed once by the runtime that launches it.
+
+    Attributes:
+        pool: The resource pool (e.g. ``"trainer"`` for hybrid replicas, ``"standalone"``).
+        bundle: Index of its bundle in the pool (None: not placed on bundles).
+        gpu_ids: The pool's GPUs it sits on (for a hybrid replica: the trainer GPUs it
+            shares with the trainer, the keys of the hand-over); unique, ints >= 0.
+        node: The node it runs on ("" while unknown; a restart may move it).
+
+    Example:
+        >>> ReplicaPlacement(pool="trainer", bundle=2, gpu_ids=[2, 3]).gpu_ids
+        (2, 3)
+    """
+
+    pool: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    bundle: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(
+            [attrs.validators.instance_of(int), attrs.validators.ge(0)]
+        ),
+    )
+    gpu_ids: tuple[int, ...] = attrs.field(default=(), converter=_gpu_ids)
+    node: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaSpec:
+    """How a replica is built: what a supervisor needs to start it again.
+
+    Attributes:
+        factory: Builds the replica (``factory(replica_id, **options)``, or whatever the
+            runtime's convention is; core never calls it).
+        options: Keyword arguments of ``factory`` (copied).
+    """
+
+    factory: Callable[..., Any] = attrs.field(validator=attrs.validators.is_callable())
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
 
 
 @attrs.frozen
@@ -50,12 +114,18 @@ class ReplicaMember:
         role: ``"standalone"`` or ``"hybrid"``.
         alive: False once the replica was marked dead.
         routable: In the router's routable set (always False for a dead member).
+        placement: Where it runs (None when the runtime gave no record).
+        spec: How it is built (None when the runtime gave no record).
+        replica: The member's replica object (the dead one, for a dead member).
     """
 
     replica_id: str
     role: ReplicaRole
     alive: bool
     routable: bool
+    placement: ReplicaPlacement | None = None
+    spec: ReplicaSpec | None = None
+    replica: RolloutReplica | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -84,8 +154,21 @@ MembershipListener = Callable[[MembershipEvent], None]
 class _Member:
     replica: RolloutReplica
     role: ReplicaRole
+    placement: ReplicaPlacement | None = None
+    spec: ReplicaSpec | None = None
     alive: bool = True
     routable: bool = False
+
+    def view(self, replica_id: str) -> ReplicaMember:
+        return ReplicaMember(
+            replica_id,
+            self.role,
+            self.alive,
+            self.alive and self.routable,
+            self.placement,
+            self.spec,
+            self.replica,
+        )
 
 
 class ReplicaSet(Mapping[str, RolloutReplica]):
@@ -243,10 +326,26 @@ class ReplicaSet(Mapping[str, RolloutReplica]):
 
     def members(self) -> list[ReplicaMember]:
         """Every member (dead ones included), sorted by id."""
-        return [
-            ReplicaMember(rid, m.role, m.alive, m.alive and m.routable)
-            for rid, m in sorted(self._members.items())
-        ]
+        return [m.view(rid) for rid, m in sorted(self._members.items())]
+
+    def member(self, replica_id: str) -> ReplicaMember:
+        """Member ``replica_id`` (alive or dead) with its record.
+
+        Raises:
+            KeyError: not a member.
+        """
+        return self._member(replica_id).view(replica_id)
+
+    def placement_of(self, replica_id: str) -> ReplicaPlacement:
+        """Where member ``replica_id`` (alive or dead) runs.
+
+        Raises:
+            KeyError: not a member, or a member without a placement record.
+        """
+        placement = self._member(replica_id).placement
+        if placement is None:
+            raise KeyError(f"replica {replica_id!r} has no placement record")
+        return placement
 
     def subscribe(self, listener: MembershipListener) -> Callable[[], None]:
         """Call ``listener(event)`` after every change; returns a function that unsubscribes.
@@ -265,20 +364,53 @@ class ReplicaSet(Mapping[str, RolloutReplica]):
         return unsubscribe
 
     # ------------------------------------------------------------------ membership
-    def add(self, replica: RolloutReplica, role: ReplicaRole | None = None) -> None:
+    def add(
+        self,
+        replica: RolloutReplica,
+        role: ReplicaRole | None = None,
+        *,
+        placement: ReplicaPlacement | None = None,
+        spec: ReplicaSpec | None = None,
+    ) -> None:
         """Make ``replica`` a live member, not routable yet (`route` it to serve).
 
-        A dead member's id may be taken by a fresh replica (a restarted engine).
+        A dead member's id may be taken by a fresh replica (a restarted engine); it keeps
+        the dead member's placement and spec unless given new ones.
 
         Args:
             replica: The replica.
             role: ``"standalone"`` or ``"hybrid"`` (default: its capabilities' role).
+            placement: Where it runs.
+            spec: How it is built.
 
         Raises:
-            ValueError: a live member already has its id, or the role is unknown.
+            ValueError: a live member already has its id, the role is unknown, or a live
+                member of the same pool already sits on one of its GPUs.
         """
-        rid = self._insert(replica, role)
+        rid = self._insert(replica, role, placement, spec)
         self._publish("added", [rid], routable_changed=False)
+
+    def set_record(
+        self,
+        replica_id: str,
+        *,
+        placement: ReplicaPlacement | None = None,
+        spec: ReplicaSpec | None = None,
+    ) -> None:
+        """Record where a member runs and how it is built (for a set assembled before the
+        runtime knew it; a None argument leaves that part as it is).
+
+        Raises:
+            KeyError: not a member.
+            ValueError: a live member of the same pool already sits on one of its GPUs.
+        """
+        member = self._member(replica_id)
+        if placement is not None:
+            if member.alive:
+                self._check_gpus(replica_id, placement)
+            member.placement = placement
+        if spec is not None:
+            member.spec = spec
 
     async def remove(self, replica_id: str) -> bool:
         """Forget a member for good (taking it out of routing first).
@@ -379,7 +511,13 @@ class ReplicaSet(Mapping[str, RolloutReplica]):
     def _count(self, role: ReplicaRole) -> int:
         return sum(1 for m in self._members.values() if m.alive and m.role == role)
 
-    def _insert(self, replica: RolloutReplica, role: ReplicaRole | None) -> str:
+    def _insert(
+        self,
+        replica: RolloutReplica,
+        role: ReplicaRole | None,
+        placement: ReplicaPlacement | None = None,
+        spec: ReplicaSpec | None = None,
+    ) -> str:
         rid = replica.replica_id
         if role is None:
             role = replica.capabilities.role
@@ -388,11 +526,29 @@ class ReplicaSet(Mapping[str, RolloutReplica]):
         existing = self._members.get(rid)
         if existing is not None and existing.alive:
             raise ValueError(f"duplicate replica id {rid!r}: a live member already has it")
+        if existing is not None:  # a fresh replica takes a dead member's place and record
+            placement = placement if placement is not None else existing.placement
+            spec = spec if spec is not None else existing.spec
+        if placement is not None:
+            self._check_gpus(rid, placement)
         if existing is not None:
-            del self._members[rid]  # a fresh replica takes a dead member's place
+            del self._members[rid]
             self._deaths.remove(rid)
-        self._members[rid] = _Member(replica, role)
+        self._members[rid] = _Member(replica, role, placement, spec)
         return rid
+
+    def _check_gpus(self, replica_id: str, placement: ReplicaPlacement) -> None:
+        """No two live members of one pool sit on the same GPU."""
+        wanted = set(placement.gpu_ids)
+        for rid, m in self._members.items():
+            if rid == replica_id or not m.alive or m.placement is None:
+                continue
+            if m.placement.pool == placement.pool and wanted & set(m.placement.gpu_ids):
+                shared = sorted(wanted & set(m.placement.gpu_ids))
+                raise ValueError(
+                    f"replica {replica_id!r} cannot sit on GPU(s) {shared} of pool"
+                    f" {placement.pool!r}: live member {rid!r} already does"
+                )
 
     def _set_routable(self, ids: Sequence[str], routable: bool) -> None:
         changed = []

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dynsched_core._errors import NoRoutableReplicaError
 from dynsched_core._protocols import RouterListener
 
-__all__ = ["LoadBalancer"]
+__all__ = ["LoadBalancer", "RouterBook"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,49 @@ def _check_ids(replica_ids: Iterable[str], what: str) -> list[str]:
     return ids
 
 
-class LoadBalancer:
+class RouterBook:
+    """What every router keeps besides its routing rule, shared by `LoadBalancer` and the
+    Ray router's proxy: the listeners of its routable set and its in-flight leases
+    (``replica id -> request ids``), with their synchronous answers."""
+
+    _leases: dict[str, set[str]]
+    _listeners: list[RouterListener]
+
+    def add_listener(self, listener: RouterListener) -> None:
+        """Call ``listener(routable_ids)`` right after each change of the routable set.
+
+        A listener that raises is logged; the other listeners still run.
+        """
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {listener!r}")
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: RouterListener) -> None:
+        """Unregister a listener added with `add_listener` (no-op when unknown)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _tell_listeners(self, ids: Sequence[str]) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(list(ids))
+            except Exception:
+                logger.exception("router listener %r failed", listener)
+
+    def in_flight_of(self, replica_id: str) -> int:
+        """Live leases on ``replica_id`` (0 when it holds none or is not routable)."""
+        return len(self._leases.get(replica_id, ()))
+
+    def total_in_flight(self) -> int:
+        """Live leases over every replica."""
+        return sum(len(v) for v in self._leases.values())
+
+    def requests_on(self, replica_id: str) -> list[str]:
+        """Request ids holding a lease on ``replica_id``, sorted."""
+        return sorted(self._leases.get(replica_id, ()))
+
+
+class LoadBalancer(RouterBook):
     """Least-in-flight router with bounded sticky sessions.
 
     Implements the `dynsched_core.Router` protocol. The async methods do not suspend;
@@ -120,19 +162,7 @@ class LoadBalancer:
         """Ids of the routable replicas, sorted."""
         return self.routable_ids()
 
-    def add_listener(self, listener: RouterListener) -> None:
-        """Call ``listener(routable_ids)`` right after each change of the routable set.
-
-        A listener that raises is logged; the other listeners still run.
-        """
-        if not callable(listener):
-            raise TypeError(f"listener must be callable, got {listener!r}")
-        self._listeners.append(listener)
-
-    def remove_listener(self, listener: RouterListener) -> None:
-        """Unregister a listener added with `add_listener` (no-op when unknown)."""
-        if listener in self._listeners:
-            self._listeners.remove(listener)
+    # add_listener, remove_listener: from `RouterBook`
 
     # ------------------------------------------------------------ synchronous twins
     def add_replicas_nowait(self, replica_ids: Sequence[str]) -> None:
@@ -208,18 +238,6 @@ class LoadBalancer:
         """Whether ``replica_id`` is currently routable."""
         return replica_id in self._leases
 
-    def in_flight_of(self, replica_id: str) -> int:
-        """Live leases on ``replica_id`` (0 when it is not routable)."""
-        return len(self._leases.get(replica_id, ()))
-
-    def total_in_flight(self) -> int:
-        """Live leases over every routable replica."""
-        return sum(len(v) for v in self._leases.values())
-
-    def requests_on(self, replica_id: str) -> list[str]:
-        """Request ids holding a lease on ``replica_id``, sorted."""
-        return sorted(self._leases.get(replica_id, ()))
-
     def sticky_replica(self, request_id: str) -> str | None:
         """The sticky replica of ``request_id``, if one is remembered (no LRU touch)."""
         return self._sticky.get(request_id)
@@ -248,12 +266,7 @@ class LoadBalancer:
             self._sticky.popitem(last=False)
 
     def _notify(self) -> None:
-        ids = self.routable_ids()
-        for listener in list(self._listeners):
-            try:
-                listener(list(ids))
-            except Exception:
-                logger.exception("router listener %r failed", listener)
+        self._tell_listeners(self.routable_ids())
 
     def __repr__(self) -> str:
         return (

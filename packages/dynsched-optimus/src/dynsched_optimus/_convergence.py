@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
@@ -26,6 +26,7 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from dynsched_optimus._errors import InsufficientDataError, OptimusError
+from dynsched_optimus._validators import int_at_least, optional_positive, positive
 
 __all__ = [
     "ConvergenceConfig",
@@ -43,26 +44,6 @@ logger = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 
 MIN_FIT_POINTS = 3
-
-
-def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    if not (value > 0 and math.isfinite(value)):
-        raise OptimusError(f"{attr.name} must be a finite number > 0, got {value!r}")
-
-
-def _optional_positive(
-    _inst: object, attr: attrs.Attribute[float | None], value: float | None
-) -> None:
-    if value is not None and not (value > 0 and math.isfinite(value)):
-        raise OptimusError(f"{attr.name} must be None or a finite number > 0, got {value!r}")
-
-
-def _int_at_least(n: int) -> Callable[[object, attrs.Attribute[int], int], None]:
-    def check(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
-        if not isinstance(value, int) or value < n:
-            raise OptimusError(f"{attr.name} must be an integer >= {n}, got {value!r}")
-
-    return check
 
 
 @attrs.frozen
@@ -89,19 +70,19 @@ class ConvergenceConfig:
         b2_grid: number of ``b2`` values per search pass (two passes: coarse, refined).
     """
 
-    delta: float = attrs.field(default=1e-3, validator=_positive)
-    interval: float = attrs.field(default=100.0, validator=_positive)
-    outlier_window: int = attrs.field(default=5, validator=_int_at_least(1))
+    delta: float = attrs.field(default=1e-3, validator=positive)
+    interval: float = attrs.field(default=100.0, validator=positive)
+    outlier_window: int = attrs.field(default=5, validator=int_at_least(1))
     filter_outliers: bool = True
     average_per_epoch: bool = False
-    sample_every: int = attrs.field(default=1, validator=_int_at_least(1))
-    max_points: int = attrs.field(default=200, validator=_int_at_least(MIN_FIT_POINTS))
-    recency_half_life: float | None = attrs.field(default=None, validator=_optional_positive)
+    sample_every: int = attrs.field(default=1, validator=int_at_least(1))
+    max_points: int = attrs.field(default=200, validator=int_at_least(MIN_FIT_POINTS))
+    recency_half_life: float | None = attrs.field(default=None, validator=optional_positive)
     detect_lr_decay: bool = True
-    decay_drop: float = attrs.field(default=0.2, validator=_positive)
-    decay_window: int = attrs.field(default=4, validator=_int_at_least(2))
-    min_points_after_decay: int = attrs.field(default=5, validator=_int_at_least(MIN_FIT_POINTS))
-    b2_grid: int = attrs.field(default=48, validator=_int_at_least(4))
+    decay_drop: float = attrs.field(default=0.2, validator=positive)
+    decay_window: int = attrs.field(default=4, validator=int_at_least(2))
+    min_points_after_decay: int = attrs.field(default=5, validator=int_at_least(MIN_FIT_POINTS))
+    b2_grid: int = attrs.field(default=48, validator=int_at_least(4))
 
 
 @attrs.frozen

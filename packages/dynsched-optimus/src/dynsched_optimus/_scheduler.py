@@ -247,6 +247,19 @@ class RemainingFit(Protocol):
         ...
 
 
+def _fit_config(
+    delta: float, per_epoch: float, *, recency_half_life: float | None, detect_lr_decay: bool
+) -> ConvergenceConfig:
+    """The convergence settings of a scheduling round's fit (a 16-point ``b2`` grid)."""
+    return ConvergenceConfig(
+        delta=delta,
+        interval=per_epoch,
+        recency_half_life=recency_half_life,
+        detect_lr_decay=detect_lr_decay,
+        b2_grid=16,
+    )
+
+
 @attrs.frozen
 class PointFit:
     """The paper: one least-squares fit of the convergence curve, no interval."""
@@ -254,13 +267,7 @@ class PointFit:
     def fit(
         self, steps: list[float], losses: list[float], done: float, per_epoch: float, delta: float
     ) -> tuple[ConvergenceFit, float, float, float]:
-        cfg = ConvergenceConfig(
-            delta=delta,
-            interval=per_epoch,
-            recency_half_life=None,
-            detect_lr_decay=False,
-            b2_grid=16,
-        )
+        cfg = _fit_config(delta, per_epoch, recency_half_life=None, detect_lr_decay=False)
         epochs = list(range(1, len(steps) + 1))
         fit = fit_convergence(steps, losses, epochs=epochs, config=cfg)
         est = fit.remaining_steps(done, delta, per_epoch)
@@ -279,13 +286,8 @@ class HedgedFit:
     def fit(
         self, steps: list[float], losses: list[float], done: float, per_epoch: float, delta: float
     ) -> tuple[ConvergenceFit, float, float, float]:
-        cfg = ConvergenceConfig(
-            delta=delta,
-            interval=per_epoch,
-            recency_half_life=max(done / 2.0, per_epoch),
-            detect_lr_decay=True,
-            b2_grid=16,
-        )
+        half_life = max(done / 2.0, per_epoch)
+        cfg = _fit_config(delta, per_epoch, recency_half_life=half_life, detect_lr_decay=True)
         iv = _interval(
             steps,
             losses,

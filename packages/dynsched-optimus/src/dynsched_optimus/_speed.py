@@ -29,6 +29,7 @@ import numpy.typing as npt
 from scipy.optimize import least_squares, nnls
 
 from dynsched_optimus._errors import InsufficientDataError, OptimusError
+from dynsched_optimus._validators import non_negative, positive
 
 __all__ = [
     "AllReduceSpeedModel",
@@ -54,19 +55,8 @@ def _check_mode(mode: str) -> None:
         raise OptimusError(f"mode must be one of {sorted(MIN_POINTS)}, got {mode!r}")
 
 
-def _mode_validator(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
-    if value not in MIN_POINTS:
-        raise OptimusError(f"{attr.name} must be one of {sorted(MIN_POINTS)}, got {value!r}")
-
-
-def _nonneg(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    if not (value >= 0 and math.isfinite(value)):
-        raise OptimusError(f"{attr.name} must be a finite number >= 0, got {value!r}")
-
-
-def _pos(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    if not (value > 0 and math.isfinite(value)):
-        raise OptimusError(f"{attr.name} must be a finite number > 0, got {value!r}")
+def _mode_validator(_inst: object, _attr: attrs.Attribute[str], value: str) -> None:
+    _check_mode(value)  # every record names the field ``mode``
 
 
 # ---------------------------------------------------------------------------------------
@@ -103,14 +93,14 @@ class StepTimeModel:
     """
 
     mode: str = attrs.field(default="sync", validator=_mode_validator)
-    batch: float = attrs.field(default=256.0, validator=_pos)
-    t_forward: float = attrs.field(default=0.002, validator=_nonneg)
-    t_back: float = attrs.field(default=0.2, validator=_nonneg)
-    model_size: float = attrs.field(default=100.0, validator=_nonneg)
-    bandwidth: float = attrs.field(default=1250.0, validator=_pos)
-    t_update: float = attrs.field(default=0.005, validator=_nonneg)
-    delta: float = attrs.field(default=0.003, validator=_nonneg)
-    delta_ps: float = attrs.field(default=0.002, validator=_nonneg)
+    batch: float = attrs.field(default=256.0, validator=positive)
+    t_forward: float = attrs.field(default=0.002, validator=non_negative)
+    t_back: float = attrs.field(default=0.2, validator=non_negative)
+    model_size: float = attrs.field(default=100.0, validator=non_negative)
+    bandwidth: float = attrs.field(default=1250.0, validator=positive)
+    t_update: float = attrs.field(default=0.005, validator=non_negative)
+    delta: float = attrs.field(default=0.003, validator=non_negative)
+    delta_ps: float = attrs.field(default=0.002, validator=non_negative)
 
     def step_time(self, p: ArrayLike, w: ArrayLike) -> FloatArray:
         """Seconds per step of one worker with ``p`` servers and ``w`` workers."""
@@ -203,6 +193,74 @@ def _features(mode: str, p: FloatArray, w: FloatArray, global_batch: float | Non
     return np.stack([global_batch / w, np.ones_like(w), w / p, w, p], axis=-1)
 
 
+def fit_speed(
+    mode: str,
+    p: ArrayLike,
+    w: ArrayLike,
+    speed: ArrayLike,
+    *,
+    global_batch: float | None = None,
+) -> PSSpeedModel:
+    """Fit a parameter-server speed model by NNLS on the linearised reciprocal.
+
+    Each row ``x . theta = y`` (``y = w/f`` async, ``1/f`` sync) is divided by ``y`` so
+    that the least-squares residuals are relative errors.
+
+    Args:
+        mode: ``"async"`` or ``"sync"``.
+        p: parameter-server counts of the measurements (>= 1).
+        w: worker counts (>= 1).
+        speed: measured speeds, steps per second (> 0).
+        global_batch: the sync form's global batch ``M`` (required for ``"sync"``).
+
+    Returns:
+        The fitted model, with ``fit_error`` (RMS relative speed error on the points),
+        ``n_points`` and ``configs``.
+
+    Raises:
+        InsufficientDataError: fewer than 4 (async) / 5 (sync) measurements, or fewer
+            distinct configurations than coefficients.
+        OptimusError: bad values.
+    """
+    _check_mode(mode)
+    pa = np.atleast_1d(np.asarray(p, dtype=np.float64)).ravel()
+    wa = np.atleast_1d(np.asarray(w, dtype=np.float64)).ravel()
+    fa = np.atleast_1d(np.asarray(speed, dtype=np.float64)).ravel()
+    if not (pa.shape == wa.shape == fa.shape):
+        raise OptimusError(
+            f"p, w and speed must have the same length, got {pa.size}, {wa.size}, {fa.size}"
+        )
+    need = MIN_POINTS[mode]
+    if pa.size < need:
+        raise InsufficientDataError(
+            f"the {mode} speed model has {need} coefficients and needs at least {need} "
+            f"measurements, got {pa.size}"
+        )
+    if np.any(~np.isfinite(fa)) or np.any(fa <= 0):
+        raise OptimusError("speed must be finite and > 0 for every measurement")
+    if np.any(pa < 1) or np.any(wa < 1):
+        raise OptimusError("p and w must be >= 1 for every measurement")
+    if mode == "sync" and not (global_batch is not None and global_batch > 0):
+        raise OptimusError("global_batch must be given and > 0 for the sync form")
+    configs = sorted({(int(a), int(b)) for a, b in zip(pa, wa, strict=True)})
+    x = _features(mode, pa, wa, global_batch)
+    y = wa / fa if mode == "async" else 1.0 / fa
+    theta, _ = nnls(x / y[:, None], np.ones_like(y))
+    if not np.any(theta > 0):
+        raise OptimusError("the fit degenerated to all-zero coefficients")
+    model = PSSpeedModel(mode=mode, theta=tuple(theta), global_batch=global_batch)
+    rel = model.predict(pa, wa) / fa - 1.0
+    err = float(np.sqrt(np.mean(rel**2)))
+    if len(configs) < need:
+        logger.warning(
+            "speed model fitted on %d distinct configurations for %d coefficients: "
+            "coefficients are not identified",
+            len(configs),
+            need,
+        )
+    return attrs.evolve(model, fit_error=err, n_points=int(pa.size), configs=tuple(configs))
+
+
 @attrs.frozen
 class PSSpeedModel:
     """A fitted (or exact) speed function ``f(p, w)`` of a parameter-server job.
@@ -271,86 +329,8 @@ class PSSpeedModel:
         assert self.global_batch is not None
         return (t[0] * self.global_batch, t[1], t[2], t[3], t[4]), False
 
-    @classmethod
-    def fit(
-        cls,
-        mode: str,
-        p: ArrayLike,
-        w: ArrayLike,
-        speed: ArrayLike,
-        *,
-        global_batch: float | None = None,
-    ) -> PSSpeedModel:
-        """Fit the ``mode`` form to measured speeds; see :func:`fit_speed`."""
-        return fit_speed(mode, p, w, speed, global_batch=global_batch)
-
-
-def fit_speed(
-    mode: str,
-    p: ArrayLike,
-    w: ArrayLike,
-    speed: ArrayLike,
-    *,
-    global_batch: float | None = None,
-) -> PSSpeedModel:
-    """Fit a parameter-server speed model by NNLS on the linearised reciprocal.
-
-    Each row ``x . theta = y`` (``y = w/f`` async, ``1/f`` sync) is divided by ``y`` so
-    that the least-squares residuals are relative errors.
-
-    Args:
-        mode: ``"async"`` or ``"sync"``.
-        p: parameter-server counts of the measurements (>= 1).
-        w: worker counts (>= 1).
-        speed: measured speeds, steps per second (> 0).
-        global_batch: the sync form's global batch ``M`` (required for ``"sync"``).
-
-    Returns:
-        The fitted model, with ``fit_error`` (RMS relative speed error on the points),
-        ``n_points`` and ``configs``.
-
-    Raises:
-        InsufficientDataError: fewer than 4 (async) / 5 (sync) measurements, or fewer
-            distinct configurations than coefficients.
-        OptimusError: bad values.
-    """
-    _check_mode(mode)
-    pa = np.atleast_1d(np.asarray(p, dtype=np.float64)).ravel()
-    wa = np.atleast_1d(np.asarray(w, dtype=np.float64)).ravel()
-    fa = np.atleast_1d(np.asarray(speed, dtype=np.float64)).ravel()
-    if not (pa.shape == wa.shape == fa.shape):
-        raise OptimusError(
-            f"p, w and speed must have the same length, got {pa.size}, {wa.size}, {fa.size}"
-        )
-    need = MIN_POINTS[mode]
-    if pa.size < need:
-        raise InsufficientDataError(
-            f"the {mode} speed model has {need} coefficients and needs at least {need} "
-            f"measurements, got {pa.size}"
-        )
-    if np.any(~np.isfinite(fa)) or np.any(fa <= 0):
-        raise OptimusError("speed must be finite and > 0 for every measurement")
-    if np.any(pa < 1) or np.any(wa < 1):
-        raise OptimusError("p and w must be >= 1 for every measurement")
-    if mode == "sync" and not (global_batch is not None and global_batch > 0):
-        raise OptimusError("global_batch must be given and > 0 for the sync form")
-    configs = sorted({(int(a), int(b)) for a, b in zip(pa, wa, strict=True)})
-    x = _features(mode, pa, wa, global_batch)
-    y = wa / fa if mode == "async" else 1.0 / fa
-    theta, _ = nnls(x / y[:, None], np.ones_like(y))
-    if not np.any(theta > 0):
-        raise OptimusError("the fit degenerated to all-zero coefficients")
-    model = PSSpeedModel(mode=mode, theta=tuple(theta), global_batch=global_batch)
-    rel = model.predict(pa, wa) / fa - 1.0
-    err = float(np.sqrt(np.mean(rel**2)))
-    if len(configs) < need:
-        logger.warning(
-            "speed model fitted on %d distinct configurations for %d coefficients: "
-            "coefficients are not identified",
-            len(configs),
-            need,
-        )
-    return attrs.evolve(model, fit_error=err, n_points=int(pa.size), configs=tuple(configs))
+    #: Fit the ``mode`` form to measured speeds; see :func:`fit_speed`.
+    fit = staticmethod(fit_speed)
 
 
 # ---------------------------------------------------------------------------------------

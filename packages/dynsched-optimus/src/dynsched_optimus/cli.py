@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from dynsched_optimus._allocation import allocate
+from dynsched_optimus._cli_support import Handler, add_option, one_line_errors
 from dynsched_optimus._convergence import (
     ConvergenceConfig,
     ConvergenceFit,
@@ -52,20 +53,6 @@ from dynsched_optimus._speed import AllReduceSpeedModel, fit_speed
 __all__ = ["build_parser", "main", "register"]
 
 logger = logging.getLogger(__name__)
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-def _guard(fn: Handler) -> Handler:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except OptimusError as exc:
-            print(f"dynsched optimus {args.optimus_command}: error: {exc}", file=sys.stderr)
-            return 2
-
-    run.__doc__ = fn.__doc__
-    return run
 
 
 def _emit(args: argparse.Namespace, payload: dict[str, Any], lines: list[str]) -> None:
@@ -279,6 +266,12 @@ def _paa(args: argparse.Namespace) -> int:
     return 0
 
 
+def _handled_by(parser: argparse.ArgumentParser, handler: Handler) -> None:
+    """The ``--json`` switch every command has, and the command's handler."""
+    parser.add_argument("--json", action="store_true", help="JSON output")
+    parser.set_defaults(func=one_line_errors(handler))
+
+
 def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fit = sub.add_parser("fit", help="fit a convergence or speed model to a file")
     fit.add_argument("model", choices=tuple(_FITTERS))
@@ -291,19 +284,18 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     fit.add_argument("--recency-half-life", type=float, default=None, help="weight recent points")
     fit.add_argument("--no-decay", action="store_true", help="no learning-rate decay detection")
     fit.add_argument("--average-per-epoch", action="store_true", help="average per epoch")
-    fit.add_argument("--json", action="store_true", help="JSON output")
-    fit.set_defaults(func=_guard(_fit))
+    _handled_by(fit, _fit)
 
     alloc = sub.add_parser("allocate", help="greedy allocation of PS and workers (JSON file)")
     alloc.add_argument(
         "file", help="JSON file: jobs (id, remaining_steps, speed, demands) and capacity"
     )
-    alloc.add_argument(
+    add_option(
+        alloc,
         "--damping",
+        0.95,
+        "factor on the gains of jobs marked damped (models fitted on few points), 0 < d <= 1",
         type=float,
-        default=0.95,
-        help="factor on the gains of jobs marked damped (models fitted on few points), "
-        "0 < d <= 1 (default: 0.95)",
     )
     alloc.add_argument(
         "--method",
@@ -311,8 +303,7 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default="fast",
         help="fast (vectorised, default) or reference (the plain loop; same result)",
     )
-    alloc.add_argument("--json", action="store_true", help="JSON output")
-    alloc.set_defaults(func=_guard(_allocate))
+    _handled_by(alloc, _allocate)
 
     pl = sub.add_parser("place", help="fewest-servers even placement (JSON file)")
     pl.add_argument(
@@ -330,8 +321,7 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default="fewest",
         help="fewest servers (Optimus, default), spread (load balancing) or align (Tetris)",
     )
-    pl.add_argument("--json", action="store_true", help="JSON output")
-    pl.set_defaults(func=_guard(_place))
+    _handled_by(pl, _place)
 
     paa = sub.add_parser("paa", help="assign parameter blocks to parameter servers")
     paa.add_argument(
@@ -343,8 +333,7 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     paa.add_argument("--blocks", default=None, help="CSV name,size or JSON file of blocks")
     paa.add_argument("--ps", type=int, required=True, help="number of parameter servers")
     paa.add_argument("--method", choices=("all", *sorted(PARAMETER_ASSIGNMENTS)), default="all")
-    paa.add_argument("--json", action="store_true", help="JSON output")
-    paa.set_defaults(func=_guard(_paa))
+    _handled_by(paa, _paa)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

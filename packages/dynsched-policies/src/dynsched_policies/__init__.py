@@ -17,7 +17,7 @@ this package first):
 from __future__ import annotations
 
 from dynsched_policies._default import DefaultDynamicSchedulePolicy, FixedRatioDynamicSchedulePolicy
-from dynsched_policies._predictive import PredictiveDynamicSchedulePolicy
+from dynsched_policies._predictive import PredictiveDynamicSchedulePolicy, PredictiveOptions
 from dynsched_policies._static import StaticFullyAsyncPolicy
 
 __version__ = "0.1.1"
@@ -35,5 +35,6 @@ __all__ = [
     "DefaultDynamicSchedulePolicy",
     "FixedRatioDynamicSchedulePolicy",
     "PredictiveDynamicSchedulePolicy",
+    "PredictiveOptions",
     "StaticFullyAsyncPolicy",
 ]

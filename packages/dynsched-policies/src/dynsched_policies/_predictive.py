@@ -7,7 +7,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from dynsched_core import ConfigError, DynamicScheduleContext, DynamicSchedulePolicyBase
+import attrs
+from dynsched_core import DynamicScheduleContext, DynamicSchedulePolicyBase
+from dynsched_core import validators as v
 from dynsched_core.derived import ratio_samples
 from dynsched_core.events import (
     MembershipEvent,
@@ -27,7 +29,7 @@ from dynsched_policies._estimators import (
     RateModel,
 )
 
-__all__ = ["PredictiveDynamicSchedulePolicy"]
+__all__ = ["PredictiveDynamicSchedulePolicy", "PredictiveOptions"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,64 @@ _MAX_TARGETS = 16
 _DRAIN_STEPS = 8
 #: Rate models (``rate_model``).
 _RATE_MODELS = ("saturated", "little")
+
+
+@attrs.frozen(kw_only=True)
+class PredictiveOptions:
+    """Tuning knobs of `PredictiveDynamicSchedulePolicy` (validated; errors name the field).
+
+    Attributes:
+        z: Width of the prediction intervals, in standard deviations, in ``[0, 10]``.
+        hybrid_rate_prior: Rate of one hybrid replica relative to one standalone
+            replica before it was measured, in ``[0, 10]`` (judgement: 1.0, the same
+            engine on the same GPU type; the smaller memory fraction of a hybrid only
+            binds when its KV cache does).
+        rate_window: Cycles of rate observations kept, in ``[1, 1000]``.
+        step_window: Training steps in the step-time trend, in ``[2, 1000]``.
+        cost_window: Switches in the cost estimates, in ``[1, 1000]``.
+        mid_cycle: Also lend at step boundaries inside a cycle when it pays.
+        mid_cycle_margin: Switches a mid-cycle lend must win back (model error margin),
+            in ``[0, 100]``.
+        fit_hybrid_rate: Fit the hybrid rate ``b`` freely (two-parameter least squares
+            with the prior as one pseudo-cycle) instead of at the prior's share of the
+            fitted per-replica rate (``rate_model="saturated"`` only).
+        rate_model: ``"saturated"`` (rates at the concurrency cap) or ``"little"``
+            (rates as a function of the samples running, Little's law).
+
+    Raises:
+        dynsched_core.errors.ConfigTypeError: a value has the wrong type (a `TypeError`).
+        dynsched_core.ConfigError: a value is out of range.
+    """
+
+    z: float = attrs.field(default=1.0, validator=v.float_in(0.0, 10.0))
+    hybrid_rate_prior: float = attrs.field(default=1.0, validator=v.float_in(0.0, 10.0))
+    rate_window: int = attrs.field(default=3, validator=v.int_ge(1, maximum=1000))
+    step_window: int = attrs.field(default=16, validator=v.int_ge(2, maximum=1000))
+    cost_window: int = attrs.field(default=4, validator=v.int_ge(1, maximum=1000))
+    mid_cycle: bool = attrs.field(default=False, validator=v.bool_())
+    mid_cycle_margin: float = attrs.field(default=1.0, validator=v.float_in(0.0, 100.0))
+    fit_hybrid_rate: bool = attrs.field(default=False, validator=v.bool_())
+    rate_model: str = attrs.field(
+        default="saturated",
+        validator=[v.non_empty_str(f"one of {list(_RATE_MODELS)}"), v.one_of(_RATE_MODELS)],
+    )
+
+    @classmethod
+    def with_knobs(
+        cls, owner: str, options: PredictiveOptions | None, knobs: Mapping[str, Any]
+    ) -> PredictiveOptions:
+        """``options`` (default: every knob at its default) with ``knobs`` replacing fields.
+
+        Raises:
+            TypeError: ``options`` is not a `PredictiveOptions`, or a knob is not one of
+                its fields (the message lists them).
+        """
+        base = v.options_or_default(options, cls)
+        names = [f.name for f in attrs.fields(cls)]
+        unknown = sorted(set(knobs) - set(names))
+        if unknown:
+            raise TypeError(f"{owner}: unknown argument(s) {unknown}; the tuning knobs are {names}")
+        return attrs.evolve(base, **knobs) if knobs else base
 
 
 class _Pool:
@@ -190,24 +250,14 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     Args:
         deactivate_ratio: Wait target (fraction of a cycle) before any estimate exists.
         only_hybrid: What verl passes; the driver applies the colocated schedule.
-        z: Width of the prediction intervals, in standard deviations (>= 0).
-        hybrid_rate_prior: Rate of one hybrid replica relative to one standalone
-            replica before it was measured (judgement: 1.0, the same engine on the same
-            GPU type; the smaller memory fraction of a hybrid only binds when its KV
-            cache does).
-        rate_window: Cycles of rate observations kept (>= 1).
-        step_window: Training steps in the step-time trend (>= 2).
-        cost_window: Switches in the cost estimates (>= 1).
-        mid_cycle: Also lend at step boundaries inside a cycle when it pays.
-        mid_cycle_margin: Switches a mid-cycle lend must win back (model error margin).
-        fit_hybrid_rate: Fit the hybrid rate ``b`` freely (two-parameter least squares
-            with the prior as one pseudo-cycle) instead of at the prior's share of the
-            fitted per-replica rate (``rate_model="saturated"`` only).
-        rate_model: ``"saturated"`` (rates at the concurrency cap) or ``"little"``
-            (rates as a function of the samples running, Little's law).
+        options: The tuning knobs (`PredictiveOptions`; default: every knob at its
+            default).
+        **knobs: `PredictiveOptions` fields by keyword (``z=2.0``,
+            ``rate_model="little"``, ...; what ``build_policy("predictive", ...)`` and
+            verl's config pass), replacing those of ``options``.
 
     Raises:
-        TypeError: an argument has the wrong type.
+        TypeError: an argument has the wrong type, or a knob is unknown.
         dynsched_core.ConfigError: an argument is out of range.
     """
 
@@ -240,41 +290,16 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         deactivate_ratio: float = 0.3,
         only_hybrid: bool = False,
         *,
-        z: float = 1.0,
-        hybrid_rate_prior: float = 1.0,
-        rate_window: int = 3,
-        step_window: int = 16,
-        cost_window: int = 4,
-        mid_cycle: bool = False,
-        mid_cycle_margin: float = 1.0,
-        fit_hybrid_rate: bool = False,
-        rate_model: str = "saturated",
+        options: PredictiveOptions | None = None,
+        **knobs: Any,
     ) -> None:
         owner = type(self).__name__
         self.only_hybrid = check_bool(owner, "only_hybrid", only_hybrid)
         self.deactivate_ratio = check_number(owner, "deactivate_ratio", deactivate_ratio, 0.0, 1.0)
-        self.z = check_number(owner, "z", z, 0.0, 10.0)
-        self.hybrid_rate_prior = check_number(
-            owner, "hybrid_rate_prior", hybrid_rate_prior, 0.0, 10.0
-        )
-        self.rate_window = int(check_number(owner, "rate_window", rate_window, 1, 1000))
-        self.step_window = int(check_number(owner, "step_window", step_window, 2, 1000))
-        self.cost_window = int(check_number(owner, "cost_window", cost_window, 1, 1000))
-        self.mid_cycle = check_bool(owner, "mid_cycle", mid_cycle)
-        self.mid_cycle_margin = check_number(
-            owner, "mid_cycle_margin", mid_cycle_margin, 0.0, 100.0
-        )
-        self.fit_hybrid_rate = check_bool(owner, "fit_hybrid_rate", fit_hybrid_rate)
-        if rate_model not in _RATE_MODELS:
-            if not isinstance(rate_model, str):
-                raise TypeError(f"{owner}: rate_model must be a str, got {type(rate_model)}")
-            raise ConfigError(
-                f"{owner}: rate_model must be one of {_RATE_MODELS}, got {rate_model!r}",
-                key="rate_model",
-            )
-        self.rate_model = rate_model
-        self.rates = RateModel(self.rate_window)
-        self.load_rates = LoadRateModel(self.rate_window)
+        self.options = PredictiveOptions.with_knobs(owner, options, knobs)
+        opt = self.options
+        self.rates = RateModel(opt.rate_window)
+        self.load_rates = LoadRateModel(opt.rate_window)
         # membership: routable replica ids (None before any membership event), the
         # hybrid replica ids and standalone replicas (from the contexts), and the
         # concurrency cap per routable replica (largest capacity / routable seen)
@@ -282,9 +307,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self._hybrid_ids: tuple[str, ...] = ()
         self._standalone = 0
         self._cap_per_replica = 0.0
-        self.step_time = LinearTrend(self.step_window)
-        self.activate_cost = MeanEstimate(self.cost_window)
-        self.deactivate_cost = MeanEstimate(self.cost_window)
+        self.step_time = LinearTrend(opt.step_window)
+        self.activate_cost = MeanEstimate(opt.cost_window)
+        self.deactivate_cost = MeanEstimate(opt.cost_window)
         # event tracker: [time, active, capacity, lent hybrids] of the last rollout event
         self._tracker: list[float] = [math.nan, 0.0, 0.0, 0.0]
         self._steps_seen = 0
@@ -363,21 +388,21 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self, ctx: DynamicScheduleContext, ks: list[int]
     ) -> tuple[_Pool, dict[int, _Pool]] | None:
         """The pool without lending and with ``k`` lent (at the pessimistic bound), per ``k``."""
-        if self.rate_model == "saturated":
+        if self.options.rate_model == "saturated":
             rates = self.rates_of(ctx)
             if rates is None:
                 return None
             a, hyb = rates
-            b_low = hyb.lower(self.z)
+            b_low = hyb.lower(self.options.z)
             return _Pool(None, const=a.value), {
                 k: _Pool(None, const=a.value + k * b_low) for k in ks
             }
-        fit = self.load_rates.fit(self.hybrid_rate_prior)
+        fit = self.load_rates.fit(self.options.hybrid_rate_prior)
         s = ctx.num_standalone_replicas
         if fit is None or s + max(ks, default=0) <= 0:
             return None
         per_cap = self._cap_per_replica or math.inf
-        prior, z = self.hybrid_rate_prior, self.z
+        prior, z = self.options.hybrid_rate_prior, self.options.z
 
         def base_rate(n: float, f: LatencyFit = fit) -> float:
             return f.rate(min(n, per_cap * s), s).value if s > 0 else 0.0
@@ -398,7 +423,9 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     def rates_of(self, ctx: DynamicScheduleContext) -> tuple[Estimate, Estimate] | None:
         """``(a, b)``: samples/s of the standalone pool and of one lent hybrid replica."""
         return self.rates.fit(
-            ctx.num_standalone_replicas, self.hybrid_rate_prior, free=self.fit_hybrid_rate
+            ctx.num_standalone_replicas,
+            self.options.hybrid_rate_prior,
+            free=self.options.fit_hybrid_rate,
         )
 
     def predicted_step_s(self, steps_ahead: int = 1) -> Estimate | None:
@@ -410,7 +437,7 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         act, deact = self.activate_cost.estimate(), self.deactivate_cost.estimate()
         if act is None or deact is None:
             return None
-        return act.upper(self.z), deact.upper(self.z)
+        return act.upper(self.options.z), deact.upper(self.options.z)
 
     # ------------------------------------------------------------------ the model
     def _fluid(
@@ -574,12 +601,12 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
         """Lend at a step boundary when the model predicts a gain (never without a model)."""
-        if is_hybrid_active or not self.mid_cycle:
+        if is_hybrid_active or not self.options.mid_cycle:
             return False
         k, _, gain = self._plan(ctx, active=False)
         cost = self.switch_cost_s()
         # a lend inside a cycle must win back more than a whole switch (model error margin)
-        if k <= 0 or cost is None or gain <= self.mid_cycle_margin * (cost[0] + cost[1]):
+        if k <= 0 or cost is None or gain <= self.options.mid_cycle_margin * (cost[0] + cost[1]):
             return False
         self._lend_k = k
         self._lent_after_sync = False
@@ -673,6 +700,6 @@ class PredictiveDynamicSchedulePolicy(DynamicSchedulePolicyBase):
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(z={self.z!r}, deactivate_ratio={self.deactivate_ratio!r}, "
-            f"rate_model={self.rate_model!r})"
+            f"{type(self).__name__}(z={self.options.z!r}, deactivate_ratio={self.deactivate_ratio!r}, "
+            f"rate_model={self.options.rate_model!r})"
         )

@@ -9,7 +9,8 @@ The sub-packages, one per concern:
   ``dynsched.trainers``, and the trainer group;
 - `dynsched_ray.task`: the addition task, the RL objective, the tiny model;
 - `dynsched_ray.drills`: chaos under load;
-- `dynsched_ray.training`: `TrainRunner`, the runner with an engine, a trainer and the task;
+- `dynsched_ray.training`: `TrainRunner`, the one runner (`RayRunner`) configured with a
+  `TrainWorkload` (an engine, a trainer and the task);
 - `dynsched_ray.cli`: ``dynsched run`` and ``dynsched train`` and their one config loader;
 - `dynsched_ray.plugins`: the engine and trainer plug-in contracts.
 
@@ -34,6 +35,10 @@ _LAZY = {
     "TrainRunner": "dynsched_ray.training",
     "TrainSettings": "dynsched_ray.training",
     "TrainSummary": "dynsched_ray.training",
+    "TrainRunnerOptions": "dynsched_ray.training",
+    "TrainWorkload": "dynsched_ray.training",
+    "RunWorkload": f"{_RUNTIME}.workload",
+    "StandInWorkload": f"{_RUNTIME}.workload",
     "EnginePlugin": "dynsched_ray.plugins",
     "TrainerPlugin": "dynsched_ray.plugins",
     "LazyFactory": "dynsched_ray.plugins",

@@ -1,7 +1,7 @@
 """`dynsched train` underneath: real fully-async RL with dynamic scheduling on Ray.
 
-`TrainRunner` is the `RayRunner` (same fleet, `ReplicaSet`, `ScheduleDriver`, retrying
-client and loop) with real parts plugged in:
+`TrainRunner` is the one `RayRunner` (same fleet, `ReplicaSet`, `ScheduleDriver`,
+retrying client and loop) configured with a `TrainWorkload` that plugs real parts in:
 
 - rollout replicas are real engines, built by the engine plug-in ``settings.engine``
   (`VLLMReplica`, `HFReplica` where starting vLLM costs more than the run, or any
@@ -33,18 +33,29 @@ from dynsched_core import ConfigError, DynamicScheduleConfig
 from dynsched_core import validators as v
 from dynsched_core._config import MAX_STEPS, MAX_TOKENS
 from dynsched_core.events import TrainStepEvent
-from dynsched_core.storage import append_line, atomic_writer, trim_json_lines
+from dynsched_core.storage import append_line, atomic_writer
 from dynsched_core.trainer import HandOverReplica, TrainBatch
 
 from dynsched_ray.plugins import ENGINES, TRAINERS, PluginKind, RunContext
-from dynsched_ray.runtime.runner import RayRunner, RayRunOptions, RayRunResult, config_fingerprint
+from dynsched_ray.runtime.runner import (
+    RayRunner,
+    RayRunOptions,
+    RayRunResult,
+    call_safely,
+    config_fingerprint,
+    trim_metrics,
+    with_extras,
+)
+from dynsched_ray.runtime.workload import RunWorkload
 from dynsched_ray.task.addition import AdditionTask, TaskTokenizer, WarmUpOptions
-from dynsched_ray.trainers.group import RayTrainerGroupBackend, RayTrainerSpec
+from dynsched_ray.trainers.group import RayTrainerGroup, RayTrainerSpec
 
 __all__ = [
     "TrainRunner",
+    "TrainRunnerOptions",
     "TrainSettings",
     "TrainSummary",
+    "TrainWorkload",
     "lag_bound",
     "read_metrics",
 ]
@@ -174,23 +185,25 @@ def lag_bound(config: DynamicScheduleConfig) -> int:
 
 def train_fingerprint(config: DynamicScheduleConfig, settings: TrainSettings) -> dict[str, Any]:
     """What a resumed `dynsched train` must share with the run that wrote the checkpoint:
-    the scheduler config's fingerprint (`config_fingerprint`), the engine, trainer,
-    seed, learning rate, temperature, response budget, the task and the warm-up."""
-    out = dict(config_fingerprint(config))
-    out.update(
-        {
-            "train.engine": settings.engine,
-            "train.trainer": settings.trainer,
-            "data.seed": settings.seed,
-            "actor_rollout_ref.actor.optim.lr": settings.lr,
-            "actor_rollout_ref.rollout.temperature": settings.temperature,
-            "train.max_tokens": settings.max_tokens,
-        }
-    )
+    the scheduler config's fingerprint (`config_fingerprint`) and
+    `train_fingerprint_extras`."""
+    return with_extras(config_fingerprint(config), train_fingerprint_extras(settings))
+
+
+def train_fingerprint_extras(settings: TrainSettings) -> dict[str, Any]:
+    """The training settings a resumed run must share: the engine, trainer, seed,
+    learning rate, temperature, response budget, the task and the warm-up."""
+    out: dict[str, Any] = {
+        "train.engine": settings.engine,
+        "train.trainer": settings.trainer,
+        "data.seed": settings.seed,
+        "actor_rollout_ref.actor.optim.lr": settings.lr,
+        "actor_rollout_ref.rollout.temperature": settings.temperature,
+        "train.max_tokens": settings.max_tokens,
+    }
     out.update({f"task.{k}": v for k, v in attrs.asdict(settings.task).items() if k != "seed"})
     out.update({f"warm_up.{k}": v for k, v in attrs.asdict(settings.warm_up).items()})
-    normal: dict[str, Any] = json.loads(json.dumps(out, default=str))  # as read back
-    return normal
+    return out
 
 
 def resolve_checkpoint_file(folder: str | os.PathLike[str], name: Any) -> Path:
@@ -332,166 +345,108 @@ class _TrainerLocalHandOver(HandOverReplica):
         await super().update_weights(version, weights)
 
 
-class _TrainBackend(RayTrainerGroupBackend):
-    """The group backend plus the trainer checkpoint at every weight sync."""
+class TrainWorkload(RunWorkload):
+    """``dynsched train``'s workload of the `RayRunner` (`RunWorkload`).
 
-    def __init__(self, *args: Any, runner: TrainRunner, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._runner = runner
-
-    async def sync_weights(self, version: int) -> Any:
-        weights = await super().sync_weights(version)
-        self._runner.latest_weights = (version, weights)
-        await self._runner.save_trainer(version)
-        return weights
-
-
-class TrainRunner(RayRunner):
-    """Real RL on Ray: the `RayRunner` with real engines, real trainers and a task.
+    - prompts: the addition task's (ids ``t0, t1, ...``), skipping those consumed;
+    - replicas: built by the engine plug-in ``settings.engine`` with its options for the
+      run (the caller's ``replica_kwargs`` win); real trainers by the trainer plug-in
+      ``settings.trainer`` (`trainer_spec`), fed `TrainBatch`es with the task's reward;
+    - each hybrid replica loads its weights from the trainer worker on its own GPU
+      (`_TrainerLocalHandOver`);
+    - every weight sync writes the trainer's model and optimizer (``trainer-v<N>.pt``);
+      the driver checkpoint names it and adds the row count, wall time and settings;
+      a resume loads it back before the resume's weight sync;
+    - every step writes one JSON line to ``settings.metrics_path`` (`rows`).
 
     Args:
-        config: Scheduler settings (verl keys).
         settings: What to train and where to write.
-        options: Ray-side settings (name, namespace, timeouts); the fields this class
-            sets (trainer, replica factory, metrics, checkpoint, resume, steps, max
-            tokens, stream) are overwritten.
-        resume: Continue from ``settings.checkpoint_dir``.
-        policy: The policy (default: ``config.build_policy()``).
-        model: The model folder (default: ``warm_up(settings.model_cache, ...)``).
-        replica_kwargs: Extra keyword arguments of every replica (e.g. vLLM settings);
-            they win over the engine plug-in's options for the run.
-        progress: Called with each progress line (fleet, switches, failures).
+        model: The model folder the run starts from.
+        replica_kwargs: Extra keyword arguments of every replica.
         on_step: Called with each per-step metric row.
-        on_transition: See `RayRunner`.
-        keep_samples: See `RayRunner`.
+        record_events: Keep every loop event in `events`.
+
+    Attributes:
+        rows: The per-step metric rows of this run.
+        lags: Weight-version lag of every consumed sample of this run.
+        latest_weights: ``(version, weights)`` of the last sync.
+        events: Every loop event (when ``record_events``).
     """
+
+    #: Ids of the task's prompts (``t0, t1, ...``).
+    id_prefix: str | None = "t"
 
     def __init__(
         self,
-        config: DynamicScheduleConfig,
         settings: TrainSettings,
-        options: RayRunOptions | None = None,
+        model: Path,
         *,
-        resume: bool = False,
-        policy: Any = None,
-        model: str | Path | None = None,
         replica_kwargs: Mapping[str, Any] | None = None,
-        progress: Callable[[str], None] | None = None,
         on_step: Callable[[dict[str, Any]], None] | None = None,
-        on_transition: Callable[[Any], None] | None = None,
-        keep_samples: bool = False,
+        record_events: bool = False,
     ) -> None:
-        from dynsched_ray.task.addition import warm_up
-
         self.settings = settings
-        self.model = (
-            Path(model)
-            if model is not None
-            else warm_up(settings.model_cache, settings.task, settings.warm_up)
-        )
-        self.tokenizer = TaskTokenizer(self.model)
-        t = config.trigger_parameter_sync_step
-        if settings.steps % t:
-            raise ConfigError(
-                f"steps must be a multiple of trigger_parameter_sync_step ({t}) so that every "
-                f"checkpoint holds the trained weights, got {settings.steps}",
-                key="steps",
-            )
-        ckpt = settings.checkpoint_dir / "driver.json"
-        if resume and not ckpt.is_file():
-            raise ConfigError(
-                f"resume: no checkpoint at {ckpt} (train without --resume first)", key="resume"
-            )
-        base = options or RayRunOptions()
-        opts = attrs.evolve(
-            base,
-            num_steps=settings.steps,
-            max_tokens=settings.max_tokens,
-            min_response_len=1,
-            max_response_len=settings.max_tokens,
-            stream_tokens=settings.stream_tokens,
-            replica_factory=self._replica_factory(),
-            trainer=self._trainer_spec(),
-            metrics_path=str(Path(settings.out_dir) / "dynamic_resource.jsonl"),
-            checkpoint_path=str(ckpt),
-            resume=resume,
-        )
-        super().__init__(
-            config,
-            opts,
-            policy=policy,
-            progress=progress,
-            on_transition=on_transition,
-            keep_samples=keep_samples,
-        )
+        self.model = model
+        self.tokenizer = TaskTokenizer(model)
         self._replica_kwargs = dict(replica_kwargs or {})
         self._on_step_row = on_step
+        self.record_events = record_events
+        self.events: list[Any] = []
         self.rows: list[dict[str, Any]] = []
         self.lags: list[int] = []
         self.latest_weights: tuple[int, Any] | None = None
-        self._aggregator: Any = None
         self._last_batch: dict[str, Any] = {}
         self._t0 = 0.0
         self._wall_offset = 0.0
         self._rows_before = 0
         self._skip_save_version: int | None = None
-        #: Keep every loop event in `events` (for the resource-time layout plot).
-        self.record_events = False
-        self.events: list[Any] = []
-
-    #: Ids of the task's prompts (``t0, t1, ...``).
-    _id_prefix: str | None = "t"
-
-    def _say(self, line: str) -> None:
-        if line.startswith("step "):  # the per-step row (on_step) replaces the step line
-            logger.info(line)
-            return
-        super()._say(line)
 
     # ------------------------------------------------------------------ parts
-    def _run_context(self) -> RunContext:
+    def run_context(self) -> RunContext:
+        """What the engine and trainer plug-ins are told about the run."""
         s = self.settings
         return RunContext(
             model=str(self.model), temperature=s.temperature, seed=s.seed, device=s.device, lr=s.lr
         )
 
-    def _replica_factory(self) -> Any:
-        return ENGINES.load(self.settings.engine).factory
-
-    def _trainer_spec(self) -> RayTrainerSpec:
+    def trainer_spec(self) -> RayTrainerSpec:
+        """The trainer plug-in's trainers, fed `make_batch`."""
         s = self.settings
         plugin = TRAINERS.load(s.trainer)
         return RayTrainerSpec(
             factory=plugin.factory,
             args=(str(self.model),),
-            kwargs=dict(plugin.options(self._run_context())),
-            make_batch=self._make_batch,
+            kwargs=dict(plugin.options(self.run_context())),
+            make_batch=self.make_batch,
             # on a CPU nothing is freed by sleep and the GPUs are bookkeeping
             allow_unreleased_sleep=s.device == "cpu",
         )
 
-    def fleet_spec(self) -> Any:
-        spec = super().fleet_spec()
-        engine = ENGINES.load(self.settings.engine)
-        # the engine's options for this run; the caller's replica_kwargs win
-        common = {**engine.options(self._run_context()), **self._replica_kwargs}
-        return attrs.evolve(spec, standalone_kwargs=dict(common), hybrid_kwargs=dict(common))
-
-    def _prompt_source(self) -> Any:
+    def run_options(self, base: RayRunOptions, *, resume: bool) -> RayRunOptions:
+        """``base`` with what a training run sets: steps, lengths, the engine's replica
+        factory, the trainers, the output files, ``resume``."""
         s = self.settings
-        count = 4 * (self._step_offset + self.num_steps) * self.config.required_samples + 16
-        return AdditionTask.prompts(
-            attrs.evolve(s.task, seed=s.seed),
-            self.tokenizer,
-            count,
+        return attrs.evolve(
+            base,
+            num_steps=s.steps,
             max_tokens=s.max_tokens,
-            skip=frozenset(self._consumed),
+            min_response_len=1,
+            max_response_len=s.max_tokens,
+            stream_tokens=s.stream_tokens,
+            replica_factory=ENGINES.load(s.engine).factory,
+            trainer=self.trainer_spec(),
+            metrics_path=str(Path(s.out_dir) / "dynamic_resource.jsonl"),
+            checkpoint_path=str(s.checkpoint_dir / "driver.json"),
+            resume=resume,
         )
 
-    def _reward(self, sample: Any, outcome: Any) -> float:
-        return self.settings.task.sample_reward(self.tokenizer, sample, outcome)
+    def start_clock(self) -> float:
+        """Start the run's wall clock (rows and checkpoints count from here)."""
+        self._t0 = time.monotonic()
+        return self._t0
 
-    def _make_batch(self, samples: Sequence[Any], version: int) -> TrainBatch:
+    def make_batch(self, samples: Sequence[Any], version: int) -> TrainBatch:
+        """The trainer's batch of ``samples`` with the task's reward; records the lags."""
         ordered = sorted(samples, key=lambda s: int(str(s.sample_id).lstrip("t") or 0))
         batch = TrainBatch.from_samples(ordered, self._reward, version=version)
         rewards = [r.reward for r in batch.responses]
@@ -510,22 +465,8 @@ class TrainRunner(RayRunner):
         }
         return batch
 
-    async def _trainer_group(self, fleet: Any) -> dict[str, Any]:
-        hybrid = await super()._trainer_group(fleet)
-        group = self.trainer_group
-        assert group is not None
-        out: dict[str, Any] = {}
-        for rid, wrapped in hybrid.items():
-            gpus: Sequence[Hashable] = wrapped.gpus
-            out[rid] = _TrainerLocalHandOver(
-                wrapped.inner,
-                group.handover,
-                gpus,
-                before_wake=lambda g=gpus: group.release(g),
-                weights_for=self._weights_for,
-                local=lambda version, g=gpus: group.local_weights(g, version),
-            )
-        return out
+    def _reward(self, sample: Any, outcome: Any) -> float:
+        return self.settings.task.sample_reward(self.tokenizer, sample, outcome)
 
     def _weights_for(self, version: int) -> Any:
         latest = self.latest_weights
@@ -533,18 +474,48 @@ class TrainRunner(RayRunner):
             return latest[1]
         return None
 
-    def _group_backend(self, replicas: Any) -> RayTrainerGroupBackend:
-        assert self.trainer_group is not None
-        return _TrainBackend(
-            self.trainer_group, self._make_batch, replicas, on_step=self._record_step, runner=self
+    # ------------------------------------------------------------------ rollout hooks
+    def prompts(self, runner: RayRunner) -> Any:
+        s = self.settings
+        count = 4 * (runner.step_offset + runner.num_steps) * runner.config.required_samples + 16
+        return AdditionTask.prompts(
+            attrs.evolve(s.task, seed=s.seed),
+            self.tokenizer,
+            count,
+            max_tokens=s.max_tokens,
+            skip=frozenset(runner.consumed_sample_ids),
         )
 
-    # ------------------------------------------------------------------ checkpoints
-    async def save_trainer(self, version: int) -> None:
+    def replica_kwargs(self, options: RayRunOptions) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        engine = ENGINES.load(self.settings.engine)
+        # the engine's options for this run; the caller's replica_kwargs win
+        common = {**engine.options(self.run_context()), **self._replica_kwargs}
+        return dict(common), dict(common)
+
+    # ------------------------------------------------------------------ trainer hooks
+    def hybrid(
+        self, runner: RayRunner, group: RayTrainerGroup, replica: Any, gpus: Sequence[Hashable]
+    ) -> Any:
+        wrapped = group.hybrid(replica, gpus)
+        on: Sequence[Hashable] = wrapped.gpus
+        return _TrainerLocalHandOver(
+            wrapped.inner,
+            group.handover,
+            on,
+            before_wake=lambda: group.release(on),
+            weights_for=self._weights_for,
+            local=lambda version: group.local_weights(on, version),
+        )
+
+    async def weights_synced(self, runner: RayRunner, version: int, weights: Any) -> None:
+        self.latest_weights = (version, weights)
+        await self.save_trainer(runner, version)
+
+    async def save_trainer(self, runner: RayRunner, version: int) -> None:
         """Write the trainer's model and optimizer state for ``version``."""
         import torch
 
-        group = self.trainer_group
+        group = runner.trainer_group
         if group is None:
             return
         if self._skip_save_version == version:  # just restored from this very file
@@ -557,40 +528,36 @@ class TrainRunner(RayRunner):
             with atomic_writer(path) as fh:
                 torch.save(state, fh)
         except OSError as exc:  # the run stops; the last good checkpoint stays
-            raise self._output_failed("checkpoint write", exc) from None
+            raise runner.output_failed("checkpoint write", exc) from None
         kept = sorted(folder.glob("trainer-v*.pt"), key=lambda p: int(p.stem[len("trainer-v") :]))
         for old in kept[: -max(1, self.settings.keep_checkpoints)]:
             old.unlink(missing_ok=True)
 
-    def _checkpoint_state(self) -> dict[str, Any]:
-        state = super()._checkpoint_state()
+    # ------------------------------------------------------------------ checkpoint hooks
+    def checkpoint_extras(self, runner: RayRunner, state: Mapping[str, Any]) -> dict[str, Any]:
         version = int(state["param_version"])
-        state["trainer_state"] = TRAINER_CKPT.format(version=version) if version else None
-        state["metrics_rows"] = len(self.rows) + int(self._rows_before)
-        state["wall_s"] = self._wall_offset + (time.monotonic() - self._t0)
-        state["settings"] = {
-            "engine": self.settings.engine,
-            "trainer": self.settings.trainer,
-            "seed": self.settings.seed,
-            "lr": self.settings.lr,
-            "model": str(self.model),
+        return {
+            "trainer_state": TRAINER_CKPT.format(version=version) if version else None,
+            "metrics_rows": len(self.rows) + int(self._rows_before),
+            "wall_s": self._wall_offset + (time.monotonic() - self._t0),
+            "settings": {
+                "engine": self.settings.engine,
+                "trainer": self.settings.trainer,
+                "seed": self.settings.seed,
+                "lr": self.settings.lr,
+                "model": str(self.model),
+            },
         }
-        return state
 
-    def fingerprint(self) -> dict[str, Any]:
-        """The config's fingerprint plus the training settings (`train_fingerprint`)."""
-        return train_fingerprint(self.config, self.settings)
+    def fingerprint_extras(self, runner: RayRunner) -> dict[str, Any]:
+        return train_fingerprint_extras(self.settings)
 
-    async def _restore(self, loop: Any, restored: dict[str, Any] | None) -> None:
-        if restored is not None:
-            self._rows_before = int(restored.get("metrics_rows", 0))
-            self._wall_offset = float(restored.get("wall_s", 0.0))
-        await super()._restore(loop, restored)
-
-    async def _restore_trainer(self, loop: Any, restored: dict[str, Any]) -> None:
-        """Load the trainer's model and optimizer state before the restore's weight sync
-        exports weights from it (the sync then pushes the restored weights to every
-        standalone replica, and hybrid replicas get them at their first activation)."""
+    async def restore(self, runner: RayRunner, loop: Any, restored: Mapping[str, Any]) -> None:
+        """The row count and wall time so far, then the trainer's model and optimizer
+        state (the resume's weight sync then pushes the restored weights to every
+        standalone replica; hybrid replicas get them at their first activation)."""
+        self._rows_before = int(restored.get("metrics_rows", 0))
+        self._wall_offset = float(restored.get("wall_s", 0.0))
         name = restored.get("trainer_state")
         version = int(restored["param_version"])
         loop.trainer.version = version
@@ -598,36 +565,46 @@ class TrainRunner(RayRunner):
             return
         path = resolve_checkpoint_file(self.settings.checkpoint_dir, name)
         state = load_trainer_state(path)
-        group = self.trainer_group
+        group = runner.trainer_group
         assert group is not None
         await group.load_state_dict(state)
         # the restore's sync re-exports these weights; it need not write them again
         self._skip_save_version = version
-        self._say(f"restored trainer state {name} (v{version})")
+        runner.say(f"restored trainer state {name} (v{version})")
 
-    # ------------------------------------------------------------------ metrics
-    def _metrics(self, bus: Any) -> tuple[Any, Any]:
-        aggregator, sink = super()._metrics(bus)
-        self._aggregator = aggregator
-        return aggregator, sink
+    # ------------------------------------------------------------------ output hooks
+    def prepare_outputs(self, runner: RayRunner, steps_done: int | None) -> None:
+        """A fresh run starts without an earlier run's metrics and trainer checkpoints; a
+        resumed one drops the rows written after the checkpoint's step."""
+        if steps_done is not None:
+            self._truncate_metrics(steps_done)
+            return
+        self.settings.metrics_path.unlink(missing_ok=True)
+        for old in self.settings.checkpoint_dir.glob("trainer-v*.pt"):
+            old.unlink()
+        if runner.options.metrics_path:
+            Path(runner.options.metrics_path).unlink(missing_ok=True)
 
-    def _on_event(self, event: Any) -> None:
+    def _truncate_metrics(self, steps_done: int) -> None:
+        """Drop the rows a crashed run wrote after its last checkpoint's step (they are
+        redone) and a truncated last line, so every step is in the file exactly once."""
+        dropped = trim_metrics(self.settings.metrics_path, steps_done, numbered_only=True)
+        if dropped:
+            logger.info("resume: dropped %d metric row(s) after step %d", dropped, steps_done)
+
+    def on_event(self, runner: RayRunner, event: Any) -> None:
         if self.record_events:
             self.events.append(event)
         if isinstance(event, TrainStepEvent):
-            self._step_row(event)
-        super()._on_event(event)
+            self._step_row(runner, event)
 
-    def _trim_metrics(self, steps_done: int) -> None:
-        super()._trim_metrics(steps_done)
-        self._truncate_metrics(steps_done)
-
-    def _step_row(self, event: TrainStepEvent) -> None:
-        loop = self.loop
+    def _step_row(self, runner: RayRunner, event: TrainStepEvent) -> None:
+        """One metric row per step: appended to `rows` and (fsynced) to the file."""
+        loop = runner.loop
         backend = loop.trainer if loop is not None else None
         tm = backend.metrics[-1] if backend is not None and backend.metrics else None
         row: dict[str, Any] = {
-            "step": event.step + self._step_offset,
+            "step": event.step + runner.step_offset,
             "version": loop.driver.param_version if loop is not None else 0,
             "wall_s": round(self._wall_offset + time.monotonic() - self._t0, 4),
             "loop_time_s": round(float(event.time), 4),
@@ -648,7 +625,7 @@ class TrainRunner(RayRunner):
                 ratio_mean=float(tm.ratio_mean),
                 approx_kl=float(tm.approx_kl),
             )
-        agg = self._aggregator
+        agg = runner.metrics_aggregator
         if event.is_sync_step and agg is not None and agg.records:
             row.update(
                 {
@@ -663,33 +640,140 @@ class TrainRunner(RayRunner):
             path.parent.mkdir(parents=True, exist_ok=True)
             append_line(path, json.dumps(row))
         except OSError as exc:  # the bus would only log it: stop the run instead
-            self._output_failed("metrics write", exc)
-        if self._on_step_row is not None:
-            try:
-                self._on_step_row(row)
-            except Exception:
-                logger.exception("on_step callback failed")
+            runner.output_failed("metrics write", exc)
+        call_safely(self._on_step_row, row, "on_step")
 
-    # ------------------------------------------------------------------ run
-    def _truncate_metrics(self, steps_done: int) -> None:
-        """Drop the rows a crashed run wrote after its last checkpoint's step (they are
-        redone) and a truncated last line, so every step is in the file exactly once."""
 
-        def keep(row: Any) -> bool:
-            step = row.get("step") if isinstance(row, dict) else None
-            return isinstance(step, int) and not isinstance(step, bool) and step <= steps_done
+def _str_keyed(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(
+            f"{type(instance).__name__}.{attribute.name} must be a mapping of keyword "
+            f"names (str) to values, got {value!r:.80}",
+            key=attribute.name,
+        )
 
-        dropped = trim_json_lines(self.settings.metrics_path, keep)
-        if dropped:
-            logger.info("resume: dropped %d metric row(s) after step %d", dropped, steps_done)
 
-    def _clear_outputs(self) -> None:
-        """A fresh run starts without an earlier run's metrics and trainer checkpoints."""
-        self.settings.metrics_path.unlink(missing_ok=True)
-        for old in self.settings.checkpoint_dir.glob("trainer-v*.pt"):
-            old.unlink()
-        if self.options.metrics_path:
-            Path(self.options.metrics_path).unlink(missing_ok=True)
+@attrs.frozen(kw_only=True)
+class TrainRunnerOptions:
+    """The less common settings of a `TrainRunner`.
+
+    Attributes:
+        replica_kwargs: Extra keyword arguments of every replica (e.g. vLLM settings);
+            they win over the engine plug-in's options for the run.
+        keep_samples: Keep every consumed sample (see `RayRunner`).
+        record_events: Keep every loop event in `TrainRunner.events` (e.g. for the
+            resource-time layout plot).
+    """
+
+    replica_kwargs: Mapping[str, Any] = attrs.field(factory=dict, validator=_str_keyed)
+    keep_samples: bool = attrs.field(default=False, validator=v.bool_())
+    record_events: bool = attrs.field(default=False, validator=v.bool_())
+
+
+def _delegate(part: str, name: str, *, settable: bool = False) -> Any:
+    """A property reading (and, ``settable``, writing) ``self.<part>.<name>``."""
+
+    def get(self: Any) -> Any:
+        return getattr(getattr(self, part), name)
+
+    def put(self: Any, value: Any) -> None:
+        setattr(getattr(self, part), name, value)
+
+    return property(get, put if settable else None, doc=f"``{part}.{name}``")
+
+
+def _without_step_lines(progress: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """``progress`` minus the per-step lines (the per-step rows, ``on_step``, replace
+    them; they are still logged)."""
+    if progress is None:
+        return None
+
+    def show(line: str) -> None:
+        if not line.startswith("step "):
+            progress(line)
+
+    return show
+
+
+class TrainRunner:
+    """Real RL on Ray: the one `RayRunner` configured with a `TrainWorkload` (real
+    engines, real trainers and the task).
+
+    Args:
+        config: Scheduler settings (verl keys).
+        settings: What to train and where to write.
+        options: Ray-side settings (name, namespace, timeouts); the fields a training run
+            sets (`TrainWorkload.run_options`: trainer, replica factory, metrics,
+            checkpoint, resume, steps, max tokens, stream) are overwritten.
+        resume: Continue from ``settings.checkpoint_dir``.
+        policy: The policy (default: ``config.build_policy()``).
+        model: The model folder (default: ``warm_up(settings.model_cache, ...)``).
+        progress: Called with each progress line (fleet, switches, failures).
+        on_step: Called with each per-step metric row.
+        on_transition: See `RayRunner`.
+        runner_options: The less common settings (`TrainRunnerOptions`).
+
+    Attributes:
+        runner: The `RayRunner` (its ``loop``, ``fleet``, ``replicas``,
+            ``trainer_group``, ``supervisor`` are also readable here).
+        workload: The `TrainWorkload` (its ``rows``, ``lags``, ``events``,
+            ``record_events`` are also readable here).
+    """
+
+    def __init__(
+        self,
+        config: DynamicScheduleConfig,
+        settings: TrainSettings,
+        options: RayRunOptions | None = None,
+        *,
+        resume: bool = False,
+        policy: Any = None,
+        model: str | Path | None = None,
+        progress: Callable[[str], None] | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        on_transition: Callable[[Any], None] | None = None,
+        runner_options: TrainRunnerOptions | None = None,
+    ) -> None:
+        from dynsched_ray.task.addition import warm_up
+
+        extra = v.options_or_default(runner_options, TrainRunnerOptions)
+        self.config = config
+        self.settings = settings
+        self.model = (
+            Path(model)
+            if model is not None
+            else warm_up(settings.model_cache, settings.task, settings.warm_up)
+        )
+        self.workload = TrainWorkload(
+            settings,
+            self.model,
+            replica_kwargs=extra.replica_kwargs,
+            on_step=on_step,
+            record_events=extra.record_events,
+        )
+        _check_train_start(config, settings, resume=resume)
+        self.runner = RayRunner(
+            config,
+            self.workload.run_options(options or RayRunOptions(), resume=resume),
+            policy=policy,
+            progress=_without_step_lines(progress),
+            on_transition=on_transition,
+            keep_samples=extra.keep_samples,
+            workload=self.workload,
+        )
+
+    options = _delegate("runner", "options")
+    policy = _delegate("runner", "policy")
+    loop = _delegate("runner", "loop")
+    fleet = _delegate("runner", "fleet")
+    replicas = _delegate("runner", "replicas")
+    trainer_group = _delegate("runner", "trainer_group")
+    supervisor = _delegate("runner", "supervisor")
+    tokenizer = _delegate("workload", "tokenizer")
+    rows = _delegate("workload", "rows")
+    lags = _delegate("workload", "lags")
+    events = _delegate("workload", "events")
+    record_events = _delegate("workload", "record_events", settable=True)
 
     async def train(self) -> TrainSummary:
         """Run (or resume) the training; return the summary.
@@ -698,16 +782,33 @@ class TrainRunner(RayRunner):
             AllReplicasLostError: every replica died.
             SampleWaitTimeoutError: the trainer waited longer than ``wait_timeout_s``.
         """
-        if not self.options.resume:
-            self._clear_outputs()
-        self._t0 = time.monotonic()
-        result = await self.run()
+        t0 = self.workload.start_clock()
+        result = await self.runner.run()
         return TrainSummary(
             result=result,
-            rows=tuple(self.rows),
-            wall_s=time.monotonic() - self._t0,
-            lags=tuple(self.lags),
+            rows=tuple(self.workload.rows),
+            wall_s=time.monotonic() - t0,
+            lags=tuple(self.workload.lags),
             model=str(self.model),
+        )
+
+
+def _check_train_start(
+    config: DynamicScheduleConfig, settings: TrainSettings, *, resume: bool
+) -> None:
+    """Every checkpoint holds trained weights (steps a multiple of the sync interval);
+    a resume has a checkpoint."""
+    t = config.trigger_parameter_sync_step
+    if settings.steps % t:
+        raise ConfigError(
+            f"steps must be a multiple of trigger_parameter_sync_step ({t}) so that every "
+            f"checkpoint holds the trained weights, got {settings.steps}",
+            key="steps",
+        )
+    ckpt = settings.checkpoint_dir / "driver.json"
+    if resume and not ckpt.is_file():
+        raise ConfigError(
+            f"resume: no checkpoint at {ckpt} (train without --resume first)", key="resume"
         )
 
 

@@ -33,6 +33,12 @@ from dynsched_sim._scenario import (
     scenario_from_dict,
 )
 from dynsched_sim._sim import RunResult, run_configuration
+from dynsched_sim._staleness import (
+    StalenessInputs,
+    predicted_staleness,
+    predicted_staleness_for,
+    staleness_inputs,
+)
 from dynsched_sim._trainer import MemoryConservationError, SimTrainer
 from dynsched_sim._vloop import SimulationDeadlockError, VirtualTimeEventLoop, run_virtual
 from dynsched_sim._workload import LengthDistribution, PromptGroup, Workload, WorkloadModel
@@ -64,6 +70,7 @@ __all__ = [
     "SimTrainer",
     "SimulationDeadlockError",
     "Spread",
+    "StalenessInputs",
     "TrainerModel",
     "VirtualTimeEventLoop",
     "Workload",
@@ -77,10 +84,13 @@ __all__ = [
     "load_scenario",
     "lower_bound",
     "pool_throughput",
+    "predicted_staleness",
+    "predicted_staleness_for",
     "random_scenario",
     "run_configuration",
     "run_virtual",
     "scenario_from_dict",
     "seeds_of",
+    "staleness_inputs",
     "write_outputs",
 ]

@@ -12,6 +12,7 @@ from dynsched_sim._bound import admissible_prompts
 from dynsched_sim._replica import SimReplica, SimReplicaOptions
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._trainer import SimTrainer
+from dynsched_sim._versions import StalenessLedger
 from dynsched_sim._workload import Workload
 
 __all__ = ["SimCluster", "build_cluster", "prompt_source"]
@@ -30,6 +31,7 @@ class SimCluster:
     hybrid: list[SimReplica]
     trainer: SimTrainer
     trainer_groups: list[str]
+    staleness: StalenessLedger = attrs.Factory(StalenessLedger)
 
     @property
     def replicas(self) -> dict[str, SimReplica]:
@@ -68,6 +70,7 @@ def build_cluster(
     )
     acct = GroupAccountant(clock, events)
     ledger: dict[str, int] = {}
+    staleness = StalenessLedger()
     g = eng.gpus_per_replica
     if conf.trainer_gpus % g == 0:
         trainer_groups = [f"trainer-{i}" for i in range(conf.trainer_gpus // g)]
@@ -90,6 +93,7 @@ def build_cluster(
             options=SimReplicaOptions(
                 group=group, node=f"{node}-node-{(i * g) // hw.gpus_per_node}"
             ),
+            first_tokens=staleness.first_token,
         )
 
     standalone = []
@@ -111,8 +115,9 @@ def build_cluster(
         hardware=hw,
         llm=llm,
     )
+    trainer.set_sample_observer(staleness.consume)
     return SimCluster(
-        scenario, conf, cfg, workload, acct, standalone, hybrid, trainer, trainer_groups
+        scenario, conf, cfg, workload, acct, standalone, hybrid, trainer, trainer_groups, staleness
     )
 
 

@@ -9,38 +9,21 @@ Units: seconds, tokens, bytes, GiB/s for bandwidths (``1 GiB = 2**30`` bytes).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import attrs
+from dynsched_core import validators as v
 
 __all__ = ["EngineModel", "HardwareModel", "LLMModel", "TrainerModel"]
 
 _GIB = float(2**30)
 
 
-def _pos(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"{attribute.name} must be a number > 0, got {value!r}")
-
-
-def _nonneg(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
-        raise ValueError(f"{attribute.name} must be a number >= 0, got {value!r}")
-
-
-def _frac(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
-        raise ValueError(f"{attribute.name} must be a number in (0, 1], got {value!r}")
-
-
-def _bool(_inst: object, attribute: attrs.Attribute[Any], value: bool) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{attribute.name} must be true or false, got {value!r}")
-
-
-def _posint(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+#: Validators of the cost models (core's: errors name ``Class.field`` and the range).
+_pos = v.float_gt(0.0)
+_nonneg = v.float_ge(0.0)
+_frac = v.float_in(0.0, 1.0, lo_open=True)
+_bool = v.bool_()
+_posint = v.int_ge(1)
 
 
 @attrs.frozen(kw_only=True)

@@ -12,6 +12,7 @@ is re-armed for the heap head. Each arrival, departure or abort therefore costs
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import itertools
 import math
@@ -21,6 +22,7 @@ from typing import Any
 
 import attrs
 from dynsched_core import DynschedError, GenerateRequest, GenerateResult, ReplicaCapabilities
+from dynsched_core import validators as v
 from dynsched_core.rollout import ReplicaIdentity
 
 from dynsched_sim._accounting import GroupAccountant
@@ -50,11 +52,6 @@ class _Seq:
         self.handle: asyncio.TimerHandle | None = None
 
 
-def _finite_non_negative(inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
-
-
 @attrs.frozen
 class SimReplicaOptions:
     """Where a `SimReplica` sits and what its switches cost on top of the engine model.
@@ -68,8 +65,8 @@ class SimReplicaOptions:
 
     group: str | None = None
     node: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
-    extra_wake_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
-    extra_sleep_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
+    extra_wake_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
+    extra_sleep_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
 
 
 class SimReplica(ReplicaIdentity):
@@ -85,6 +82,9 @@ class SimReplica(ReplicaIdentity):
         accountant: Ground-truth accountant (optional).
         ledger: Shared ``request_id -> tokens decoded`` over every attempt on every
             replica (conservation checks: a response's attempts must add up to its length).
+        first_tokens: Shared ``request_id -> weight version of its first decoded token``
+            (set once per request, by the attempt that decoded its first token; the
+            run's staleness, `StalenessLedger`).
         options: Accounting group, node and extra switch costs (`SimReplicaOptions`).
 
     Attributes:
@@ -107,6 +107,7 @@ class SimReplica(ReplicaIdentity):
         accountant: GroupAccountant | None = None,
         ledger: dict[str, int] | None = None,
         options: SimReplicaOptions | None = None,
+        first_tokens: dict[str, int] | None = None,
     ) -> None:
         if role not in ("standalone", "hybrid"):
             raise ValueError(f"role must be 'standalone' or 'hybrid', got {role!r}")
@@ -143,6 +144,10 @@ class SimReplica(ReplicaIdentity):
         self._seqs: dict[str, _Seq] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ledger = ledger
+        self._first_tokens = first_tokens
+        # weight versions on the virtual service clock: ``V`` at each change, new version
+        self._version_v: list[float] = []
+        self._versions: list[int] = []
         self.version = 0
         self.tokens_generated = 0
         self.prefill_tokens = 0
@@ -237,6 +242,9 @@ class SimReplica(ReplicaIdentity):
             await asyncio.sleep(self._sync_s)
         finally:
             self.unfreeze()
+        if version > self.version:
+            self._version_v.append(self._v)  # V stood still during the update (frozen)
+            self._versions.append(version)
         self.version = max(self.version, version)
 
     async def in_flight(self) -> int:
@@ -332,6 +340,18 @@ class SimReplica(ReplicaIdentity):
         self._n += 1
         self._reschedule()
 
+    def _note_first_token(self, seq: _Seq) -> None:
+        """Record the version of ``seq``'s first token (once per request, over attempts).
+
+        The first token is complete at ``V = v_start + 1``; it was decoded with the
+        newest version installed strictly before that point (a version installed at
+        exactly that ``V`` came after it: ``V`` does not move during an update).
+        """
+        if self._first_tokens is None or seq.req.request_id in self._first_tokens:
+            return
+        i = bisect.bisect_left(self._version_v, seq.v_start + 1.0 - 1e-9)
+        self._first_tokens[seq.req.request_id] = self._versions[i - 1] if i else 0
+
     def _reschedule(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -370,6 +390,7 @@ class SimReplica(ReplicaIdentity):
             if self._ledger is not None:
                 rid = seq.req.request_id
                 self._ledger[rid] = self._ledger.get(rid, 0) + seq.todo
+            self._note_first_token(seq)
             seq.fut.set_result(
                 GenerateResult(
                     request_id=seq.req.request_id,
@@ -402,6 +423,8 @@ class SimReplica(ReplicaIdentity):
         if self._ledger is not None and tokens:
             rid = seq.req.request_id
             self._ledger[rid] = self._ledger.get(rid, 0) + tokens
+        if tokens:
+            self._note_first_token(seq)
         if self._dead > 64 and self._dead * 2 > len(self._heap):
             self._heap = [e for e in self._heap if e[2].state == _DECODE]
             heapq.heapify(self._heap)

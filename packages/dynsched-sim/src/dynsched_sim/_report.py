@@ -16,6 +16,7 @@ import logging
 import os
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -23,7 +24,7 @@ import attrs
 from dynsched_core.storage import atomic_write_text
 
 from dynsched_sim._scenario import Scenario
-from dynsched_sim._sim import RunResult, policy_for, run_configuration
+from dynsched_sim._sim import STATIC_POLICY, RunResult, policy_for, run_configuration
 
 __all__ = [
     "Aggregate",
@@ -147,6 +148,8 @@ class Aggregate:
             (None for a GPU group the run does not have).
         summary: Mean over seeds of the numeric summary counters.
         step_times_s: Mean over seeds of each micro-step's duration.
+        staleness: Per-sample staleness over seeds (`RunResult.staleness`): the mean over
+            seeds of each statistic, except ``max`` (the largest) and ``count`` (the sum).
     """
 
     configuration: str
@@ -160,6 +163,7 @@ class Aggregate:
     true_utilization: dict[str, float | None]
     summary: dict[str, float]
     step_times_s: tuple[float, ...]
+    staleness: dict[str, float] = attrs.field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (the ``aggregate`` entries of ``result.json``)."""
@@ -178,6 +182,7 @@ class Aggregate:
             "true_utilization": dict(self.true_utilization),
             "summary": dict(self.summary),
             "step_times_s": list(self.step_times_s),
+            "staleness": dict(self.staleness),
         }
 
 
@@ -195,6 +200,13 @@ def step_times(r: RunResult) -> list[float]:
     """Duration of each micro-step of a run (seconds)."""
     ends = [s[1] for s in r.steps]
     return [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
+
+
+def _staleness(rs: Sequence[RunResult]) -> dict[str, float]:
+    """`Aggregate.staleness` of the runs of one configuration and policy."""
+    keys = [k for k in rs[0].staleness if all(k in r.staleness for r in rs)]
+    combine: dict[str, Callable[[list[float]], float]] = {"max": max, "count": sum}
+    return {k: combine.get(k, statistics.fmean)([float(r.staleness[k]) for r in rs]) for k in keys}
 
 
 def _mean_opt(xs: list[float | None]) -> float | None:
@@ -248,6 +260,7 @@ def aggregate(scenario: Scenario, runs: Comparison) -> list[Aggregate]:
                 },
                 summary=numeric,
                 step_times_s=tuple(statistics.fmean(t[i] for t in times) for i in range(width)),
+                staleness=_staleness(rs),
             )
         )
     return out
@@ -255,6 +268,13 @@ def aggregate(scenario: Scenario, runs: Comparison) -> list[Aggregate]:
 
 def _cell(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def _stale_cell(st: dict[str, float]) -> str:
+    """``mean/p95/max`` staleness (``-`` for runs recorded without it)."""
+    if "mean" not in st:
+        return "-"
+    return f"{st['mean']:.2f}/{st['p95']:.0f}/{st['max']:.0f}"
 
 
 def _pm(s: Spread, scale: float = 1.0, digits: int = 3, gap: str = " ") -> str:
@@ -325,6 +345,7 @@ def format_compact_table(scenario: Scenario, runs: Comparison, *, published: boo
     out.append("wall h: simulated wall-clock (hours); x<split>: speed-up over that static split")
     out.append("  (its wall-clock / this one); eff: lower bound / wall-clock (1 = the bound);")
     out.append("  util: true cluster GPU utilization; switches: hybrid activations + deactivations")
+    out += staleness_lines(aggs)
     if len(seeds) > 1:
         out.append(
             f"±: std over {len(seeds)} workload seeds ({seeds[0]}..{seeds[-1]}); "
@@ -357,6 +378,7 @@ def format_table(scenario: Scenario, runs: Comparison, *, published: bool = True
         "switches",
         "aborted",
         "re-routed",
+        "stale mean/p95/max",
     ]
     rows = []
     for a in aggs:
@@ -376,6 +398,7 @@ def format_table(scenario: Scenario, runs: Comparison, *, published: bool = True
                 f"{s['switches']:.0f}",
                 f"{s['aborted_requests']:.0f}",
                 f"{s['rerouted_requests']:.0f}",
+                _stale_cell(a.staleness),
             ]
         )
     widths = [max(len(h), *(len(row[j]) for row in rows)) for j, h in enumerate(head)]
@@ -391,6 +414,21 @@ def format_table(scenario: Scenario, runs: Comparison, *, published: bool = True
     if published:
         out += published_lines(scenario, aggs)
     return "\n".join(out)
+
+
+def staleness_lines(aggs: Sequence[Aggregate]) -> list[str]:
+    """One wrapped line: each row's staleness (``mean/p95/max`` policy versions behind per
+    consumed sample, by the first token's version); nothing for runs without it."""
+    cells = [
+        f"{a.configuration}{'' if a.policy == STATIC_POLICY else '/' + a.policy} "
+        f"{_stale_cell(a.staleness)}"
+        for a in aggs
+        if "mean" in a.staleness
+    ]
+    if not cells:
+        return []
+    text = "staleness (versions behind per sample, mean/p95/max): " + ", ".join(cells)
+    return textwrap.wrap(text, COMPACT_WIDTH, subsequent_indent="  ")
 
 
 def published_lines(scenario: Scenario, aggs: Sequence[Aggregate]) -> list[str]:

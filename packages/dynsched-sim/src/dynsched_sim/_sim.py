@@ -67,6 +67,9 @@ class RunResult:
         mode_events: Ground-truth mode changes (for the layout plot; not serialised).
         state_events: Hybrid state transitions (for the layout plot; not serialised).
         queue_capacity: Capacity of the sample queue.
+        staleness: Per-sample staleness of the consumed samples, in policy versions
+            behind (`StalenessLedger.summary`: ``count``, ``mean``, ``p95``, ``max`` by
+            the first token's version; ``last_token_mean``, ``admitted_mean``).
     """
 
     scenario: str
@@ -86,6 +89,7 @@ class RunResult:
     mode_events: tuple[ReplicaModeEvent, ...] = attrs.field(default=(), repr=False, eq=False)
     state_events: tuple[TransitionEvent, ...] = attrs.field(default=(), repr=False, eq=False)
     queue_capacity: int = 0
+    staleness: Mapping[str, float] = attrs.field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (the ``runs`` entries of ``result.json``)."""
@@ -105,6 +109,7 @@ class RunResult:
             "steps": [list(s) for s in self.steps],
             "conservation": dict(self.conservation),
             "events": self.events,
+            "staleness": dict(self.staleness),
         }
 
 
@@ -288,6 +293,7 @@ def run_configuration(
         mode_events=tuple(out.mode_events),
         state_events=tuple(out.state_events),
         queue_capacity=out.cluster.config.max_queue_size,
+        staleness=out.cluster.staleness.summary(),
     )
 
 

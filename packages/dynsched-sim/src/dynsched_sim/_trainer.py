@@ -45,7 +45,9 @@ class SimTrainer:
         llm: Model (for the state swap; optional without offload).
 
     The coroutine awaited before a step while a hybrid engine is awake (see above) is
-    set with `set_reclaim`, since it needs objects built after the trainer.
+    set with `set_reclaim`, since it needs objects built after the trainer. An observer
+    set with `set_sample_observer` sees every micro-batch with the trainer's parameter
+    ``version`` (the run's staleness, `StalenessLedger`).
     """
 
     def __init__(
@@ -77,6 +79,8 @@ class SimTrainer:
             else 0.0
         )
         self._reclaim: Callable[[], Awaitable[None]] | None = None
+        self._observer: Callable[[int, Sequence[Any]], None] | None = None
+        self.version = 0
         self.steps = 0
         self.tokens_trained = 0
         self.train_s = 0.0
@@ -90,6 +94,11 @@ class SimTrainer:
     def set_reclaim(self, reclaim: Callable[[], Awaitable[None]]) -> None:
         """Set the coroutine that puts awake hybrid engines to sleep before a step."""
         self._reclaim = reclaim
+
+    def set_sample_observer(self, observer: Callable[[int, Sequence[Any]], None]) -> None:
+        """Call ``observer(version, samples)`` with each micro-batch as a step consumes it
+        (``version``: the trainer's parameter version, the number of weight syncs so far)."""
+        self._observer = observer
 
     def _set(self, activity: str) -> None:
         if self._acct is not None:
@@ -109,6 +118,8 @@ class SimTrainer:
         tokens = sum(self._tokens_of(s) for s in samples)
         for s in samples:
             self.check_sample(s)
+        if self._observer is not None:
+            self._observer(self.version, samples)
         if self._awake() and self._reclaim is not None:
             self.reclaims += 1
             await self._reclaim()
@@ -148,6 +159,7 @@ class SimTrainer:
 
     async def sync_weights(self, version: int) -> None:
         """Broadcast weights ``version`` to every standalone replica."""
+        self.version = version
         if not self._standalone:
             return
         loop = asyncio.get_running_loop()

@@ -16,15 +16,11 @@ from typing import Any
 
 import attrs
 import numpy as np
+from dynsched_core import validators as v
 
 __all__ = ["LengthDistribution", "PromptGroup", "Workload", "WorkloadModel", "interpolate"]
 
 _KINDS = ("lognormal", "empirical", "constant")
-
-
-def _kind(_i: object, a: attrs.Attribute[Any], v: str) -> None:
-    if v not in _KINDS:
-        raise ValueError(f"{a.name} must be one of {list(_KINDS)}, got {v!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -42,7 +38,7 @@ class LengthDistribution:
         values: Observed lengths (empirical).
     """
 
-    kind: str = attrs.field(default="lognormal", validator=_kind)
+    kind: str = attrs.field(default="lognormal", validator=v.one_of(_KINDS))
     median: float = attrs.field(default=1000.0)
     sigma: float = attrs.field(default=1.0)
     values: tuple[int, ...] = attrs.field(default=(), converter=tuple)

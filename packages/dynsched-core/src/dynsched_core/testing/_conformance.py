@@ -272,42 +272,20 @@ def _check_round_trip(
 # ----------------------------------------------------------------------------------
 # Colocated run: the driver's own core, performed on a counts-only model.
 # ----------------------------------------------------------------------------------
-@attrs.frozen
-class _ModelSettings:
+def _model_settings(base: DynamicScheduleContext) -> d.CoreSettings:
     """The `CoreSettings` of a colocated deployment, taken from a context."""
-
-    base: DynamicScheduleContext
-    use_dynamic_resource_scheduling: bool = True
-    dynamic_schedule_enable_rebalance: bool = True
-    standalone_gpus: int = 0
-
-    @property
-    def required_samples(self) -> int:
-        return self.base.required_samples
-
-    @property
-    def trigger_parameter_sync_step(self) -> int:
-        return self.base.trigger_parameter_sync_step
-
-    @property
-    def step_required_samples(self) -> int:
-        return self.base.step_required_samples
-
-    @property
-    def buffer_samples(self) -> int:
-        return self.base.buffer_samples
-
-    @property
-    def hybrid_gpus(self) -> int:
-        return self.base.hybrid_gpus
-
-    @property
-    def dynamic_schedule_min_deactivate_ratio(self) -> float:
-        return self.base.min_deactivate_ratio
-
-    @property
-    def dynamic_schedule_max_deactivate_ratio(self) -> float:
-        return self.base.max_deactivate_ratio
+    return d.CoreSettings(
+        use_dynamic_resource_scheduling=True,
+        required_samples=base.required_samples,
+        trigger_parameter_sync_step=base.trigger_parameter_sync_step,
+        step_required_samples=base.step_required_samples,
+        buffer_samples=base.buffer_samples,
+        standalone_gpus=0,
+        hybrid_gpus=base.hybrid_gpus,
+        dynamic_schedule_enable_rebalance=True,
+        dynamic_schedule_min_deactivate_ratio=base.min_deactivate_ratio,
+        dynamic_schedule_max_deactivate_ratio=base.max_deactivate_ratio,
+    )
 
 
 class _ColocatedRun:
@@ -334,7 +312,7 @@ class _ColocatedRun:
         self.T = base.trigger_parameter_sync_step
         self.window = base.step_required_samples + base.buffer_samples
         self.hybrid = tuple(f"h{i}" for i in range(max(1, base.num_hybrid_replicas)))
-        self.core = d.DriverCore(probe, _ModelSettings(base))
+        self.core = d.DriverCore(probe, _model_settings(base))
         self.active = start_active
         self.queue = self.generated = self.admitted = 0
         self.now = 0.0

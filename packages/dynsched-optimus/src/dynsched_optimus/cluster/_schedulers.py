@@ -137,16 +137,7 @@ class FIFOScheduler(_Base):
         self, now: float, jobs: Sequence[SimJob], cluster: ClusterState
     ) -> dict[str, Placement]:
         order = sorted(jobs, key=lambda j: (j.submit_time, j.name))
-        requests: dict[str, tuple[int, int]] = {}
-        free = cluster.capacity.sum(axis=0)
-        for job in order:
-            w, p = _req(job)
-            need = _demand(job, w, p)
-            if np.all(need <= free + 1e-9):
-                requests[job.name] = (w, p)
-                free = free - need
-            elif job.placement is None:
-                break
+        requests = _admit(order, cluster, strict=True)
         placed = place_jobs(requests, jobs, cluster.capacity, order=[j.name for j in order])
         # strict FIFO: stop at the first job that could not be placed
         out = {}
@@ -327,16 +318,30 @@ class SRTFScheduler(_Base):
         return _gang(order, cluster)
 
 
-def _gang(order: Sequence[SimJob], cluster: ClusterState) -> dict[str, Placement]:
-    """Admit jobs in ``order`` with their requested tasks while they fit (skip others)."""
+def _admit(
+    order: Sequence[SimJob], cluster: ClusterState, *, strict: bool = False
+) -> dict[str, tuple[int, int]]:
+    """The requested ``(workers, ps)`` of the jobs in ``order`` while their total fits.
+
+    A job that does not fit is skipped; with ``strict`` (FIFO), the first one that does
+    not fit and is not running ends the admission.
+    """
     free = cluster.capacity.sum(axis=0).astype(float)
-    requests = {}
+    requests: dict[str, tuple[int, int]] = {}
     for job in order:
         w, p = _req(job)
         need = _demand(job, w, p)
         if np.all(need <= free + 1e-9):
             requests[job.name] = (w, p)
             free -= need
+        elif strict and job.placement is None:
+            break
+    return requests
+
+
+def _gang(order: Sequence[SimJob], cluster: ClusterState) -> dict[str, Placement]:
+    """Admit jobs in ``order`` with their requested tasks while they fit (skip others)."""
+    requests = _admit(order, cluster)
     return place_jobs(requests, order, cluster.capacity, order=[j.name for j in order])
 
 

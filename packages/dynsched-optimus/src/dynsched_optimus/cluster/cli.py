@@ -10,11 +10,11 @@ import difflib
 import json
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from .._cli_support import add_option, one_line_errors
 from .._errors import OptimusError as UsageError
 from ._data import WORKLOAD_LOADS, PolluxDataError, available_workloads, load_workload
 from ._report import format_table, plot_results, write_result
@@ -45,22 +45,18 @@ _COLUMNS = (
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    add_option(
+        p,
         "--load",
-        default="1.0",
+        "1.0",
+        "relative job load of the Pollux workloads",
         choices=sorted(WORKLOAD_LOADS),
-        help="relative job load of the Pollux workloads (default: 1.0)",
     )
-    p.add_argument(
-        "--interval", type=float, default=60.0, help="scheduling interval in s (default: 60)"
+    add_option(p, "--interval", 60.0, "scheduling interval in s", type=float)
+    add_option(
+        p, "--restart-delay", 30.0, "pause of a job whose allocation changes, in s", type=float
     )
-    p.add_argument(
-        "--restart-delay",
-        type=float,
-        default=30.0,
-        help="pause of a job whose allocation changes, in s (default: 30)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    add_option(p, "--seed", 0, "random seed", type=int)
     p.add_argument(
         "--completion",
         choices=("target", "epochs"),
@@ -68,20 +64,20 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="GPU jobs end at the target metric (default) or after all epochs (Pollux rule)",
     )
     p.add_argument("--ps", action="store_true", help="paper-like PS workload instead of Pollux")
-    p.add_argument(
-        "--num-jobs", type=int, default=30, help="PS workload size, with --ps (default: 30)"
-    )
-    p.add_argument(
+    add_option(p, "--num-jobs", 30, "PS workload size, with --ps", type=int)
+    add_option(
+        p,
         "--lr-decay-share",
+        0.0,
+        "share of PS jobs with a step learning-rate decay, 0..1, with --ps",
         type=float,
-        default=0.0,
-        help="share of PS jobs with a step learning-rate decay, 0..1, with --ps (default: 0)",
     )
-    p.add_argument(
+    add_option(
+        p,
         "--assignment",
-        default="paa",
+        "paa",
+        "parameter assignment of the PS jobs, with --ps",
         choices=("paa", "mxnet", "round_robin"),
-        help="parameter assignment of the PS jobs, with --ps (default: paa)",
     )
     p.add_argument(
         "--placement",
@@ -325,39 +321,19 @@ def _write_compare(
             plot_results(list(results.values()), args.out / label, job=args.job, title=label)
 
 
-def _one_line_errors(
-    fn: Callable[[argparse.Namespace], int],
-) -> Callable[[argparse.Namespace], int]:
-    """Bad input found by a handler: one line naming the flag or file, exit status 2."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except UsageError as exc:
-            name = getattr(args, "optimus_command", None) or getattr(args, "cmd", "")
-            print(f"dynsched optimus {name}: error: {exc}", file=sys.stderr)
-            return 2
-
-    run.__doc__ = fn.__doc__
-    return run
-
-
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``simulate`` and ``compare`` to the ``dynsched optimus`` sub-parsers."""
     sim = subparsers.add_parser("simulate", help="simulate one workload under one scheduler")
-    sim.add_argument(
-        "--workload",
-        default="workload-1",
-        help=f"Pollux workload: {_workload_help()} (default: workload-1)",
-    )
-    sim.add_argument(
+    add_option(sim, "--workload", "workload-1", f"Pollux workload: {_workload_help()}")
+    add_option(
+        sim,
         "--scheduler",
-        default="optimus",
+        "optimus",
+        f"one of {', '.join(sorted(SCHEDULERS))}",
         choices=sorted(SCHEDULERS),
-        help=f"one of {', '.join(sorted(SCHEDULERS))} (default: optimus)",
     )
     _common(sim)
-    sim.set_defaults(func=_one_line_errors(simulate_main))
+    sim.set_defaults(func=one_line_errors(simulate_main))
     cmp_ = subparsers.add_parser("compare", help="compare schedulers on several workloads")
     cmp_.add_argument(
         "--workloads",
@@ -365,14 +341,14 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ig
         help=f"comma-separated Pollux workloads, from {_workload_help()} "
         "(default: workload-1 to workload-8)",
     )
-    cmp_.add_argument(
+    add_option(
+        cmp_,
         "--schedulers",
-        default="fifo,drf,tiresias,optimus,optimus-oracle,optimus+",
-        help=f"comma-separated, from {', '.join(sorted(SCHEDULERS))} "
-        "(default: fifo,drf,tiresias,optimus,optimus-oracle,optimus+)",
+        "fifo,drf,tiresias,optimus,optimus-oracle,optimus+",
+        f"comma-separated, from {', '.join(sorted(SCHEDULERS))}",
     )
     _common(cmp_)
-    cmp_.set_defaults(func=_one_line_errors(compare_main))
+    cmp_.set_defaults(func=one_line_errors(compare_main))
 
 
 def main(argv: list[str] | None = None) -> int:

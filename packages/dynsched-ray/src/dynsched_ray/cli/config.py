@@ -30,6 +30,7 @@ import attrs
 from dynsched_core.errors import ConfigError, UsageError
 
 __all__ = [
+    "DEMO_ASYNC_TRAINING",
     "DEVICES",
     "LOCAL_GPUS_PER_CPU",
     "LoadedConfig",
@@ -37,9 +38,11 @@ __all__ = [
     "add_ray_arguments",
     "check_device",
     "check_local_capacity",
+    "init_command_ray",
     "known_override_keys",
     "load_verl_config",
     "local_gpu_limit",
+    "ray_start_error",
 ]
 
 #: Stand-in GPUs (each one a replica or trainer-worker process) a local cluster may have
@@ -49,6 +52,18 @@ LOCAL_GPUS_PER_CPU = 4
 LOCAL_GPUS_MIN = 8
 #: Environment variable that sets the local bound explicitly.
 LOCAL_MAX_GPUS_ENV = "DYNSCHED_LOCAL_MAX_GPUS"
+
+
+#: The scheduler settings of both demos (``dynsched run`` and ``dynsched train`` without
+#: ``--config``): dynamic scheduling with the default policy, weights synced every 2 steps.
+DEMO_ASYNC_TRAINING: Mapping[str, Any] = {
+    "use_dynamic_resource_scheduling": True,
+    "dynamic_schedule_policy": "default",
+    "trigger_parameter_sync_step": 2,
+    "staleness_threshold": 0.5,
+    "concurrent_samples_per_replica": 4,
+    "partial_rollout": True,
+}
 
 
 @attrs.frozen
@@ -142,6 +157,32 @@ def add_ray_arguments(p: argparse.ArgumentParser, *, address_help: str) -> None:
         "RAY_AUTH_MODE=disabled turns token authentication off)",
     )
     p.add_argument("--namespace", default=None, help="Ray namespace of the named actors")
+
+
+def init_command_ray(
+    ray: Any, plan: Any, args: argparse.Namespace, config: Any, *, prog: str, **extra: Any
+) -> None:
+    """Start (or join) Ray for a command (`dynsched_ray.runtime.security.init_ray`): the
+    ``--namespace``, ``--num-cpus`` (default 4) CPUs and the config's GPUs, no dashboard;
+    ``extra`` goes to ``ray.init``."""
+    from dynsched_ray.runtime.security import init_ray
+
+    init_ray(
+        ray,
+        plan,
+        namespace=args.namespace,
+        prog=prog,
+        num_cpus=args.num_cpus or 4,
+        num_gpus=config.hybrid_gpus + config.standalone_gpus,
+        include_dashboard=False,
+        **extra,
+    )
+
+
+def ray_start_error(prog: str, address: str | None, exc: BaseException) -> str:
+    """The one line saying Ray could not start (or be joined at ``address``)."""
+    where = f"join the Ray cluster at {address!r}" if address else "start a local Ray cluster"
+    return f"{prog}: error: could not {where}: {exc}"
 
 
 def _read_config_file(path: str) -> dict[str, Any]:

@@ -20,7 +20,13 @@ from typing import Any
 
 from dynsched_core.errors import UsageError
 
-from dynsched_ray.cli.config import add_config_arguments, add_ray_arguments
+from dynsched_ray.cli.config import (
+    DEMO_ASYNC_TRAINING,
+    add_config_arguments,
+    add_ray_arguments,
+    init_command_ray,
+    ray_start_error,
+)
 
 __all__ = ["DEMO_CONFIG", "build_config", "known_override_keys", "main", "register"]
 
@@ -38,14 +44,7 @@ MAX_TRAINER_STEP_TIME_S = 3600.0
 
 #: Used when no ``--config`` is given: 2 trainer GPUs (2 hybrid replicas), 2 standalone.
 DEMO_CONFIG: dict[str, Any] = {
-    "async_training": {
-        "use_dynamic_resource_scheduling": True,
-        "dynamic_schedule_policy": "default",
-        "trigger_parameter_sync_step": 2,
-        "staleness_threshold": 0.5,
-        "concurrent_samples_per_replica": 4,
-        "partial_rollout": True,
-    },
+    "async_training": dict(DEMO_ASYNC_TRAINING),
     "trainer": {"nnodes": 1, "n_gpus_per_node": 2},
     "rollout": {"nnodes": 1, "n_gpus_per_node": 2},
     "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}},
@@ -440,12 +439,7 @@ def _start_ray(ray: Any, args: argparse.Namespace, config: Any, ray_plan: Any) -
     except (KeyboardInterrupt, DynschedError):
         raise
     except Exception as exc:  # Ray could not start or join: say so in one line
-        where = (
-            f"join the Ray cluster at {args.address!r}"
-            if args.address
-            else ("start a local Ray cluster")
-        )
-        print(f"dynsched run: error: could not {where}: {exc}", file=sys.stderr)
+        print(ray_start_error("dynsched run", args.address, exc), file=sys.stderr)
         _shutdown_ray(ray)  # whatever part of it did start
         return False
     return True
@@ -585,17 +579,8 @@ async def _armed(coro: Any, deadline: _InterruptDeadline) -> Any:
 
 
 def _init_ray(ray: Any, args: argparse.Namespace, config: Any, plan: Any) -> None:
-    from dynsched_ray.runtime.security import init_ray
-
-    init_ray(
-        ray,
-        plan,
-        namespace=args.namespace,
-        prog="dynsched run",
-        num_cpus=args.num_cpus or 4,
-        num_gpus=config.hybrid_gpus + config.standalone_gpus,
-        include_dashboard=False,
-        object_store_memory=200 * 1024 * 1024,
+    init_command_ray(
+        ray, plan, args, config, prog="dynsched run", object_store_memory=200 * 1024 * 1024
     )
 
 

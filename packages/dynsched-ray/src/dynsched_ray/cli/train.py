@@ -14,21 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dynsched_ray.cli.config import add_config_arguments, add_ray_arguments
+from dynsched_ray.cli.config import DEMO_ASYNC_TRAINING, add_config_arguments, add_ray_arguments
 
 __all__ = ["DEMO_TRAIN_CONFIG", "ProgressBar", "load_train_config", "main", "register"]
 
 #: Used when no ``--config`` is given: 2 trainer GPUs (2 hybrid replicas), 2 standalone
 #: replicas, 8 prompts of 4 responses per step, weights synced every 2 steps.
 DEMO_TRAIN_CONFIG: dict[str, Any] = {
-    "async_training": {
-        "use_dynamic_resource_scheduling": True,
-        "dynamic_schedule_policy": "default",
-        "trigger_parameter_sync_step": 2,
-        "staleness_threshold": 0.5,
-        "concurrent_samples_per_replica": 4,
-        "partial_rollout": True,
-    },
+    "async_training": dict(DEMO_ASYNC_TRAINING),
     "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "total_training_steps": 12},
     "rollout": {"nnodes": 1, "n_gpus_per_node": 2},
     "data": {"max_response_length": 6, "seed": 0},
@@ -281,8 +274,8 @@ def _run(
     import ray
     from dynsched_core import ConfigError, DynschedError
 
+    from dynsched_ray.cli.config import init_command_ray, ray_start_error
     from dynsched_ray.runtime.runner import RayRunOptions
-    from dynsched_ray.runtime.security import init_ray
     from dynsched_ray.training import TrainRunner
 
     # rows carry global step numbers: count the restored steps in the total
@@ -307,22 +300,9 @@ def _run(
         )
         if not ray.is_initialized():
             try:
-                init_ray(
-                    ray,
-                    ray_plan,
-                    namespace=args.namespace,
-                    prog="dynsched train",
-                    num_cpus=args.num_cpus or 4,
-                    num_gpus=config.hybrid_gpus + config.standalone_gpus,
-                    include_dashboard=False,
-                )
+                init_command_ray(ray, ray_plan, args, config, prog="dynsched train")
             except ConnectionError as exc:  # could not join, or no loopback: one line
-                where = (
-                    f"join the Ray cluster at {args.address!r}"
-                    if args.address
-                    else "start a local Ray cluster"
-                )
-                print(f"dynsched train: error: could not {where}: {exc}", file=sys.stderr)
+                print(ray_start_error("dynsched train", args.address, exc), file=sys.stderr)
                 return 1
             started = True
         summary = asyncio.run(runner.train())

@@ -86,9 +86,9 @@ class ChaosFault:
     """One fault of a schedule.
 
     Attributes:
-        step: It strikes after this global training step's progress line.
+        step: It strikes after this global training step (its `TrainStepEvent`).
         kind: One of `FAULT_KINDS`.
-        delay_s: Seconds after that line.
+        delay_s: Seconds after that step's event.
         target: Index used to pick the victim among the candidates (modulo their count).
     """
 
@@ -660,24 +660,21 @@ def account_samples(lifetimes: Sequence[_Lifetime]) -> SampleAccounting:
     )
 
 
-class _SoakRunner(RayRunner):
-    """A `RayRunner` whose trainer waits, before each step, for the faults due to fire."""
+def gate_training(gate: Callable[[], Awaitable[None]]) -> Callable[[Any], None]:
+    """A `RayRunner` ``on_loop_built`` hook: before each training step, the loop's
+    trainer awaits ``gate()`` (the soak: the faults due so far fire first)."""
 
-    def __init__(self, *args: Any, gate: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._gate = gate
-
-    def _build_loop(self, fleet: Any, replicas: Any, bus: Any) -> Any:
-        loop = super()._build_loop(fleet, replicas, bus)
+    def on_loop_built(loop: Any) -> None:
         trainer = loop.trainer
         train_step = trainer.train_step
 
         async def gated(samples: Any) -> Any:
-            await self._gate()
+            await gate()
             return await train_step(samples)
 
-        trainer.train_step = gated  # type: ignore[method-assign]
-        return loop
+        trainer.train_step = gated
+
+    return on_loop_built
 
 
 class _ChaosPolicy(DynamicSchedulePolicyBase):
@@ -915,7 +912,7 @@ class _Soak:
         self._collect_staleness(runner)
         return True
 
-    def _new_runner(self, life: _Lifetime, offset: int) -> _SoakRunner:
+    def _new_runner(self, life: _Lifetime, offset: int) -> RayRunner:
         opt = RayRunOptions(
             **{
                 **self.base,
@@ -930,10 +927,10 @@ class _Soak:
             elif isinstance(event, TrainStepEvent):
                 self.on_step(offset + event.step, event)
 
-        return _SoakRunner(
+        return RayRunner(
             self.config,
             opt,
-            gate=self.monkey.settle,
+            on_loop_built=gate_training(self.monkey.settle),
             policy=_ChaosPolicy(),
             keep_samples=True,
             progress=self.progress,
@@ -942,7 +939,7 @@ class _Soak:
         )
 
     async def _cancel_driver(
-        self, runner: _SoakRunner, task: asyncio.Future[Any], offset: int
+        self, runner: RayRunner, task: asyncio.Future[Any], offset: int
     ) -> dict[str, Any] | None:
         """Cancel the driver mid-step; the checkpoint the next driver resumes from."""
         cancelled_at = self.loop.time()
@@ -969,7 +966,7 @@ class _Soak:
         return _read_checkpoint(self.ckpt)
 
     # ------------------------------------------------------------ collecting the facts
-    def _collect_recoveries(self, runner: _SoakRunner) -> None:
+    def _collect_recoveries(self, runner: RayRunner) -> None:
         """Recoveries of every driver lifetime, the cancelled ones included."""
         if runner.supervisor is not None:
             self.restarts.extend(runner.supervisor.history)
@@ -983,7 +980,7 @@ class _Soak:
                 len(r.interrupted) for r in [*runner.fleet.retired, *runner.fleet.replicas.values()]
             )
 
-    def _collect_staleness(self, runner: _SoakRunner) -> None:
+    def _collect_staleness(self, runner: RayRunner) -> None:
         """Staleness of every sample trained in this segment."""
         for sample, version in zip(runner.consumed_samples, runner.consumed_versions, strict=True):
             lag = version - int(sample.min_param_version)

@@ -4,8 +4,8 @@ Built in: ``vllm`` (`dynsched_ray.engines.vllm`) and ``hf`` (`dynsched_ray.engin
 transformers' ``generate``). Another package adds an engine by naming an `EnginePlugin`
 in its entry points (see `dynsched_ray.plugins`); `load_engine` finds any of them by name
 (an unknown one raises `EngineLookupError` with the known names and the closest match).
-`ReplicaLifecycle` is the serving state machine (accepting, paused, asleep, closed) the
-replicas share.
+`ReplicaLifecycle` is the serving state machine (accepting, paused, asleep, closed) every
+replica shares, core's `InMemoryReplica` included (defined in ``dynsched_core``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Engine- and trainer-agnostic: what runs in a replica comes from an engine plug-in
 (`dynsched_ray.engines`), what trains from a trainer plug-in (`dynsched_ray.trainers`).
-The modules: `runner` (`RayRunner`, `run_ray`), `fleet` (`RayFleet`), `supervisor`
+The modules: `runner` (`RayRunner`, `run_ray`), `workload` (`RunWorkload`, the hooks a
+job plugs into the one runner; `StandInWorkload`, the default of ``dynsched run``), `fleet` (`RayFleet`), `supervisor`
 (restarts), `proxies` (core-facing handles of the actors), `actors`, `remote` (awaiting
 Ray calls with deadlines), `placement` (GPU pools), `security` (starting Ray safely),
 `errors`. The names below are imported on first access.
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
         run_ray,
     )
     from dynsched_ray.runtime.supervisor import ReplicaSupervisor, RestartOptions
+    from dynsched_ray.runtime.workload import RunWorkload, StandInWorkload
 
 __all__ = [
     "FleetSpec",
@@ -36,6 +38,8 @@ __all__ = [
     "ReplicaSupervisor",
     "ResourcePools",
     "RestartOptions",
+    "RunWorkload",
+    "StandInWorkload",
     "load_checkpoint",
     "run_ray",
 ]
@@ -52,5 +56,7 @@ _MODULE = {
     "run_ray": "runner",
     "ReplicaSupervisor": "supervisor",
     "RestartOptions": "supervisor",
+    "RunWorkload": "workload",
+    "StandInWorkload": "workload",
 }
 __getattr__ = lazy_getattr(__name__, {k: f"{__name__}.{m}" for k, m in _MODULE.items()})

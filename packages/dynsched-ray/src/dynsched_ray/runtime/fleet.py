@@ -1,16 +1,26 @@
-"""`RayFleet`: the actors of one run (router, queue, replicas, trainer workers) on their pools."""
+"""`RayFleet`: the actors of one run (router, queue, replicas, trainer workers) on their pools.
+
+`plan_replicas` decides once, from the `FleetSpec`, every replica's id, role, placement
+(`replica_placement`: bundle and GPU ids) and spec (factory and options). The fleet
+launches the replicas from that plan and writes it into the run's `ReplicaSet`
+(`RayFleet.replica_set`, or `RayFleet.attach` for a set built elsewhere); from then on the
+set's records are the one source: a respawn reads the record of the dead member, and the
+fleet's `replicas` views are the set's members.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import ray
-from dynsched_core import InMemoryReplica
+from dynsched_core import EventBus, InMemoryReplica, ReplicaSet
 from dynsched_core import validators as v
+from dynsched_core._protocols import ReplicaRole
+from dynsched_core.rollout import ReplicaMember, ReplicaPlacement, ReplicaSpec
 
 from dynsched_ray.runtime.actors import (
     QueueActor,
@@ -20,11 +30,18 @@ from dynsched_ray.runtime.actors import (
     remote_class,
 )
 from dynsched_ray.runtime.errors import ActorUnavailableError
-from dynsched_ray.runtime.placement import ResourcePools
+from dynsched_ray.runtime.placement import ResourcePools, replica_placement
 from dynsched_ray.runtime.proxies import DeathCallback, RayQueue, RayReplica, RayRouter
 from dynsched_ray.runtime.remote import await_ref
 
-__all__ = ["FleetSpec", "RayFleet", "ReplicaFactory", "default_replica_factory"]
+__all__ = [
+    "FleetSpec",
+    "RayFleet",
+    "ReplicaFactory",
+    "ReplicaPlan",
+    "default_replica_factory",
+    "plan_replicas",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +153,60 @@ class FleetSpec:
         return f"{self.name}-router"
 
 
+Role = ReplicaRole
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaPlan:
+    """One replica the fleet launches: what `ReplicaSet.add` records about it.
+
+    Attributes:
+        replica_id: ``<role>-<index>``.
+        role: ``"standalone"`` or ``"hybrid"``.
+        placement: Pool, bundle and GPU ids (`replica_placement`).
+        spec: The replica factory and its keyword arguments.
+    """
+
+    replica_id: str
+    role: Role
+    placement: ReplicaPlacement
+    spec: ReplicaSpec
+
+
+def plan_replicas(spec: FleetSpec) -> list[ReplicaPlan]:
+    """Every replica of ``spec``, standalone first: ids, roles, placements and specs."""
+    factory = spec.replica_factory or default_replica_factory()
+    groups: tuple[tuple[Role, int, Mapping[str, Any]], ...] = (
+        ("standalone", spec.standalone_replicas, spec.standalone_kwargs),
+        ("hybrid", spec.num_hybrid, spec.hybrid_kwargs),
+    )
+    return [
+        ReplicaPlan(
+            replica_id=f"{role}-{index}",
+            role=role,
+            placement=replica_placement(role, index, spec.gpus_per_replica),
+            spec=ReplicaSpec(
+                factory=factory,
+                options={"role": role, "num_gpus": spec.gpus_per_replica, **extra},
+            ),
+        )
+        for role, count, extra in groups
+        for index in range(count)
+    ]
+
+
+def _proxy(replica: Any) -> Any:
+    """The Ray proxy under a wrapper (e.g. a `HandOverReplica`)."""
+    return getattr(replica, "inner", replica)
+
+
+def _placed(placement: ReplicaPlacement | None, proxy: RayReplica) -> ReplicaPlacement | None:
+    """``placement`` on the node ``proxy``'s actor runs on."""
+    if placement is None:
+        return None
+    return attrs.evolve(placement, node=proxy.capabilities.node or placement.node)
+
+
 @attrs.define
 class RayFleet:
     """Handles and proxies of a launched fleet; build with `RayFleet.launch`.
@@ -146,9 +217,12 @@ class RayFleet:
         router: Driver-side router proxy.
         router_reused: True when an existing named router actor was found and reused.
         queue: Driver-side sample queue proxy.
-        standalone: Standalone replica proxies by id.
-        hybrid: Hybrid replica proxies by id.
+        launched: The replica proxies as launched, by id (standalone first); the run's
+            `ReplicaSet` (`members`) is the record from then on.
         trainer_workers: Handles of the stand-in trainer workers.
+        plan: The replicas planned by `plan_replicas`.
+        members: The run's `ReplicaSet`, once `replica_set` built it or `attach` was
+            called (the fleet's replica views and respawns read it).
     """
 
     spec: FleetSpec
@@ -156,17 +230,104 @@ class RayFleet:
     router: RayRouter
     router_reused: bool
     queue: RayQueue
-    standalone: dict[str, RayReplica]
-    hybrid: dict[str, RayReplica]
+    launched: dict[str, RayReplica]
     trainer_workers: list[Any]
+    plan: tuple[ReplicaPlan, ...] = ()
+    members: ReplicaSet | None = None
     _handles: list[Any] = attrs.field(factory=list)
     #: Proxies of replica actors replaced by `respawn_replica` (their records stay readable).
     retired: list[RayReplica] = attrs.field(factory=list)
 
     @property
     def replicas(self) -> dict[str, RayReplica]:
-        """Every replica by id (standalone first)."""
-        return {**self.standalone, **self.hybrid}
+        """Every replica proxy by id (standalone first), dead ones included: the current
+        member of each id of `members` (the launched proxies before a set is attached)."""
+        if self.members is None:
+            return dict(self.launched)
+        current = {
+            m.replica_id: _proxy(m.replica)
+            for m in self.members.members()
+            if m.replica_id in self.launched
+        }
+        return {rid: current[rid] for rid in self.launched if rid in current}
+
+    @property
+    def standalone(self) -> dict[str, RayReplica]:
+        """The standalone replica proxies by id (see `replicas`)."""
+        return {rid: r for rid, r in self.replicas.items() if self.role_of(rid) == "standalone"}
+
+    @property
+    def hybrid(self) -> dict[str, RayReplica]:
+        """The hybrid replica proxies by id (see `replicas`)."""
+        return {rid: r for rid, r in self.replicas.items() if self.role_of(rid) == "hybrid"}
+
+    def record(self, replica_id: str) -> ReplicaMember | ReplicaPlan:
+        """The record of ``replica_id``: its member in `members`, or its plan before a set
+        is attached.
+
+        Raises:
+            KeyError: not one of this fleet's replicas.
+        """
+        if replica_id not in self.launched:
+            raise KeyError(f"{replica_id!r} is not a replica of fleet {self.spec.name!r}")
+        if self.members is not None:
+            try:
+                return self.members.member(replica_id)
+            except KeyError:
+                pass  # removed from the set for good: its plan still says what it was
+        return next(p for p in self.plan if p.replica_id == replica_id)
+
+    def role_of(self, replica_id: str) -> Role:
+        """``"standalone"`` or ``"hybrid"``."""
+        return self.record(replica_id).role
+
+    def placement_of(self, replica_id: str) -> ReplicaPlacement:
+        """Where ``replica_id`` runs (pool, bundle, GPU ids, node), from its record."""
+        placement = self.record(replica_id).placement
+        if placement is None:
+            raise KeyError(f"replica {replica_id!r} has no placement record")
+        return placement
+
+    def replica_set(
+        self, *, hybrid: Mapping[str, Any] | None = None, events: EventBus | None = None
+    ) -> ReplicaSet:
+        """The run's `ReplicaSet` over this fleet's replicas, with their records; the
+        router follows it, and the fleet reads it from now on (`attach`).
+
+        Args:
+            hybrid: Replicas to register instead of the plain hybrid proxies (the run's
+                wrappers, e.g. `HandOverReplica`), by id.
+            events: Bus that also receives every membership event.
+        """
+        wrapped = dict(hybrid or {})
+        replicas = ReplicaSet(self.router, events=events)
+        for plan in self.plan:
+            proxy = self.launched[plan.replica_id]
+            replicas.add(
+                wrapped.get(plan.replica_id, proxy),
+                plan.role,
+                placement=_placed(plan.placement, proxy),
+                spec=plan.spec,
+            )
+        self.attach(replicas)
+        for rid, proxy in self.launched.items():
+            if proxy.is_dead:  # died before the set existed
+                replicas.mark_dead(rid)
+        return replicas
+
+    def attach(self, replicas: ReplicaSet) -> None:
+        """Make ``replicas`` this fleet's record: members it launched that lack a record
+        get their plan's; router recovery re-applies its routable set (idempotent)."""
+        known = {m.replica_id: m for m in replicas.members()}
+        for plan in self.plan:
+            member = known.get(plan.replica_id)
+            if member is not None and member.placement is None:
+                proxy = _proxy(member.replica)
+                replicas.set_record(
+                    plan.replica_id, placement=_placed(plan.placement, proxy), spec=plan.spec
+                )
+        self.members = replicas
+        self.router.follow(replicas)
 
     @classmethod
     async def launch(cls, spec: FleetSpec, *, on_death: DeathCallback | None = None) -> RayFleet:
@@ -193,15 +354,15 @@ class RayFleet:
             name_prefix=spec.name,
         )
         handles: list[Any] = []
+        plan = tuple(plan_replicas(spec))
         try:
             await pools.ready(spec.start_timeout_s)
             router, reused = await _attach_router(spec)
             queue_handle = await _spawn_queue(spec, handles)
-            standalone = await _spawn_replicas(spec, pools, "standalone", handles)
-            hybrid = await _spawn_replicas(spec, pools, "hybrid", handles)
+            replica_handles = [await _spawn_replica(spec, pools, p, handles) for p in plan]
             workers = await _spawn_trainer_workers(spec, pools, handles)
-            standalone_list, hybrid_list = await _connect_replicas(
-                spec, standalone, hybrid, on_death
+            proxies = await asyncio.gather(
+                *(_connect(spec, h, on_death, spec.start_timeout_s) for h in replica_handles)
             )
             await _await_ready(spec, queue_handle, workers)
         except BaseException:
@@ -220,9 +381,9 @@ class RayFleet:
                 capacity=spec.queue_capacity,
                 name=f"{spec.name}-queue",
             ),
-            standalone={r.replica_id: r for r in standalone_list},
-            hybrid={r.replica_id: r for r in hybrid_list},
+            launched={r.replica_id: r for r in proxies},
             trainer_workers=workers,
+            plan=plan,
             handles=[*handles, router.handle],
         )
         if spec.restart_queue:
@@ -271,6 +432,16 @@ class RayFleet:
 
         await asyncio.gather(*(stop(r) for r in self.replicas.values()))
 
+    async def ping_replicas(self, timeout_s: float) -> None:
+        """Ping the live replicas' actors, in parallel (health check): a proxy that finds
+        its actor dead reports the death (its ``on_death``, which marks it in the set)."""
+        live = [
+            proxy
+            for rid, proxy in self.replicas.items()
+            if (self.members.is_alive(rid) if self.members is not None else not proxy.is_dead)
+        ]
+        await asyncio.gather(*(p.ping(timeout_s=timeout_s) for p in live), return_exceptions=True)
+
     def kill_replica(self, replica_id: str) -> None:
         """Kill a replica's actor (fault injection for tests and drills)."""
         ray.kill(self.replicas[replica_id].handle, no_restart=True)
@@ -282,45 +453,33 @@ class RayFleet:
         on_death: DeathCallback | None = None,
         timeout_s: float | None = None,
     ) -> RayReplica:
-        """Start a fresh actor for ``replica_id`` on the same bundle and connect to it.
+        """Start a fresh actor for ``replica_id`` from its record and connect to it.
 
-        The fresh replica has the same id, role and bundle (Ray reschedules a bundle whose
-        node was lost, when the cluster has room for it); it is not a member of any
-        `ReplicaSet` yet: the caller re-registers and warms it (see `ReplicaSupervisor`).
+        The fresh replica has the same id, role, bundle and spec (Ray reschedules a bundle
+        whose node was lost, when the cluster has room for it); it is not a member of the
+        `ReplicaSet` yet: the caller re-registers and warms it (see `ReplicaSupervisor`),
+        and the fleet's views show it from then on.
 
         Raises:
             KeyError: ``replica_id`` is not one of this fleet's replicas.
             RemoteCallTimeoutError: the actor did not come up within ``timeout_s``.
         """
-        role: Literal["standalone", "hybrid"]
-        if replica_id in self.standalone:
-            role, extra = "standalone", self.spec.standalone_kwargs
-        elif replica_id in self.hybrid:
-            role, extra = "hybrid", self.spec.hybrid_kwargs
-        else:
-            raise KeyError(f"{replica_id!r} is not a replica of fleet {self.spec.name!r}")
-        index = int(replica_id.rsplit("-", 1)[1])
+        record = self.record(replica_id)
+        if record.placement is None or record.spec is None:
+            raise KeyError(f"replica {replica_id!r} has no placement or spec record")
         old = self.replicas[replica_id]
         _kill(old.handle)  # a hung (not dead) actor must not hold the name and bundle
-        factory = self.spec.replica_factory or default_replica_factory()
         limit = self.spec.start_timeout_s if timeout_s is None else timeout_s
-        handle = await _spawn_replica(
-            attrs.evolve(self.spec, start_timeout_s=limit), self.pools, role, index, factory, extra
+        plan = ReplicaPlan(
+            replica_id=replica_id, role=record.role, placement=record.placement, spec=record.spec
         )
-        self._handles.append(handle)
+        spec = attrs.evolve(self.spec, start_timeout_s=limit)
+        handle = await _spawn_replica(spec, self.pools, plan, self._handles)
         try:
-            proxy = await RayReplica.connect(
-                handle,
-                timeout_s=limit,
-                call_timeout_s=self.spec.call_timeout_s,
-                generate_timeout_s=self.spec.generate_timeout_s,
-                on_death=on_death,
-                stream=self.spec.stream_tokens is not None,
-            )
+            proxy = await _connect(spec, handle, on_death, limit)
         except BaseException:
             _kill(handle)
             raise
-        (self.standalone if role == "standalone" else self.hybrid)[replica_id] = proxy
         if old.handle in self._handles:
             self._handles.remove(old.handle)
         self.retired.append(old)
@@ -379,55 +538,29 @@ async def _spawn_queue(spec: FleetSpec, handles: list[Any]) -> Any:
     return handle
 
 
-async def _spawn_replicas(
-    spec: FleetSpec,
-    pools: ResourcePools,
-    role: Literal["standalone", "hybrid"],
-    handles: list[Any],
-) -> list[Any]:
-    """Start the replica actors of ``role`` (``<role>-<i>``) on their bundles."""
-    factory = spec.replica_factory or default_replica_factory()
-    hybrid = role == "hybrid"
-    count = spec.num_hybrid if hybrid else spec.standalone_replicas
-    extra = spec.hybrid_kwargs if hybrid else spec.standalone_kwargs
-    out = []
-    for i in range(count):
-        handle = await _spawn_replica(spec, pools, role, i, factory, extra)
-        handles.append(handle)
-        out.append(handle)
-    return out
-
-
 async def _spawn_replica(
-    spec: FleetSpec,
-    pools: ResourcePools,
-    role: Literal["standalone", "hybrid"],
-    index: int,
-    factory: ReplicaFactory,
-    extra: Mapping[str, Any],
+    spec: FleetSpec, pools: ResourcePools, plan: ReplicaPlan, handles: list[Any]
 ) -> Any:
-    """Start replica actor ``<role>-<index>`` on its bundle."""
-    hybrid = role == "hybrid"
-    rid = f"{role}-{index}"
-    kwargs = {"role": role, "num_gpus": spec.gpus_per_replica, **extra}
+    """Start the actor of ``plan`` on its bundle (recorded in ``handles``)."""
+    hybrid = plan.role == "hybrid"
     options = {
         "num_cpus": 0,
         "num_gpus": spec.hybrid_gpu_fraction if hybrid else spec.gpus_per_replica,
-        "scheduling_strategy": pools.hybrid_strategy(index)
-        if hybrid
-        else pools.standalone_strategy(index),
-        "name": f"{spec.name}-{rid}",
+        "scheduling_strategy": pools.strategy_of(plan.placement),
+        "name": f"{spec.name}-{plan.replica_id}",
         "namespace": spec.namespace,
     }
-    return await _spawn(
+    handle = await _spawn(
         ReplicaActor,
         options,
-        factory,
-        (rid,),
-        kwargs,
+        plan.spec.factory,
+        (plan.replica_id,),
+        dict(plan.spec.options),
         spec.stream_tokens or 16,
         timeout_s=spec.start_timeout_s,
     )
+    handles.append(handle)
+    return handle
 
 
 async def _spawn_trainer_workers(
@@ -457,25 +590,18 @@ async def _spawn_trainer_workers(
     return workers
 
 
-async def _connect_replicas(
-    spec: FleetSpec,
-    standalone: list[Any],
-    hybrid: list[Any],
-    on_death: DeathCallback | None,
-) -> tuple[list[RayReplica], list[RayReplica]]:
-    """Wait for the replica actors to answer and build their proxies."""
-    kw: dict[str, Any] = {
-        "timeout_s": spec.start_timeout_s,
-        "call_timeout_s": spec.call_timeout_s,
-        "generate_timeout_s": spec.generate_timeout_s,
-        "on_death": on_death,
-        "stream": spec.stream_tokens is not None,
-    }
-    s, h = await asyncio.gather(
-        asyncio.gather(*(RayReplica.connect(handle, **kw) for handle in standalone)),
-        asyncio.gather(*(RayReplica.connect(handle, **kw) for handle in hybrid)),
+async def _connect(
+    spec: FleetSpec, handle: Any, on_death: DeathCallback | None, timeout_s: float
+) -> RayReplica:
+    """Wait for a replica actor to answer and build its proxy."""
+    return await RayReplica.connect(
+        handle,
+        timeout_s=timeout_s,
+        call_timeout_s=spec.call_timeout_s,
+        generate_timeout_s=spec.generate_timeout_s,
+        on_death=on_death,
+        stream=spec.stream_tokens is not None,
     )
-    return list(s), list(h)
 
 
 async def _await_ready(spec: FleetSpec, queue: Any, workers: list[Any]) -> None:

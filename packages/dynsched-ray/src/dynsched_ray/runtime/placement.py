@@ -8,6 +8,10 @@ Layout:
   GPUs of the trainer workers (they time-share them: asleep while the trainer trains).
 - standalone pool: one bundle ``{"GPU": gpus_per_replica}`` per standalone replica.
 
+`replica_placement` is the one place where a replica's bundle and GPU ids are computed;
+the fleet records its answer in the run's `ReplicaSet` (`dynsched_core.ReplicaSet`), and
+everything else (respawns, the trainer group's hand-over) reads it from there.
+
 Ray GPUs are scheduling resources, so a CPU-only machine started with
 ``ray.init(num_gpus=8)`` exercises the same placement.
 """
@@ -20,13 +24,14 @@ from typing import Any, Literal
 
 import attrs
 import ray
+from dynsched_core.rollout import ReplicaPlacement
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dynsched_ray.runtime.errors import RemoteCallTimeoutError
 from dynsched_ray.runtime.remote import await_ref
 
-__all__ = ["Pool", "ResourcePools"]
+__all__ = ["Pool", "ResourcePools", "replica_placement"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +43,30 @@ def _pos_int(name: str, value: int, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def replica_placement(
+    role: Literal["standalone", "hybrid"], index: int, gpus_per_replica: int
+) -> ReplicaPlacement:
+    """Where replica ``index`` of ``role`` sits: its pool, bundle and the pool's GPU ids.
+
+    A hybrid replica takes ``gpus_per_replica`` consecutive trainer GPUs starting at
+    bundle ``index * gpus_per_replica`` (the GPUs of the trainer workers of those ranks);
+    a standalone replica has bundle ``index`` of the standalone pool to itself.
+
+    Example:
+        >>> replica_placement("hybrid", 1, 2)
+        ReplicaPlacement(pool='trainer', bundle=2, gpu_ids=(2, 3), node='')
+    """
+    _pos_int("index", index, 0)
+    _pos_int("gpus_per_replica", gpus_per_replica, 1)
+    first = index * gpus_per_replica
+    gpus = range(first, first + gpus_per_replica)
+    if role == "hybrid":
+        return ReplicaPlacement(pool="trainer", bundle=first, gpu_ids=gpus)
+    if role == "standalone":
+        return ReplicaPlacement(pool="standalone", bundle=index, gpu_ids=gpus)
+    raise ValueError(f"role must be one of ['standalone', 'hybrid'], got {role!r}")
 
 
 @attrs.define
@@ -173,11 +202,23 @@ class ResourcePools:
             raise IndexError(
                 f"the trainer pool holds {self.hybrid_replicas} hybrid replica(s); index {index} is out of range"
             )
-        return index * self.gpus_per_replica
+        bundle = replica_placement("hybrid", index, self.gpus_per_replica).bundle
+        assert bundle is not None
+        return bundle
 
     def hybrid_strategy(self, index: int) -> PlacementGroupSchedulingStrategy:
         """Scheduling strategy of hybrid replica ``index`` (on the trainer's bundle)."""
         return self._strategy(self.trainer, "trainer", self.hybrid_bundle(index))
+
+    def strategy_of(self, placement: ReplicaPlacement) -> PlacementGroupSchedulingStrategy:
+        """Scheduling strategy of a replica placed by `replica_placement`."""
+        if placement.pool not in ("trainer", "standalone") or placement.bundle is None:
+            raise ValueError(
+                f"placement must be on a bundle of pool 'trainer' or 'standalone', got {placement!r}"
+            )
+        pool: Pool = "trainer" if placement.pool == "trainer" else "standalone"
+        pg = self.trainer if pool == "trainer" else self.standalone
+        return self._strategy(pg, pool, self.bundle_of(pool, placement.bundle))
 
     def standalone_strategy(self, index: int) -> PlacementGroupSchedulingStrategy:
         """Scheduling strategy of standalone replica ``index`` (its own bundle)."""

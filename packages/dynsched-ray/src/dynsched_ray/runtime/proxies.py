@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
-from dynsched_core import GenerateRequest, GenerateResult, ReplicaCapabilities
+from dynsched_core import GenerateRequest, GenerateResult, ReplicaCapabilities, ReplicaSet
 from dynsched_core._protocols import QueueStats, RouterListener
+from dynsched_core._routing import RouterBook
 from dynsched_core.errors import NoRoutableReplicaError
 from dynsched_core.rollout import ReplicaIdentity
 from ray import exceptions as rex
@@ -42,8 +43,79 @@ def _check_timeout(name: str, value: float) -> float:
     return float(value)
 
 
+class _Replaceable:
+    """An actor proxy that replaces its dead actor (``respawn``) and restores its state.
+
+    The replacement of one death runs once, in its own task: it survives the
+    cancellation of the call that noticed the death (e.g. a caller's own timeout), since
+    cancelling it halfway would drop the fresh actor's only handle and Ray would collect
+    the actor it just started. Subclasses say what to save before (`_snapshot`), what to
+    call on the fresh actor (`_restore_call`) and what to record after (`_restored`).
+    """
+
+    name: str
+    call_timeout_s: float
+
+    def _init_replacement(self, handle: Any) -> None:
+        self.handle = handle
+        #: Starts a fresh actor when this one died (None: a death is an error).
+        self.respawn: Callable[[], Awaitable[Any]] | None = None
+        #: Actor replacements allowed.
+        self.max_restarts = 10
+        #: Actors replaced so far.
+        self.restarts = 0
+        #: Seconds each replacement took (death noticed -> state restored).
+        self.recovery_s: list[float] = []
+        self._generation = 0
+        self._recover_lock = asyncio.Lock()
+        self._recovery: asyncio.Future[None] | None = None
+
+    def _can_replace(self) -> bool:
+        return self.respawn is not None and self.restarts < self.max_restarts
+
+    async def _recover(self, generation: int) -> None:
+        """Run the replacement of a dead actor in its own task and wait for it."""
+        task = self._recovery
+        if task is None or task.done():
+            if generation != self._generation:
+                return
+            task = self._recovery = asyncio.ensure_future(self._replace(generation))
+        await asyncio.shield(task)
+
+    async def _replace(self, generation: int) -> None:
+        """Replace a dead actor (once per death) and restore its state into the fresh one."""
+        async with self._recover_lock:
+            if generation != self._generation:
+                return  # another call already replaced it
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert self.respawn is not None
+            state = self._snapshot()
+            handle = await self.respawn()
+            method, args = self._restore_call(state)
+            answer = await await_ref(
+                getattr(handle, method).remote(*args),
+                timeout_s=self.call_timeout_s,
+                what=f"{self.name}.{method}",
+            )
+            self.handle = handle
+            self._generation += 1
+            self.restarts += 1
+            self.recovery_s.append(loop.time() - started)
+            self._restored(answer, state)
+
+    def _snapshot(self) -> Any:
+        raise NotImplementedError
+
+    def _restore_call(self, state: Any) -> tuple[str, tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _restored(self, answer: Any, state: Any) -> None:
+        raise NotImplementedError
+
+
 # ---------------------------------------------------------------------------- router
-class RayRouter:
+class RayRouter(_Replaceable, RouterBook):
     """`Router` backed by a `RouterActor` (which wraps the core `LoadBalancer`).
 
     Args:
@@ -57,7 +129,9 @@ class RayRouter:
 
     The routable set is cached on the driver (refreshed by every add/remove and by
     `refresh`); listeners are called when it changes. ``routable_ids``/``in_flight_of``
-    answer synchronously from the cache and from the leases this proxy holds.
+    answer synchronously from the cache and from the leases this proxy holds. A router
+    that `follow`s the run's `ReplicaSet` re-applies the set's routable members to a
+    replacement actor (the cache only without one).
     """
 
     def __init__(
@@ -69,7 +143,7 @@ class RayRouter:
         max_batch: int = 512,
         name: str = "router",
     ) -> None:
-        self.handle = handle
+        self._init_replacement(handle)
         self.call_timeout_s = _check_timeout("call_timeout_s", call_timeout_s)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
@@ -85,17 +159,7 @@ class RayRouter:
         self._acq_task: asyncio.Task[None] | None = None
         self._rel_task: asyncio.Task[None] | None = None
         self.calls = 0  # actor calls made (for benchmarks)
-        #: Starts a fresh router actor when this one died (None: a death is an error).
-        self.respawn: Callable[[], Awaitable[Any]] | None = None
-        #: Router actor replacements allowed.
-        self.max_restarts = 10
-        #: Router actors replaced so far.
-        self.restarts = 0
-        #: Seconds each replacement took (death noticed -> routable set re-applied).
-        self.recovery_s: list[float] = []
-        self._generation = 0
-        self._recover_lock = asyncio.Lock()
-        self._recovery: asyncio.Future[None] | None = None
+        self._members: ReplicaSet | None = None
 
     async def _call(self, method: str, *args: Any) -> Any:
         while True:
@@ -107,48 +171,26 @@ class RayRouter:
                     ref, timeout_s=self.call_timeout_s, what=f"{self.name}.{method}"
                 )
             except ActorUnavailableError:
-                if self.respawn is None or self.restarts >= self.max_restarts:
+                if not self._can_replace():
                     raise
                 await self._recover(generation)
 
-    async def _recover(self, generation: int) -> None:
-        """Run the replacement of a dead actor in its own task and wait for it.
+    def follow(self, replicas: ReplicaSet) -> None:
+        """Re-apply ``replicas``' routable members to a replacement actor (the router's
+        state is re-derivable: sticky sessions and the leases of running requests are not
+        restored; releasing an unknown lease is a no-op)."""
+        self._members = replicas
 
-        The replacement survives the cancellation of the call that noticed the death
-        (e.g. a caller's own timeout): cancelling it halfway would drop the fresh actor's
-        only handle, and Ray would collect the actor it just started.
-        """
-        task = self._recovery
-        if task is None or task.done():
-            if generation != self._generation:
-                return
-            task = self._recovery = asyncio.ensure_future(self._replace(generation))
-        await asyncio.shield(task)
+    def _snapshot(self) -> list[str]:
+        logger.warning("router actor %s died; starting a fresh one", self.name)
+        members = self._members
+        return members.routable_ids if members is not None else list(self._routable)
 
-    async def _replace(self, generation: int) -> None:
-        """Replace a dead router actor (once per death) and re-apply the routable set.
+    def _restore_call(self, state: list[str]) -> tuple[str, tuple[Any, ...]]:
+        return "set_routable", (state,)
 
-        The router's state is re-derivable: its routable set is this proxy's (which
-        follows the run's `ReplicaSet`); sticky sessions and the in-flight leases of
-        running requests are not restored (load balancing is approximate until those
-        requests finish; releasing an unknown lease is a no-op).
-        """
-        async with self._recover_lock:
-            if generation != self._generation:
-                return  # another call already replaced it
-            started = asyncio.get_running_loop().time()
-            assert self.respawn is not None
-            logger.warning("router actor %s died; starting a fresh one", self.name)
-            handle = await self.respawn()
-            ref = handle.set_routable.remote(list(self._routable))
-            epoch, ids = await await_ref(
-                ref, timeout_s=self.call_timeout_s, what=f"{self.name}.set_routable"
-            )
-            self.handle = handle
-            self._generation += 1
-            self.restarts += 1
-            self.recovery_s.append(asyncio.get_running_loop().time() - started)
-            self._update(epoch, ids)
+    def _restored(self, answer: tuple[int, list[str]], state: list[str]) -> None:
+        self._update(*answer)
 
     def _update(self, epoch: int, ids: Sequence[str]) -> None:
         ids = sorted(ids)
@@ -158,11 +200,7 @@ class RayRouter:
         for rid in [r for r in self._leases if r not in ids]:
             del self._leases[rid]
         if changed:
-            for listener in list(self._listeners):
-                try:
-                    listener(list(ids))
-                except Exception:
-                    logger.exception("router listener %r failed", listener)
+            self._tell_listeners(ids)
 
     # ------------------------------------------------------------------ Router API
     async def add_replicas(self, replica_ids: Sequence[str]) -> None:
@@ -242,16 +280,7 @@ class RayRouter:
         """Ids of the routable replicas, sorted (asked from the actor)."""
         return await self.refresh()
 
-    def add_listener(self, listener: RouterListener) -> None:
-        """Call ``listener(routable_ids)`` whenever the routable set seen here changes."""
-        if not callable(listener):
-            raise TypeError(f"listener must be callable, got {listener!r}")
-        self._listeners.append(listener)
-
-    def remove_listener(self, listener: RouterListener) -> None:
-        """Unregister a listener (no-op when unknown)."""
-        if listener in self._listeners:
-            self._listeners.remove(listener)
+    # add_listener, remove_listener: from `RouterBook` (called when the set seen here changes)
 
     # --------------------------------------------------------- synchronous answers
     def routable_ids(self) -> list[str]:
@@ -262,17 +291,7 @@ class RayRouter:
         """Whether ``replica_id`` was routable when last seen."""
         return replica_id in self._routable
 
-    def in_flight_of(self, replica_id: str) -> int:
-        """Leases this proxy holds on ``replica_id``."""
-        return len(self._leases.get(replica_id, ()))
-
-    def total_in_flight(self) -> int:
-        """Leases this proxy holds over every replica."""
-        return sum(len(v) for v in self._leases.values())
-
-    def requests_on(self, replica_id: str) -> list[str]:
-        """Request ids this proxy leased on ``replica_id``, sorted."""
-        return sorted(self._leases.get(replica_id, ()))
+    # in_flight_of, total_in_flight, requests_on: from `RouterBook` (this proxy's leases)
 
     # ------------------------------------------------------------------ batching
     async def _flush_acquires(self) -> None:
@@ -373,6 +392,10 @@ class RayReplica(ReplicaIdentity):
             segments reach the driver as they come, so when the actor dies mid-generation
             the attempt returns as aborted *with those tokens* (the retrying client
             resumes it elsewhere after them) instead of failing empty-handed.
+
+    `is_dead` is this *actor's* transport state (its calls are refused from then on, with
+    the death's cause); the run's liveness of record is the replica's `ReplicaSet` member,
+    which ``on_death`` tells and which outlives the actor (a respawn re-uses the id).
     """
 
     def __init__(
@@ -558,7 +581,7 @@ def _sample_key(sample: Any) -> str:
     return repr(sample) if sid is None else str(sid)
 
 
-class RayQueue:
+class RayQueue(_Replaceable):
     """`SampleQueue` backed by a `QueueActor` (which wraps the core `AsyncSampleQueue`).
 
     Args:
@@ -579,7 +602,7 @@ class RayQueue:
         capacity: int | None = None,
         name: str = "queue",
     ) -> None:
-        self.handle = handle
+        self._init_replacement(handle)
         self.capacity = capacity
         self.call_timeout_s = _check_timeout("call_timeout_s", call_timeout_s)
         self.max_wait_s = _check_timeout("max_wait_s", max_wait_s)
@@ -587,21 +610,10 @@ class RayQueue:
         self.name = name
         self._size = 0
         self._closed = False
-        #: Starts a fresh queue actor when this one died (None: a death is an error).
-        self.respawn: Callable[[], Awaitable[Any]] | None = None
-        #: Queue actor replacements allowed.
-        self.max_restarts = 10
-        #: Queue actors replaced so far.
-        self.restarts = 0
-        #: Seconds each replacement took (death noticed -> journal reloaded).
-        self.recovery_s: list[float] = []
         #: Called with each sample after its ``put`` was acknowledged (for checks).
         self.on_put: Callable[[Any], None] | None = None
         #: Samples restored into replacement actors (summed over restarts).
         self.restored_samples = 0
-        self._generation = 0
-        self._recover_lock = asyncio.Lock()
-        self._recovery: asyncio.Future[None] | None = None
         # Journal of acknowledged operations: what the actor holds, in order.
         self._journal: dict[str, Any] = {}
         self._taken_early: set[str] = set()
@@ -622,7 +634,7 @@ class RayQueue:
                     what=f"{self.name}.{method}",
                 )
             except ActorUnavailableError:
-                if self.respawn is None or self.restarts >= self.max_restarts:
+                if not self._can_replace():
                     raise
                 await self._recover(generation)
 
@@ -641,22 +653,8 @@ class RayQueue:
             "closed": self._closed,
         }
 
-    async def _recover(self, generation: int) -> None:
-        """Run the replacement of a dead actor in its own task and wait for it.
-
-        The replacement survives the cancellation of the call that noticed the death
-        (e.g. a caller's own timeout): cancelling it halfway would drop the fresh actor's
-        only handle, and Ray would collect the actor it just started.
-        """
-        task = self._recovery
-        if task is None or task.done():
-            if generation != self._generation:
-                return
-            task = self._recovery = asyncio.ensure_future(self._replace(generation))
-        await asyncio.shield(task)
-
-    async def _replace(self, generation: int) -> None:
-        """Replace a dead queue actor (once per death) and reload the journal into it.
+    def _snapshot(self) -> dict[str, Any]:
+        """What a replacement queue actor is loaded with: the journal (`state_dict`).
 
         The queue's contents are *checkpointed*, write-through: the rollouter and the
         trainer both reach the actor through this proxy, which records each acknowledged
@@ -665,28 +663,19 @@ class RayQueue:
         recorded, so it lands once), a ``get`` is retried too (its samples are still in
         the journal, so none is lost).
         """
-        async with self._recover_lock:
-            if generation != self._generation:
-                return
-            started = asyncio.get_running_loop().time()
-            assert self.respawn is not None
-            state = self.state_dict()
-            logger.warning(
-                "queue actor %s died; restoring %d sample(s) into a fresh one",
-                self.name,
-                len(state["items"]),
-            )
-            handle = await self.respawn()
-            await await_ref(
-                handle.load_state_dict.remote(state),
-                timeout_s=self.call_timeout_s,
-                what=f"{self.name}.load_state_dict",
-            )
-            self.handle = handle
-            self._generation += 1
-            self.restarts += 1
-            self.recovery_s.append(asyncio.get_running_loop().time() - started)
-            self.restored_samples += len(state["items"])
+        state = self.state_dict()
+        logger.warning(
+            "queue actor %s died; restoring %d sample(s) into a fresh one",
+            self.name,
+            len(state["items"]),
+        )
+        return state
+
+    def _restore_call(self, state: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        return "load_state_dict", (state,)
+
+    def _restored(self, answer: Any, state: dict[str, Any]) -> None:
+        self.restored_samples += len(state["items"])
 
     def _journal_put(self, sample: Any) -> None:
         self._produced += 1

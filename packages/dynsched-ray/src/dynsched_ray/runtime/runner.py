@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,7 @@ from dynsched_core import (
     DynamicSchedulePolicyBase,
     EventBus,
     FullyAsyncLoop,
-    InMemoryReplicaOptions,
     LoopResult,
-    Prompt,
     ReplicaSet,
     ScheduleDriver,
 )
@@ -53,6 +51,7 @@ from dynsched_ray.runtime.errors import AllReplicasLostError, CheckpointWriteErr
 from dynsched_ray.runtime.fleet import FleetSpec, RayFleet, ReplicaFactory
 from dynsched_ray.runtime.proxies import RayReplica
 from dynsched_ray.runtime.supervisor import ReplicaRestart, ReplicaSupervisor, RestartOptions
+from dynsched_ray.runtime.workload import RunWorkload, StandInWorkload, synthetic_prompts
 from dynsched_ray.trainers.group import RayTrainerGroup, RayTrainerGroupBackend, RayTrainerSpec
 from dynsched_ray.trainers.standin import RayTrainerBackend
 
@@ -60,6 +59,8 @@ __all__ = [
     "RayRunOptions",
     "RayRunResult",
     "RayRunner",
+    "RunWorkload",
+    "StandInWorkload",
     "check_fingerprint",
     "checkpoint_policy",
     "config_fingerprint",
@@ -228,26 +229,6 @@ class RayRunResult:
     failovers: int = 0
 
 
-def synthetic_prompts(
-    num_prompts: int,
-    *,
-    max_tokens: int,
-    prompt_len: int,
-    n: int,
-    min_len: int,
-    max_len: int,
-    skip: frozenset[str] = frozenset(),
-) -> Iterator[Prompt]:
-    """Deterministic prompts ``p0, p1, ...`` with varied natural response lengths."""
-    span = max_len - min_len + 1
-    for i in range(num_prompts):
-        pid = f"p{i}"
-        if pid in skip:
-            continue
-        lens = tuple(min_len + (i * 7 + j * 13) % span for j in range(n))
-        yield Prompt(prompt_id=pid, prompt_len=prompt_len, max_tokens=max_tokens, target_lens=lens)
-
-
 def load_checkpoint(path: str | os.PathLike[str], *, check_driver: bool = True) -> dict[str, Any]:
     """Read a checkpoint written by `RayRunner`.
 
@@ -348,6 +329,14 @@ def config_fingerprint(config: DynamicScheduleConfig) -> dict[str, Any]:
         key = paths[0] if paths else field
         out[key.removeprefix("async_training.")] = value
     normal: dict[str, Any] = json.loads(json.dumps(out, default=str))  # as read back
+    return normal
+
+
+def with_extras(fingerprint: Mapping[str, Any], extras: Mapping[str, Any]) -> dict[str, Any]:
+    """``fingerprint`` plus ``extras`` (a workload's), as read back from JSON."""
+    if not extras:
+        return dict(fingerprint)
+    normal: dict[str, Any] = json.loads(json.dumps({**fingerprint, **extras}, default=str))
     return normal
 
 
@@ -594,6 +583,38 @@ def checkpoint_required_samples(data: Mapping[str, Any]) -> int | None:
         return None
 
 
+def shared_fields(source: Any, target: type[Any]) -> dict[str, Any]:
+    """The values of ``source``'s attrs fields that the attrs class ``target`` also has,
+    by name (e.g. the `FleetSpec` fields of the `RayRunOptions`)."""
+    names = {f.name for f in attrs.fields(target)}
+    return {f.name: getattr(source, f.name) for f in attrs.fields(type(source)) if f.name in names}
+
+
+def call_safely(callback: Callable[[Any], None] | None, arg: Any, what: str) -> None:
+    """``callback(arg)`` unless it is None; an exception in it is logged, never raised
+    (a user callback cannot stop the run)."""
+    if callback is None:
+        return
+    try:
+        callback(arg)
+    except Exception:
+        logger.exception("%s callback failed", what)
+
+
+def trim_metrics(path: str | os.PathLike[str], steps_done: int, *, numbered_only: bool) -> int:
+    """Drop the JSON-lines rows a crashed run wrote after its last checkpoint's step (they
+    are redone) and a truncated last line; the number of rows dropped. A row without a
+    numeric ``step`` is kept, unless ``numbered_only``."""
+
+    def keep(row: Any) -> bool:
+        step = row.get("step") if isinstance(row, dict) else None
+        if numbered_only:
+            return isinstance(step, int) and not isinstance(step, bool) and step <= steps_done
+        return not isinstance(step, int | float) or step <= steps_done
+
+    return trim_json_lines(path, keep)
+
+
 class _FailFastSink:
     """Passes records on; a write that fails stops the run (``on_error``), never only
     logged (the event bus would swallow it)."""
@@ -647,21 +668,45 @@ def _relabel(record: Any, step_offset: int, cycle_offset: int) -> Any:
     )
 
 
+class _GroupBackend(RayTrainerGroupBackend):
+    """The group backend, awaiting ``after_sync(version, weights)`` after every sync."""
+
+    def __init__(
+        self, *args: Any, after_sync: Callable[[int, Any], Awaitable[None]], **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._after_sync = after_sync
+
+    async def sync_weights(self, version: int) -> Any:
+        weights = await super().sync_weights(version)
+        await self._after_sync(version, weights)
+        return weights
+
+
 class RayRunner:
     """Runs the reference fully-async loop on a Ray cluster.
+
+    What the run is about (prompts, replica settings, the hybrid replicas over real
+    trainers, checkpoint and resume extras, per-event records) is its *workload*
+    (`dynsched_ray.runtime.workload`): ``dynsched run`` uses the default
+    `StandInWorkload`, ``dynsched train`` the `TrainWorkload` of `dynsched_ray.training`.
 
     Args:
         config: Scheduler settings (verl keys accepted through
             `DynamicScheduleConfig.from_dict`/`from_yaml`).
         options: Ray-side settings.
         policy: The policy (default: ``config.build_policy()``).
-        prompts: Prompt source (default: `synthetic_prompts`).
+        prompts: Prompt source (default: the workload's; given, the ids in a resumed
+            checkpoint are not checked against the workload's ``id_prefix``).
         progress: Called with one human-readable line per step, switch and failure.
         on_transition: Called with each hybrid state `Transition` (e.g. for drills).
         keep_samples: Keep every consumed sample in `consumed_samples` (for checks).
         on_event: Subscribed to the run's `EventBus` before anything is emitted (every
             core event: `TrainStepEvent` with the run's own step numbers, `SampleEvent`
             with the sample ids produced, consumed and left, ...).
+        workload: What the run is about (default: `StandInWorkload`).
+        on_loop_built: Called with the core `FullyAsyncLoop` once it is assembled, before
+            anything runs (e.g. a drill wrapping ``loop.trainer.train_step``).
 
     Ray must be initialised (``ray.init()`` or ``ray.init(address="auto")``).
     """
@@ -677,10 +722,14 @@ class RayRunner:
         on_transition: Callable[[Any], None] | None = None,
         keep_samples: bool = False,
         on_event: Callable[[Any], None] | None = None,
+        workload: RunWorkload | None = None,
+        on_loop_built: Callable[[FullyAsyncLoop], None] | None = None,
     ) -> None:
         self.config = config
+        self.workload = workload if workload is not None else StandInWorkload()
         self._on_transition = on_transition
         self._on_event_cb = on_event
+        self._on_loop_built = on_loop_built
         self.keep_samples = keep_samples
         self.consumed_samples: list[Any] = []
         #: Weight version trained on for each of `consumed_samples` (``keep_samples``).
@@ -705,11 +754,12 @@ class RayRunner:
         self.trainer_group: RayTrainerGroup | None = None
         #: Replaces dead replica actors (runs with ``options.replica_restarts > 0``).
         self.supervisor: ReplicaSupervisor | None = None
-        self._all_ids: list[str] = []
         #: A failed checkpoint or metrics write: the run stops with it.
         self._fatal_error: CheckpointWriteError | None = None
         #: Step of the last checkpoint on disk (None: none yet).
         self._last_checkpoint_step: int | None = None
+        #: The ``dynamic_resource/*`` aggregator of the run (None before it starts).
+        self.metrics_aggregator: Any = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -717,87 +767,73 @@ class RayRunner:
         """Micro-steps this run trains."""
         return self.options.num_steps or self.config.total_training_steps or 8
 
-    def _say(self, line: str) -> None:
+    @property
+    def step_offset(self) -> int:
+        """Steps done before this run (those of the checkpoint it resumed; else 0)."""
+        return self._step_offset
+
+    @property
+    def consumed_sample_ids(self) -> tuple[str, ...]:
+        """Sample ids consumed so far, over every run of a resumed chain."""
+        return tuple(self._consumed)
+
+    def say(self, line: str) -> None:
+        """Log one progress line and pass it to the ``progress`` callback."""
         logger.info(line)
-        if self._progress is not None:
-            try:
-                self._progress(line)
-            except Exception:
-                logger.exception("progress callback failed")
+        call_safely(self._progress, line, "progress")
+
+    _say = say  # the name `_on_death` and `_start_supervisor` use
 
     def fleet_spec(self) -> FleetSpec:
-        """The actors this run starts, derived from the config and the options."""
+        """The actors this run starts: every `FleetSpec` field the options also have
+        (name, timeouts, router and queue settings, ...) as the options say, the layout
+        from the config, the replicas' keyword arguments from the workload."""
         cfg, opt = self.config, self.options
-        replica_kw = {"tokens_per_s": opt.tokens_per_s, "chunk_tokens": opt.chunk_tokens}
-        hybrid_kw = dict(replica_kw)
-        if opt.switch_delay_s:
-            d = opt.switch_delay_s
-            hybrid_kw["options"] = InMemoryReplicaOptions(
-                sleep_delay_s=d, wake_delay_s=d, update_delay_s=d
-            )
-        return FleetSpec(
-            name=opt.name,
-            namespace=opt.namespace,
+        standalone_kw, hybrid_kw = self.workload.replica_kwargs(opt)
+        fields = shared_fields(opt, FleetSpec)
+        fields.update(
             trainer_gpus=cfg.hybrid_gpus,
             standalone_replicas=cfg.num_standalone_replicas,
             hybrid_replicas=cfg.num_hybrid_replicas,
             gpus_per_replica=cfg.rollout_tensor_parallel_size,
+            # real trainers (``options.trainer``) start after the fleet, in their group
             trainer_workers=0 if opt.trainer is not None else opt.trainer_workers,
-            hybrid_gpu_fraction=opt.hybrid_gpu_fraction,
-            replica_factory=opt.replica_factory,
-            standalone_kwargs=replica_kw,
-            hybrid_kwargs=hybrid_kw,
+            standalone_kwargs=dict(standalone_kw),
+            hybrid_kwargs=dict(hybrid_kw),
             queue_capacity=cfg.max_queue_size,
-            detached_router=opt.detached_router,
-            batch_router_calls=opt.batch_router_calls,
-            call_timeout_s=opt.call_timeout_s,
-            generate_timeout_s=opt.generate_timeout_s,
-            trainer_step_time_s=opt.trainer_step_time_s,
-            stream_tokens=opt.stream_tokens,
-            placement_strategy=opt.placement_strategy,
-            restart_queue=opt.restart_queue,
-            restart_router=opt.restart_router,
         )
+        return FleetSpec(**fields)
 
     # ------------------------------------------------------------------ failures
     def _on_death(self, replica_id: str, exc: BaseException) -> None:
-        """A replica proxy found its actor dead: tell the one owner of membership."""
+        """A replica proxy found its actor dead: tell the one owner of membership (the
+        hand-over and the supervisor follow it)."""
         replicas = self.replicas
         if replicas is None or not replicas.mark_dead(replica_id):
             return  # during launch (the launch fails), or already known
         self._say(f"replica {replica_id} is dead ({type(exc).__name__}); removing it from the run")
-        if self.trainer_group is not None:  # its memory went with its process
-            self.trainer_group.handover.forget_hybrid(replica_id)
         if not replicas and self._fatal is not None:
-            supervisor = self.supervisor
-            if supervisor is not None and any(supervisor.can_restart(r) for r in self._all_ids):
+            if self.supervisor is not None and self.supervisor.can_restart_any():
                 self._say("every replica is dead; waiting for their restarts")
                 return
             self._fatal.set()
 
     async def _health_checks(self) -> None:
-        assert self.replicas is not None
+        assert self.fleet is not None
         interval = self.options.health_check_interval_s
         while True:
             await asyncio.sleep(interval)
-            live = list(self.replicas.values())
-            await asyncio.gather(
-                *(
-                    r.ping(timeout_s=max(interval * 4, 1.0))
-                    for r in (getattr(x, "inner", x) for x in live)  # unwrap HandOverReplica
-                    if isinstance(r, RayReplica)
-                ),
-                return_exceptions=True,
-            )
+            await self.fleet.ping_replicas(timeout_s=max(interval * 4, 1.0))
 
     # ------------------------------------------------------------------ events
     def _on_event(self, event: Any) -> None:
+        self.workload.on_event(self, event)
         if isinstance(event, TrainStepEvent):
             step = event.step + self._step_offset
             loop = self.loop
             version = loop.driver.param_version if loop is not None else 0
             state = loop.controller.state if loop is not None else None
-            self._say(
+            self.say(
                 f"step {step}/{self._step_offset + self.num_steps} v{version} mq={event.mq_size}"
                 f" wait={event.timings.get('gen', 0.0):.3f}s hybrid={state}"
                 + (" [sync]" if event.is_sync_step else "")
@@ -806,17 +842,18 @@ class RayRunner:
                 try:
                     self._write_checkpoint()
                 except OSError as exc:  # the bus would only log it: stop the run instead
-                    self._output_failed("checkpoint write", exc)
+                    self.output_failed("checkpoint write", exc)
         elif isinstance(event, SwitchEvent) and event.kind in ("activate", "deactivate"):
             (self._switches if event.ok else self._failed_switches).append(event.kind)
             status = "ok" if event.ok else f"FAILED: {event.detail}"
-            self._say(f"{event.kind} took {event.duration_s * 1e3:.1f} ms ({status})")
+            self.say(f"{event.kind} took {event.duration_s * 1e3:.1f} ms ({status})")
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_state(self) -> dict[str, Any]:
+        """The driver checkpoint, with the workload's extras at the end."""
         assert self.loop is not None
         driver = self.loop.driver
-        return {
+        state = {
             "format": CHECKPOINT_FORMAT,
             "name": self.options.name,
             "driver": driver.state_dict(),
@@ -826,10 +863,13 @@ class RayRunner:
             "config": self.config.to_dict(),
             "fingerprint": self.fingerprint(),
         }
+        state.update(self.workload.checkpoint_extras(self, state))
+        return state
 
     def fingerprint(self) -> dict[str, Any]:
-        """What a resumed run must share with this one (`config_fingerprint`)."""
-        return config_fingerprint(self.config)
+        """What a resumed run must share with this one: `config_fingerprint` and the
+        workload's extras."""
+        return with_extras(config_fingerprint(self.config), self.workload.fingerprint_extras(self))
 
     def _write_checkpoint(self) -> None:
         """Write the driver checkpoint atomically (temp file, fsync, rename).
@@ -844,8 +884,9 @@ class RayRunner:
         atomic_write_text(path, json.dumps(state))
         self._last_checkpoint_step = int(state["steps_done"])
 
-    def _output_failed(self, what: str, exc: BaseException) -> CheckpointWriteError:
-        """Record a failed checkpoint/metrics write and stop the run (first one wins)."""
+    def output_failed(self, what: str, exc: BaseException) -> CheckpointWriteError:
+        """Record a failed checkpoint/metrics write and stop the run (first one wins);
+        the error the run stops with."""
         if self._fatal_error is None:
             step = self._step_offset + len(self._consumed_steps)
             errno = getattr(exc, "errno", None)
@@ -893,7 +934,7 @@ class RayRunner:
         self._fatal = asyncio.Event()
         restored = self._read_checkpoint()
         self.fleet = fleet = await RayFleet.launch(self.fleet_spec(), on_death=self._on_death)
-        self._say(
+        self.say(
             f"fleet {self.options.name}: {len(fleet.standalone)} standalone +"
             f" {len(fleet.hybrid)} hybrid replica(s), {self._trainer_worker_count(fleet)} trainer"
             f" worker(s), router {'reused' if fleet.router_reused else 'created'}"
@@ -923,10 +964,10 @@ class RayRunner:
             try:
                 self._write_checkpoint()
             except OSError as exc:
-                raise self._output_failed("checkpoint write", exc) from None
+                raise self.output_failed("checkpoint write", exc) from None
         finally:
             await self._release(fleet, health, sink)
-        self._say(
+        self.say(
             f"done: {result.steps} step(s), {result.samples_consumed} sample(s) consumed,"
             f" {result.samples_left} left, version {result.final_version},"
             f" {result.activations} activation(s), {result.deactivations} deactivation(s),"
@@ -943,9 +984,11 @@ class RayRunner:
         return int(fleet.spec.trainer_gpus if spec.workers is None else spec.workers)
 
     def _read_checkpoint(self) -> dict[str, Any] | None:
-        """The checkpoint to resume from (None for a fresh run); sets the step offset."""
+        """The checkpoint to resume from (None for a fresh run); sets the step offset and
+        prepares the outputs (the workload clears a fresh run's, both trim a resumed one's)."""
         opt = self.options
         if not opt.resume:
+            self.workload.prepare_outputs(self, None)
             return None
         assert opt.checkpoint_path is not None
         restored = load_checkpoint(opt.checkpoint_path)
@@ -953,19 +996,17 @@ class RayRunner:
             restored,
             opt.checkpoint_path,
             required_samples=checkpoint_required_samples(restored) or self.config.required_samples,
-            id_prefix=self._id_prefix if self._prompts is None else None,
+            id_prefix=self.workload.id_prefix if self._prompts is None else None,
         )
         self._consumed = list(restored["consumed_sample_ids"])
         self._step_offset = int(restored["steps_done"])
         self._last_checkpoint_step = self._step_offset
         self._trim_metrics(self._step_offset)
+        self.workload.prepare_outputs(self, self._step_offset)
         # Cycles the earlier runs reported (a trailing partial cycle counts as one).
         period = max(1, int(self.config.trigger_parameter_sync_step))
         self._cycle_offset = -(-self._step_offset // period)
         return restored
-
-    #: Prefix of the ids of the default prompt source (`synthetic_prompts`: p0, p1, ...).
-    _id_prefix: str | None = "p"
 
     def _trim_metrics(self, steps_done: int) -> None:
         """Drop the metric rows a crashed run wrote after its last checkpoint (they are
@@ -973,21 +1014,17 @@ class RayRunner:
         path = self.options.metrics_path
         if not path:
             return
-
-        def keep(row: Any) -> bool:
-            step = row.get("step", 0) if isinstance(row, dict) else 0
-            return not isinstance(step, int | float) or step <= steps_done
-
-        dropped = trim_json_lines(path, keep)
+        dropped = trim_metrics(path, steps_done, numbered_only=False)
         if dropped:
-            self._say(f"resume: dropped {dropped} metric row(s) after step {steps_done}")
+            self.say(f"resume: dropped {dropped} metric row(s) after step {steps_done}")
 
     async def _trainer_group(self, fleet: RayFleet) -> dict[str, Any]:
         """Start the real trainers (``options.trainer``) on the trainer pool's bundles.
 
-        Returns the hybrid replicas as the loop sees them: wrapped in `HandOverReplica`
-        when there are real trainers, so a hybrid replica wakes only after the trainer
-        on its GPU offloaded, and a trainer reloads only after the hybrid slept.
+        Returns the hybrid replicas as the loop sees them: with real trainers, as the
+        workload wraps them (`RunWorkload.hybrid`: by default in `HandOverReplica`, so a
+        hybrid replica wakes only after the trainer on its GPU offloaded, and a trainer
+        reloads only after the hybrid slept).
         """
         opt = self.options
         if opt.trainer is None:
@@ -1000,18 +1037,17 @@ class RayRunner:
             namespace=opt.namespace,
             call_timeout_s=opt.call_timeout_s,
         )
-        tp = fleet.spec.gpus_per_replica
         return {
-            rid: group.hybrid(replica, range(i * tp, (i + 1) * tp))
-            for i, (rid, replica) in enumerate(fleet.hybrid.items())
+            rid: self.workload.hybrid(self, group, replica, fleet.placement_of(rid).gpu_ids)
+            for rid, replica in fleet.hybrid.items()
         }
 
     def _membership(self, fleet: RayFleet, hybrid: dict[str, Any], bus: EventBus) -> ReplicaSet:
-        """The run's `ReplicaSet` over the fleet's replicas (router follows it)."""
-        replicas = ReplicaSet(fleet.router, standalone=fleet.standalone, hybrid=hybrid, events=bus)
-        for rid, proxy in fleet.replicas.items():
-            if proxy.is_dead:  # died before the set existed
-                replicas.mark_dead(rid)
+        """The run's `ReplicaSet` over the fleet's replicas, with their records (the router
+        and the trainers' hand-over follow it)."""
+        replicas = fleet.replica_set(hybrid=hybrid, events=bus)
+        if self.trainer_group is not None:
+            self.trainer_group.follow(replicas)
         return replicas
 
     def _build_loop(self, fleet: RayFleet, replicas: ReplicaSet, bus: EventBus) -> FullyAsyncLoop:
@@ -1049,28 +1085,26 @@ class RayRunner:
         )
         if self._on_transition is not None:
             loop.controller.state_machine.add_listener(self._on_transition)
+        if self._on_loop_built is not None:
+            self._on_loop_built(loop)
         return loop
 
     def _group_backend(self, replicas: ReplicaSet) -> RayTrainerGroupBackend:
-        """The loop's trainer backend over the real trainers (a hook for subclasses)."""
+        """The loop's trainer backend over the real trainers; it tells the workload of
+        every weight sync."""
         assert self.trainer_group is not None and self.options.trainer is not None
-        return RayTrainerGroupBackend(
-            self.trainer_group, self.options.trainer.make_batch, replicas, on_step=self._record_step
+        return _GroupBackend(
+            self.trainer_group,
+            self.options.trainer.make_batch,
+            replicas,
+            on_step=self._record_step,
+            after_sync=lambda version, weights: self.workload.weights_synced(
+                self, version, weights
+            ),
         )
 
     def _prompt_source(self) -> Any:
-        if self._prompts is not None:
-            return self._prompts
-        opt, cfg = self.options, self.config
-        return synthetic_prompts(
-            opt.num_prompts or 2 * (self._step_offset + self.num_steps) * cfg.required_samples + 8,
-            max_tokens=opt.max_tokens,
-            prompt_len=opt.prompt_len,
-            n=cfg.n,
-            min_len=opt.min_response_len,
-            max_len=opt.max_response_len,
-            skip=frozenset(self._consumed),
-        )
+        return self._prompts if self._prompts is not None else self.workload.prompts(self)
 
     async def _restore(self, loop: FullyAsyncLoop, restored: dict[str, Any] | None) -> None:
         """Load the driver's checkpoint; the run continues at its parameter version, with
@@ -1079,42 +1113,39 @@ class RayRunner:
             return
         loop.driver.load_state_dict(restored["driver"])
         version = loop.driver.param_version
-        # the trainer's own state (a subclass with real trainers) comes back before the
-        # sync below exports weights from it
-        await self._restore_trainer(loop, restored)
+        # the workload's state (e.g. real trainers' weights) comes back before the sync
+        # below exports weights from the trainer
+        await self.workload.restore(self, loop, restored)
         # the fresh standalone replicas start with no weights: load the checkpoint's
         # version before they serve, or the first samples would be generated with
         # version-0 weights and trained many versions later
         weights = await loop.trainer.sync_weights(version)
         loop.driver.set_current_weights(version, weights)
         await loop.rollouter.reset_staleness(version)
-        self._say(
+        self.say(
             f"resumed from {self.options.checkpoint_path}: version {loop.driver.param_version},"
             f" {self._step_offset} step(s) and {len(self._consumed)} sample(s) done"
         )
 
-    async def _restore_trainer(self, loop: FullyAsyncLoop, restored: dict[str, Any]) -> None:
-        """Load the trainer's checkpointed state (none here: the stand-in trainer keeps
-        only the version, which the driver's state restores)."""
-
     def _start_supervisor(self, fleet: RayFleet, loop: FullyAsyncLoop) -> None:
-        """Replace dead replica actors (``options.replica_restarts``)."""
-        assert self.replicas is not None
-        self._all_ids = list(fleet.replicas)
+        """Replace dead replica actors (``options.replica_restarts``) from their records."""
+        replicas = self.replicas
+        assert replicas is not None
         if not self.options.replica_restarts:
             return
         group = self.trainer_group
-        tp = fleet.spec.gpus_per_replica
 
         def wrap_hybrid(proxy: RayReplica) -> Any:
             if group is None:
                 return proxy
-            index = int(proxy.replica_id.rsplit("-", 1)[1])
-            return group.hybrid(proxy, range(index * tp, (index + 1) * tp))
+            # the same wrapping as at launch (the workload's: a restarted hybrid of a
+            # training run loads its weights from the trainer on its own GPU)
+            gpus = replicas.placement_of(proxy.replica_id).gpu_ids
+            return self.workload.hybrid(self, group, proxy, gpus)
 
         self.supervisor = ReplicaSupervisor(
             fleet,
-            self.replicas,
+            replicas,
             weights=lambda: loop.driver.current_weights,
             options=RestartOptions(
                 max_restarts=self.options.replica_restarts,
@@ -1218,8 +1249,8 @@ class RayRunner:
         if sink is not None and (self._step_offset or self._cycle_offset):
             sink = _RelabelledSink(sink, self._step_offset, self._cycle_offset)
         if sink is not None:
-            sink = _FailFastSink(sink, lambda exc: self._output_failed("metrics write", exc))
-        aggregator = MetricsAggregator(
+            sink = _FailFastSink(sink, lambda exc: self.output_failed("metrics write", exc))
+        self.metrics_aggregator = aggregator = MetricsAggregator(
             hybrid_gpus=self.config.hybrid_gpus
             if self.config.use_dynamic_resource_scheduling
             else 0,

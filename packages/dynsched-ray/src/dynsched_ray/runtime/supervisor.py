@@ -1,9 +1,10 @@
 """`ReplicaSupervisor`: replaces dead replica actors during a run.
 
 A replica found dead is marked dead in the run's `ReplicaSet` (the one owner of
-membership) by the runner. The supervisor hears of it there and, within its budget of
-restarts, starts a fresh actor for the same replica id on the same placement-group bundle
-(`RayFleet.respawn_replica`), then re-registers and warms it through the `ReplicaSet`:
+membership and of each replica's record) by the runner. The supervisor hears of it there
+and, within its budget of restarts, starts a fresh actor from the dead member's record
+(same id, bundle, GPU ids, factory and options: `RayFleet.respawn_replica`), then
+re-registers and warms it through the `ReplicaSet`, where it keeps that record:
 
 - a standalone replica joins the set (not routable), loads the current weights (the
   version and weights of the last sync, read when it is ready), and only then is routed;
@@ -101,7 +102,8 @@ class ReplicaSupervisor:
         on_death: Death callback of the fresh proxies (the runner's, which marks them
             dead in the set).
         wrap_hybrid: Wraps a fresh hybrid proxy the way the run wraps its hybrid
-            replicas (e.g. in a `HandOverReplica` with real trainers).
+            replicas (e.g. in a `HandOverReplica` with real trainers; its GPU ids are
+            ``replicas.placement_of(proxy.replica_id).gpu_ids``).
         progress: Called with one line per restart.
     """
 
@@ -127,6 +129,7 @@ class ReplicaSupervisor:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.history: list[ReplicaRestart] = []
         self._unsubscribe: Callable[[], None] | None = None
+        fleet.attach(replicas)  # the fleet respawns from (and shows) this set's records
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -155,6 +158,10 @@ class ReplicaSupervisor:
     def can_restart(self, replica_id: str) -> bool:
         """A restart of ``replica_id`` is within the budget."""
         return self._restarts.get(replica_id, 0) < self.options.max_restarts
+
+    def can_restart_any(self) -> bool:
+        """A restart of some member of the set (alive or dead) is within the budget."""
+        return any(self.can_restart(m.replica_id) for m in self.replicas.members())
 
     # ------------------------------------------------------------------ internals
     def _say(self, line: str) -> None:
@@ -189,6 +196,7 @@ class ReplicaSupervisor:
         role = self.replicas.role_of(replica_id)
         error = ""
         version: int | None = None
+        ready_at: float | None = None
         attempt = 0
         for attempt in range(1, self.options.attempts + 1):
             await asyncio.sleep(self.options.restart_delay_s)
@@ -196,38 +204,30 @@ class ReplicaSupervisor:
                 version = await asyncio.wait_for(
                     self._bring_back(replica_id, role), self.options.restart_timeout_s
                 )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # a cancellation (BaseException) goes through
                 error = f"{type(exc).__name__}: {exc}"
                 logger.warning("restart of %s, attempt %d failed: %s", replica_id, attempt, error)
                 continue
-            record = ReplicaRestart(
-                replica_id=replica_id,
-                role=role,
-                died_at=died_at,
-                ready_at=loop.time(),
-                attempts=attempt,
-                version=version,
-            )
-            self.history.append(record)
-            self._say(
-                f"replica {replica_id} restarted ({role}, attempt {attempt},"
-                f" {record.downtime_s:.2f} s down"
-                + (f", weights v{version})" if version is not None else ")")
-            )
-            return
-        self.history.append(
-            ReplicaRestart(
-                replica_id=replica_id,
-                role=role,
-                died_at=died_at,
-                ready_at=None,
-                attempts=attempt,
-                error=error,
-            )
+            ready_at, error = loop.time(), ""
+            break
+        record = ReplicaRestart(
+            replica_id=replica_id,
+            role=role,
+            died_at=died_at,
+            ready_at=ready_at,
+            attempts=attempt,
+            version=version,
+            error=error,
         )
-        self._say(f"replica {replica_id} could not be restarted: {error}")
+        self.history.append(record)
+        if record.downtime_s is None:
+            self._say(f"replica {replica_id} could not be restarted: {error}")
+            return
+        weights = f", weights v{version})" if version is not None else ")"
+        self._say(
+            f"replica {replica_id} restarted ({role}, attempt {attempt},"
+            f" {record.downtime_s:.2f} s down{weights}"
+        )
 
     async def _bring_back(self, replica_id: str, role: str) -> int | None:
         """Start, register and warm a fresh replica; return the version it serves."""
@@ -236,13 +236,16 @@ class ReplicaSupervisor:
         )
         if self.replicas.is_alive(replica_id):  # someone else registered it meanwhile
             return None
+        record = self.replicas.member(replica_id).placement
+        # same pool, bundle and GPU ids; the node is wherever Ray placed the bundle now
+        placement = None if record is None else attrs.evolve(record, node=proxy.capabilities.node)
         if role == "hybrid":
-            replica = self._wrap_hybrid(proxy) if self._wrap_hybrid is not None else proxy
             await proxy.sleep()  # like its siblings: asleep until the next activation
-            self.replicas.add(replica, "hybrid")
+            replica = self._wrap_hybrid(proxy) if self._wrap_hybrid is not None else proxy
+            self.replicas.add(replica, "hybrid", placement=placement)
             return None
         # standalone: a member first (so a weight sync from now on reaches it), warm, route
-        self.replicas.add(proxy, "standalone")
+        self.replicas.add(proxy, "standalone", placement=placement)
         loaded = -1
         while True:
             version, weights = self._weights()

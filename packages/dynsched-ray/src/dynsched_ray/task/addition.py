@@ -202,7 +202,12 @@ def warm_up(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dynsched_ray.task.tiny_model import TinyModelSpec, build_tiny_model
+    from dynsched_ray.task.tiny_model import (
+        TinyModelSpec,
+        build_tiny_model,
+        marker_matches,
+        seeded_torch,
+    )
 
     task = task or AdditionTask()
     options = options or WarmUpOptions()
@@ -215,44 +220,13 @@ def warm_up(
         "spec": attrs.asdict(spec),
     }
     marker = out / _WARM_MARKER
-    if marker.is_file():
-        try:
-            if json.loads(marker.read_text())["wanted"] == wanted:
-                return out
-        except (OSError, ValueError, KeyError):
-            pass
+    if marker_matches(marker, wanted, key="wanted"):
+        return out
     base = build_tiny_model(root / "base", spec)
     tok = TaskTokenizer(base)
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(options.seed)
+    with seeded_torch(options.seed):
         model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=0.0)
-        index = 0
-        losses: list[float] = []
-        for _ in range(options.steps):
-            seqs, starts = [], []
-            for _ in range(options.batch_size):
-                a, b = task.problem(index, stream=f"warmup{options.seed}")
-                index += 1
-                p = tok.encode_prompt(task.prompt_text(a, b))
-                r = tok.encode_answer(task.answer(a, b))
-                seqs.append(p + r)
-                starts.append(len(p))
-            width = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), width), int(tok.eos_id))
-            labels = torch.full((len(seqs), width), -100)
-            for i, (s, st) in enumerate(zip(seqs, starts, strict=True)):
-                ids[i, : len(s)] = torch.tensor(s)
-                labels[i, st : len(s)] = torch.tensor(s[st:])
-            loss = model(input_ids=ids, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-    finally:
-        torch.random.set_rng_state(state)
+        losses = _fine_tune(model, task, tok, options)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     tok._tok.save_pretrained(str(out))
@@ -261,3 +235,45 @@ def warm_up(
     )
     logger.info("warm-up: %d steps, final loss %s, in %s", options.steps, losses[-1:], out)
     return out
+
+
+def _fine_tune(
+    model: Any, task: AdditionTask, tok: TaskTokenizer, options: WarmUpOptions
+) -> list[float]:
+    """``options.steps`` AdamW steps on the task's warm-up stream; the loss of each."""
+    import torch
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=0.0)
+    losses: list[float] = []
+    for step in range(options.steps):
+        ids, labels = _warm_up_batch(task, tok, options, start=step * options.batch_size)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _warm_up_batch(
+    task: AdditionTask, tok: TaskTokenizer, options: WarmUpOptions, *, start: int
+) -> tuple[Any, Any]:
+    """``(input ids, labels)`` of examples ``start, start + 1, ...``: prompt and answer
+    right-padded with ``</s>``, the loss on the answer only (labels -100 elsewhere)."""
+    import torch
+
+    seqs, starts = [], []
+    for index in range(start, start + options.batch_size):
+        a, b = task.problem(index, stream=f"warmup{options.seed}")
+        p = tok.encode_prompt(task.prompt_text(a, b))
+        r = tok.encode_answer(task.answer(a, b))
+        seqs.append(p + r)
+        starts.append(len(p))
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), int(tok.eos_id))
+    labels = torch.full((len(seqs), width), -100)
+    for i, (s, st) in enumerate(zip(seqs, starts, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        labels[i, st : len(s)] = torch.tensor(s[st:])
+    return ids, labels

@@ -15,9 +15,10 @@ torch, transformers and tokenizers are imported inside the functions: importing
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,13 @@ import attrs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TinyModelSpec", "build_tiny_model", "tiny_model_corpus"]
+__all__ = [
+    "TinyModelSpec",
+    "build_tiny_model",
+    "marker_matches",
+    "seeded_torch",
+    "tiny_model_corpus",
+]
 
 _MARKER = "dynsched-tiny-model.json"
 _SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2
@@ -150,35 +157,72 @@ def build_tiny_model(
         FileExistsError: ``folder`` holds files that are not this build and ``overwrite``
             is false.
     """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     spec = spec or TinyModelSpec()
     text = list(corpus) if corpus is not None else tiny_model_corpus()
     path = Path(folder)
     wanted = {"spec": attrs.asdict(spec), "corpus_lines": len(text), "corpus_hash": _hash(text)}
     marker = path / _MARKER
-    if marker.is_file() and not overwrite:
-        try:
-            if json.loads(marker.read_text()) == wanted:
-                return path
-        except (OSError, ValueError):
-            pass
+    if not overwrite and marker_matches(marker, wanted):
+        return path
     if path.exists() and any(path.iterdir()) and not marker.is_file() and not overwrite:
         raise FileExistsError(
             f"{path} is not empty and holds no tiny-model build; pass overwrite=True or "
             "choose an empty folder"
         )
     path.mkdir(parents=True, exist_ok=True)
-
     tok = _train_tokenizer(spec, text)
+    _save_tokenizer(tok, path)
+    with seeded_torch(spec.seed):
+        model = _random_llama(spec, tok.get_vocab_size())
+    model.save_pretrained(str(path), safe_serialization=True)
+    marker.write_text(json.dumps(wanted, indent=2, sort_keys=True))
+    logger.info("built tiny model (%s) in %s", spec, path)
+    return path
+
+
+def marker_matches(marker: Path, wanted: Any, key: str | None = None) -> bool:
+    """Whether the JSON ``marker`` file (its ``key`` entry, when given) equals ``wanted``.
+
+    A missing or unreadable marker does not match.
+    """
+    if not marker.is_file():
+        return False
+    try:
+        found = json.loads(marker.read_text())
+        return bool((found if key is None else found[key]) == wanted)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+@contextlib.contextmanager
+def seeded_torch(seed: int) -> Iterator[None]:
+    """Seed torch's global generator for the block; its former state is restored after."""
+    import torch
+
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def _save_tokenizer(tok: Any, path: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
     fast.save_pretrained(str(path))
 
+
+def _random_llama(spec: TinyModelSpec, vocab_size: int) -> Any:
+    """A randomly initialised float32 Llama of ``spec`` (from torch's global generator)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
+        vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
@@ -193,16 +237,7 @@ def build_tiny_model(
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
     )
-    generator_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    model.save_pretrained(str(path), safe_serialization=True)
-    marker.write_text(json.dumps(wanted, indent=2, sort_keys=True))
-    logger.info("built tiny model (%s) in %s", spec, path)
-    return path
+    return LlamaForCausalLM(config).to(torch.float32)
 
 
 def _hash(lines: Sequence[str]) -> str:

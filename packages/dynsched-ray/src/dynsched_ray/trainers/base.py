@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -29,7 +30,15 @@ from dynsched_ray.task.objective import (
     token_logprobs,
 )
 
-__all__ = ["RLTrainerBase", "TensorOffloader", "TrainerOffloadedError", "TrainerOptions"]
+__all__ = [
+    "Offloader",
+    "RLTrainerBase",
+    "TensorOffloader",
+    "TrainerOffloadedError",
+    "TrainerOptions",
+    "hf_model_folder",
+    "optimizer_bytes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +121,27 @@ class TrainerOptions:
             raise ValueError(f"TrainerOptions.device is {self.device!r} but CUDA is not available")
         return dev
 
+    def adamw(self, params: Any) -> torch.optim.AdamW:
+        """The AdamW optimizer of ``params`` with these settings."""
+        return torch.optim.AdamW(
+            params, lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
+        )
+
+
+def hf_model_folder(model: str | Path, owner: str, kind: str = "model") -> Path:
+    """``model`` as a path, checked to be a Hugging Face ``kind`` folder (``config.json``).
+
+    Raises:
+        FileNotFoundError: no ``config.json`` there (the message names ``owner``).
+    """
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{owner} model must be a Hugging Face {kind} folder with config.json, got "
+            f"{str(model)!r}"
+        )
+    return path
+
 
 def tensor_bytes(t: torch.Tensor | None) -> int:
     """Bytes of ``t``'s elements (0 for None or a freed tensor)."""
@@ -146,7 +176,62 @@ def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[dict[str,
                 yield state, key
 
 
-class TensorOffloader:
+def optimizer_bytes(
+    optimizer: torch.optim.Optimizer, on_device: Callable[[torch.Tensor], bool]
+) -> tuple[int, int]:
+    """``(device bytes, host bytes)`` of ``optimizer``'s state tensors, placed by ``on_device``."""
+    dev = host = 0
+    for state, key in _state_tensors(optimizer):
+        t = state[key]
+        if on_device(t):
+            dev += tensor_bytes(t)
+        else:
+            host += tensor_bytes(t)
+    return dev, host
+
+
+class Offloader:
+    """What every trainer's offloader does: move its state to host memory and back.
+
+    `offload` and `reload` each act once (a repeat moves nothing and returns 0) and keep
+    ``offloaded``; a subclass moves the bytes (`_offload`, `_reload`) and accounts for
+    them (`memory`).
+    """
+
+    offloaded: bool = False
+
+    def offload(self) -> int:
+        """Move everything to host memory; return the bytes moved."""
+        if self.offloaded:
+            return 0
+        moved = self._offload()
+        self.offloaded = True
+        return moved
+
+    def reload(self) -> int:
+        """Bring everything back to the device; return the bytes moved."""
+        if not self.offloaded:
+            return 0
+        moved = self._reload()
+        self.offloaded = False
+        return moved
+
+    def memory(self) -> tuple[int, int]:
+        """``(device bytes, host bytes)`` of what the offloader manages."""
+        raise NotImplementedError
+
+    def param_host(self, index: int) -> torch.Tensor:
+        """Host copy of parameter ``index`` (only while offloaded)."""
+        raise NotImplementedError
+
+    def _offload(self) -> int:
+        raise NotImplementedError
+
+    def _reload(self) -> int:
+        raise NotImplementedError
+
+
+class TensorOffloader(Offloader):
     """Moves parameters, their gradients and optimizer state to host memory and back.
 
     Parameters keep their identity (the optimizer refers to them): their ``.data`` is
@@ -182,22 +267,15 @@ class TensorOffloader:
         dev = sum(tensor_bytes(p.data) + tensor_bytes(p.grad) for p in self.params)
         host = sum(tensor_bytes(t) for t in self._param_host)
         host += sum(tensor_bytes(t) for t in self._grad_host.values())
-        for state, key in _state_tensors(self.optimizer):
-            t = state[key]
-            if self.device.type == "cpu":
-                on_device = not self.offloaded  # the "device" is the host here
-            else:
-                on_device = t.device.type == self.device.type
-            if on_device:
-                dev += tensor_bytes(t)
-            else:
-                host += tensor_bytes(t)
-        return dev, host
+        if self.device.type == "cpu":  # the "device" is the host here
+            opt_dev, opt_host = optimizer_bytes(self.optimizer, lambda t: not self.offloaded)
+        else:
+            opt_dev, opt_host = optimizer_bytes(
+                self.optimizer, lambda t: t.device.type == self.device.type
+            )
+        return dev + opt_dev, host + opt_host
 
-    def offload(self) -> int:
-        """Move everything to host memory; return the bytes moved."""
-        if self.offloaded:
-            return 0
+    def _offload(self) -> int:
         moved = 0
         self._param_host = []
         for i, p in enumerate(self.params):
@@ -220,15 +298,11 @@ class TensorOffloader:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
             if i in self._grad_host:
                 p.grad = None
-        self.offloaded = True
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return moved
 
-    def reload(self) -> int:
-        """Bring everything back to the device; return the bytes moved."""
-        if not self.offloaded:
-            return 0
+    def _reload(self) -> int:
         moved = 0
         for p, host in zip(self.params, self._param_host, strict=True):
             p.data = _to_device(host, self.device)
@@ -244,7 +318,6 @@ class TensorOffloader:
         self._param_host = []
         self._grad_host = {}
         self._moved_state = []
-        self.offloaded = False
         return moved
 
 
@@ -270,7 +343,7 @@ class RLTrainerBase:
     device: torch.device
     optimizer: torch.optim.Optimizer
     pad_token_id: int
-    _offloader: TensorOffloader
+    _offloader: Offloader
     _version: int = 0
     #: True when `export_weights` and `state_dict` are collectives (sharded parameters):
     #: the trainer group then calls them on every rank and keeps rank 0's answer.
@@ -309,6 +382,13 @@ class RLTrainerBase:
                         f"model state {name}: shape {tuple(src.shape)} != {tuple(p.shape)}"
                     )
                 p.copy_(src.to(p.device, p.dtype))
+
+    def _setup(self, model: str | Path, options: TrainerOptions | None, kind: str) -> Path:
+        """Keep ``options`` (default: `TrainerOptions()`) and their device; return the
+        model folder, checked by `hf_model_folder`."""
+        self.options = options if options is not None else TrainerOptions()
+        self.device = self.options.resolve_device()
+        return hf_model_folder(model, type(self).__name__, kind)
 
     def _init_offloader(self) -> None:
         self._offloader = TensorOffloader(self._params(), self.optimizer, self.device)

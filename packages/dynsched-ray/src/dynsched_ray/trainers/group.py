@@ -9,7 +9,9 @@
   GPU side of the hand-over: it records every offload and reload in a core
   `GpuHandOver`, so a hybrid replica wrapped in `HandOverReplica` cannot wake on a GPU
   whose worker has not offloaded, and a worker cannot reload while a hybrid replica on
-  its GPU is awake (`HandOverError`).
+  its GPU is awake (`HandOverError`). A hybrid replica's GPUs come from its record in the
+  run's `ReplicaSet` (`ReplicaPlacement.gpu_ids`); the group `follow`s the set, so the
+  hand-over forgets a hybrid replica the moment the set marks it dead.
 - `RayTrainerGroupBackend` is the core loop's ``TrainerBackend`` over a group: it
   reloads the workers (through the hand-over record), trains, exports the weights in
   Hugging Face names as safetensors bytes, and loads them into the standalone replicas.
@@ -29,6 +31,8 @@ from typing import Any
 
 import attrs
 import ray
+from dynsched_core import ReplicaSet
+from dynsched_core.rollout import ReplicaPlacement
 from dynsched_core.trainer import (
     GpuHandOver,
     HandOverReplica,
@@ -39,9 +43,10 @@ from dynsched_core.trainer import (
 )
 
 from dynsched_ray.runtime.actors import placement_info, remote_class
-from dynsched_ray.runtime.errors import ActorUnavailableError, TrainerOffloadedError
+from dynsched_ray.runtime.errors import TrainerOffloadedError
 from dynsched_ray.runtime.placement import ResourcePools
 from dynsched_ray.runtime.remote import await_ref
+from dynsched_ray.trainers.standin import push_weights
 
 __all__ = [
     "RayTrainerGroup",
@@ -396,23 +401,10 @@ class RayTrainerGroup:
     async def release(self, gpus: Sequence[Hashable] | None = None) -> list[OffloadReport]:
         """Offload the workers of ``gpus`` (default: all) and record it in `handover`."""
         targets = [g for g in (self.gpus if gpus is None else gpus) if g in self._offloaded]
-        todo = [g for g in targets if not self._offloaded[g]]
-        reports = await asyncio.gather(
-            *(
-                await_ref(
-                    self.workers[self.gpus.index(g)].offload.remote(),
-                    timeout_s=self.call_timeout_s,
-                    what="trainer.offload",
-                )
-                for g in todo
-            )
-        )
-        for g, rep in zip(todo, reports, strict=True):
-            self._offloaded[g] = True
-            self.reports.append((g, rep))
+        reports = await self._move([g for g in targets if not self._offloaded[g]], "offload")
         for g in targets:
             self.handover.trainer_offloaded(g)
-        return list(reports)
+        return reports
 
     async def acquire(self) -> list[OffloadReport]:
         """Reload every offloaded worker.
@@ -428,18 +420,22 @@ class RayTrainerGroup:
                 self.handover.trainer_reloading(g)  # raises HandOverError
         for g in todo:
             self.handover.trainer_reloading(g)
+        return await self._move(todo, "reload")
+
+    async def _move(self, gpus: Sequence[Hashable], method: str) -> list[OffloadReport]:
+        """``offload`` or ``reload`` the workers of ``gpus`` in parallel; record it."""
         reports = await asyncio.gather(
             *(
                 await_ref(
-                    self.workers[self.gpus.index(g)].reload.remote(),
+                    getattr(self.workers[self.gpus.index(g)], method).remote(),
                     timeout_s=self.call_timeout_s,
-                    what="trainer.reload",
+                    what=f"trainer.{method}",
                 )
-                for g in todo
+                for g in gpus
             )
         )
-        for g, rep in zip(todo, reports, strict=True):
-            self._offloaded[g] = False
+        for g, rep in zip(gpus, reports, strict=True):
+            self._offloaded[g] = method == "offload"
             self.reports.append((g, rep))
         return list(reports)
 
@@ -528,18 +524,29 @@ class RayTrainerGroup:
         await self._all("load_state_dict", state)
 
     def hybrid(
-        self, replica: Any, gpus: Sequence[Hashable], *, awake: bool = False
+        self,
+        replica: Any,
+        gpus: Sequence[Hashable] | ReplicaPlacement,
+        *,
+        awake: bool = False,
     ) -> HandOverReplica:
-        """Wrap a hybrid replica on ``gpus``: its ``wake_up`` first offloads those workers
-        (and from the next sync on they keep a synced copy of the weights for it)."""
-        self._hybrid_gpus.update(gpus)
+        """Wrap a hybrid replica on ``gpus`` (its `ReplicaPlacement` record, or the GPU
+        keys): its ``wake_up`` first offloads those workers (and from the next sync on they
+        keep a synced copy of the weights for it)."""
+        keys = tuple(gpus.gpu_ids if isinstance(gpus, ReplicaPlacement) else gpus)
+        self._hybrid_gpus.update(keys)
         return HandOverReplica(
             replica,
             self.handover,
-            gpus,
-            before_wake=lambda: self.release(gpus),
+            keys,
+            before_wake=lambda: self.release(keys),
             awake=awake,
         )
+
+    def follow(self, replicas: ReplicaSet) -> Callable[[], None]:
+        """Learn hybrid deaths from the run's `ReplicaSet`: the hand-over forgets each
+        hybrid replica the set reports dead or removed (`GpuHandOver.follow`)."""
+        return self.handover.follow(replicas)
 
     def shutdown(self) -> None:
         """Kill the worker actors."""
@@ -596,16 +603,7 @@ class RayTrainerGroupBackend:
         self.version = version
         weights = await self.group.keep_synced(version)
         replicas = [r for r in standalone_of(self.replicas) if not getattr(r, "is_dead", False)]
-        results = await asyncio.gather(
-            *(r.update_weights(version, weights) for r in replicas), return_exceptions=True
-        )
-        for replica, res in zip(replicas, results, strict=True):
-            if isinstance(res, ActorUnavailableError):
-                logger.warning(
-                    "weight sync v%d skipped dead replica %s", version, replica.replica_id
-                )
-            elif isinstance(res, BaseException):
-                raise res
+        await push_weights(replicas, version, weights)
         return weights
 
 

@@ -12,7 +12,7 @@ from dynsched_core import ReplicaSet
 from dynsched_ray.runtime.errors import ActorUnavailableError
 from dynsched_ray.runtime.remote import await_ref
 
-__all__ = ["RayTrainerBackend"]
+__all__ = ["RayTrainerBackend", "push_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,15 +90,21 @@ class RayTrainerBackend:
                 for w in self.workers
             )
         )
-        standalone = self.replicas.of_role("standalone")
-        results = await asyncio.gather(
-            *(r.update_weights(version) for r in standalone), return_exceptions=True
-        )
-        for replica, res in zip(standalone, results, strict=True):
-            if isinstance(res, ActorUnavailableError):
-                logger.warning(
-                    "weight sync v%d skipped dead replica %s", version, replica.replica_id
-                )
-            elif isinstance(res, BaseException):
-                raise res
+        await push_weights(self.replicas.of_role("standalone"), version)
         return None
+
+
+async def push_weights(replicas: Sequence[Any], version: int, weights: Any = None) -> None:
+    """``update_weights(version, weights)`` on every replica at once (a weight sync).
+
+    A replica found dead meanwhile (`ActorUnavailableError`) is skipped with a warning:
+    the run's `ReplicaSet` already knows. Any other failure is raised once all are done.
+    """
+    results = await asyncio.gather(
+        *(r.update_weights(version, weights) for r in replicas), return_exceptions=True
+    )
+    for replica, res in zip(replicas, results, strict=True):
+        if isinstance(res, ActorUnavailableError):
+            logger.warning("weight sync v%d skipped dead replica %s", version, replica.replica_id)
+        elif isinstance(res, BaseException):
+            raise res

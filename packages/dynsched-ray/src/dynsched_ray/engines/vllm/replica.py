@@ -31,14 +31,16 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 from dynsched_core import GenerateRequest, GenerateResult, ReplicaCapabilities
-from dynsched_core._inmemory import ReplicaDeadError, ReplicaNotReadyError
+from dynsched_core._lifecycle import check_replica_identity
 from dynsched_core._protocols import FinishReason, ReplicaRole, TokenSegment
+from dynsched_core.errors import ReplicaDeadError, ReplicaNotReadyError
+from dynsched_core.rollout import ReplicaIdentity
 
 from dynsched_ray.engines.lifecycle import ReplicaLifecycle
 from dynsched_ray.engines.vllm.options import SAMPLING_KEYS, VLLMOptions
@@ -163,7 +165,7 @@ class _Running:
     done: asyncio.Event = attrs.Factory(asyncio.Event)
 
 
-class VLLMReplica:
+class VLLMReplica(ReplicaIdentity):
     """A vLLM engine replica implementing `dynsched_core.RolloutReplica`.
 
     Start it with `start` (the Ray `ReplicaActor` does so on first use). Prompts are token
@@ -203,35 +205,27 @@ class VLLMReplica:
         options: VLLMOptions | None = None,
         **fields: Any,
     ) -> None:
-        if not isinstance(replica_id, str) or not replica_id:
-            raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
-        if role not in ("standalone", "hybrid"):
-            raise ValueError(f"role must be one of ['standalone', 'hybrid'], got {role!r}")
+        check_replica_identity(replica_id, role)
         if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0:
             raise ValueError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
         opts = self.options = VLLMOptions.merge(options, fields)
         self._id = replica_id
         self._model = str(model)
-        self._role: ReplicaRole = role
-        self._num_gpus = num_gpus
-        self._sampling = dict(opts.sampling)
+        # sleep is supported where vLLM has a sleep mode (GPU): the wanted device until
+        # the engine starts, then the one it started on
+        self._caps = ReplicaCapabilities(
+            role=role, num_gpus=num_gpus, supports_sleep=opts.device == "cuda"
+        )
         asleep = (role == "hybrid") if opts.asleep is None else opts.asleep
         #: Serving phase (accepting, paused, asleep, closed): the one state machine.
         self._life = ReplicaLifecycle(replica_id, asleep=asleep)
         self._version = int(opts.weights_version)
-        self._device_wanted = opts.device
-        self._device: str | None = None
+        self._device: str | None = None  # the one it started on
         self.sleep_level = opts.sleep_level
-        self._max_model_len = opts.max_model_len
-        self._max_num_seqs = opts.max_num_seqs
-        self._kv_cache_bytes = opts.kv_cache_bytes
-        self._gpu_mem = opts.gpu_memory_utilization
-        self._dtype = opts.dtype
-        self._seed = opts.seed
+        self._max_model_len = opts.max_model_len  # the engine's own once it started
         self.start_timeout_s = float(opts.start_timeout_s)
         #: Longest wait in `abort` for the aborted generations to return.
         self.abort_wait_s = 10.0
-        self._engine_kwargs = dict(opts.engine_kwargs)
         self._engine: Any = None
         self._engine_pids: list[int] = []
         self._start_lock: asyncio.Lock | None = None
@@ -250,27 +244,8 @@ class VLLMReplica:
         self.aborted = 0
 
     # ---------------------------------------------------------------- properties
-    @property
-    def replica_id(self) -> str:
-        """Stable, unique id."""
-        return self._id
-
-    @property
-    def capabilities(self) -> ReplicaCapabilities:
-        """Role and GPUs; sleep is supported only where vLLM has a sleep mode (GPU)."""
-        return ReplicaCapabilities(
-            role=self._role,
-            num_gpus=self._num_gpus,
-            supports_sleep=self._device == "cuda"
-            if self._device is not None
-            else self._device_wanted == "cuda",
-        )
-
-    @property
-    def role(self) -> ReplicaRole:
-        """``"standalone"`` or ``"hybrid"``."""
-        return self._role
-
+    # replica_id, capabilities (role, GPUs, sleep where vLLM has a sleep mode) and role
+    # come from ReplicaIdentity.
     @property
     def model(self) -> str:
         """The model folder."""
@@ -356,15 +331,7 @@ class VLLMReplica:
             if not finished:
                 self._kill_pids(box.get("pids_live", lambda: [])())
                 await asyncio.to_thread(done.wait, 60.0)
-                with box["lock"]:
-                    engine = box.pop("engine", None)
-                    box["abandoned"] = True
-                if engine is not None:
-                    _shutdown_engine(engine)
-                # the error's traceback keeps this frame: no reference to the engine may stay
-                # in it, or the engine lives until the interpreter exits and its __del__
-                # fails there
-                engine = None
+                _discard_engine(box, "abandoned", True)
                 box.pop("error", None)  # "lock" and "abandoned" stay for a late build
                 box.pop("pids_live", None)
                 raise EngineStartError(
@@ -383,6 +350,7 @@ class VLLMReplica:
             self._engine = box.pop("engine")  # the box may outlive the start (a frame)
             self._engine_pids = box["pids"]
             self._device = box["device"]
+            self._caps = attrs.evolve(self._caps, supports_sleep=self._device == "cuda")
             self._max_model_len = int(self._engine.model_config.max_model_len)
             logger.info(
                 "replica %s: vLLM engine up on %s in %.1f s (pids %s)",
@@ -398,7 +366,7 @@ class VLLMReplica:
         try:
             with _START_LOCK:
                 try:
-                    device = self._device_wanted or _installed_device()
+                    device = self.options.device or _installed_device()
                     if device == "cpu":
                         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
                     import psutil
@@ -417,32 +385,7 @@ class VLLMReplica:
                     return [p.pid for p in me.children(recursive=True) if p.pid not in before]
 
                 box["pids_live"] = new_pids
-
-                kwargs: dict[str, Any] = {
-                    "model": self._model,
-                    "tokenizer": self._model,
-                    "seed": self._seed,
-                    "max_num_seqs": self._max_num_seqs,
-                    "enforce_eager": True,
-                    "disable_log_stats": True,
-                    "enable_prefix_caching": True,
-                    "worker_extension_cls": WORKER_EXTENSION,
-                }
-                if self._max_model_len is not None:
-                    kwargs["max_model_len"] = self._max_model_len
-                if device == "cpu":
-                    kwargs["dtype"] = self._dtype or "float32"
-                    # the model worker inside the engine-core process (vLLM's Ray executor
-                    # refuses CPU, and a Ray actor would otherwise pick it)
-                    kwargs["distributed_executor_backend"] = "uni"
-                    kwargs["kv_cache_memory_bytes"] = self._kv_cache_bytes
-                else:
-                    kwargs["dtype"] = self._dtype or "auto"
-                    kwargs["gpu_memory_utilization"] = self._gpu_mem
-                    kwargs["enable_sleep_mode"] = True
-                    kwargs["tensor_parallel_size"] = max(self._num_gpus, 1)
-                kwargs.update(self._engine_kwargs)
-                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args(device)))
                 with box["lock"]:
                     abandoned = box.get("abandoned", False)
                     if not abandoned:
@@ -455,14 +398,38 @@ class VLLMReplica:
                     _shutdown_engine(engine)
                 engine = None
         except BaseException as exc:
-            with box["lock"]:
-                leftover = box.pop("engine", None)
-                box["error"] = exc
-            if leftover is not None:
-                _shutdown_engine(leftover)
-            leftover = None
+            _discard_engine(box, "error", exc)
         finally:
             done.set()
+
+    def _engine_args(self, device: str) -> dict[str, Any]:
+        """``vllm.AsyncEngineArgs`` fields of this replica's engine on ``device``."""
+        opts = self.options
+        kwargs: dict[str, Any] = {
+            "model": self._model,
+            "tokenizer": self._model,
+            "seed": opts.seed,
+            "max_num_seqs": opts.max_num_seqs,
+            "enforce_eager": True,
+            "disable_log_stats": True,
+            "enable_prefix_caching": True,
+            "worker_extension_cls": WORKER_EXTENSION,
+        }
+        if self._max_model_len is not None:
+            kwargs["max_model_len"] = self._max_model_len
+        if device == "cpu":
+            kwargs["dtype"] = opts.dtype or "float32"
+            # the model worker inside the engine-core process (vLLM's Ray executor
+            # refuses CPU, and a Ray actor would otherwise pick it)
+            kwargs["distributed_executor_backend"] = "uni"
+            kwargs["kv_cache_memory_bytes"] = opts.kv_cache_bytes
+        else:
+            kwargs["dtype"] = opts.dtype or "auto"
+            kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = True
+            kwargs["tensor_parallel_size"] = max(self._caps.num_gpus, 1)
+        kwargs.update(opts.engine_kwargs)
+        return kwargs
 
     @staticmethod
     def _kill_pids(pids: Sequence[int]) -> None:
@@ -590,7 +557,7 @@ class VLLMReplica:
         from vllm.sampling_params import RequestOutputKind
 
         fields: dict[str, Any] = {"temperature": 0.0}
-        fields.update(self._sampling)
+        fields.update(self.options.sampling)
         extra = request.metadata.get("sampling") if request.metadata else None
         if extra:
             bad = sorted(set(extra) - SAMPLING_KEYS)
@@ -673,16 +640,24 @@ class VLLMReplica:
                 )
             )
             return
-        free_before = _device_free_bytes()
-        await self._engine.sleep(level=self.sleep_level)
-        free_after = _device_free_bytes()
+        engine = self._engine
+        await self._measured("sleep", t0, lambda: engine.sleep(level=self.sleep_level))
         self._memory_released = True
         self._weights_dropped = self.sleep_level >= 2
+
+    async def _measured(
+        self, action: Literal["sleep", "wake_up"], t0: float, change: Callable[[], Awaitable[Any]]
+    ) -> None:
+        """Run ``change`` (the engine's sleep or wake-up, on a GPU) and add its `SleepReport`:
+        the device memory it freed (negative when taken back), seconds since ``t0``."""
+        free_before = _device_free_bytes()
+        await change()
+        free_after = _device_free_bytes()
         self.sleep_reports.append(
             SleepReport(
-                action="sleep",
+                action=action,
                 level=self.sleep_level,
-                memory_released=True,
+                memory_released=action == "sleep",
                 freed_bytes=None
                 if free_before is None or free_after is None
                 else free_after - free_before,
@@ -699,27 +674,16 @@ class VLLMReplica:
         engine = self._require_engine("wake_up")
         t0 = time.perf_counter()
         if self._device == "cuda" and self._memory_released:
-            free_before = _device_free_bytes()
-            await engine.wake_up()
-            if self._weights_dropped:
-                await self._load(
-                    self._last_weights if self._last_weights is not None else self._model
-                )
-                self._weights_dropped = False
-            free_after = _device_free_bytes()
+            await self._measured("wake_up", t0, lambda: self._engine_wake(engine))
             self._memory_released = False
-            self.sleep_reports.append(
-                SleepReport(
-                    action="wake_up",
-                    level=self.sleep_level,
-                    memory_released=False,
-                    freed_bytes=None
-                    if free_before is None or free_after is None
-                    else free_after - free_before,
-                    seconds=time.perf_counter() - t0,
-                )
-            )
         self._life.apply("wake_up")
+
+    async def _engine_wake(self, engine: Any) -> None:
+        """Wake the engine; after a level-2 sleep reload the weights it dropped."""
+        await engine.wake_up()
+        if self._weights_dropped:
+            await self._load(self._last_weights if self._last_weights is not None else self._model)
+            self._weights_dropped = False
 
     async def resume(self) -> None:
         """Accept generation again.
@@ -812,7 +776,7 @@ class VLLMReplica:
             else self._life.phase.value
         )
         return (
-            f"VLLMReplica({self._id!r}, role={self._role!r}, {state}, v{self._version},"
+            f"VLLMReplica({self._id!r}, role={self.role!r}, {state}, v{self._version},"
             f" running={len(self._running)})"
         )
 
@@ -872,6 +836,21 @@ def _pid_alive(pid: int) -> bool:
         return bool(psutil.pid_exists(pid)) and psutil.Process(pid).status() != "zombie"
     except Exception:
         return False
+
+
+def _discard_engine(box: dict[str, Any], key: str, value: Any) -> None:
+    """Under the start box's lock, take its engine out (if a build left one) and set
+    ``box[key] = value``; then shut that engine down: nobody else holds it.
+
+    The engine is held only in this frame, which ends here: a frame kept by a traceback
+    (the start's error) would keep the engine alive until the interpreter exits, where
+    its ``__del__`` fails.
+    """
+    with box["lock"]:
+        engine = box.pop("engine", None)
+        box[key] = value
+    if engine is not None:
+        _shutdown_engine(engine)
 
 
 def _shutdown_engine(engine: Any) -> None:

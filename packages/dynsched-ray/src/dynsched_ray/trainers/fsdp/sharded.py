@@ -152,10 +152,8 @@ class ShardedOffloader(TensorOffloader):
         dev = sum(tensor_bytes(t) for t in tensors if t.device.type == self.device.type)
         return dev, total - dev
 
-    def offload(self) -> int:
+    def _offload(self) -> int:
         """Shards, gradients and optimizer state to host memory; the bytes moved."""
-        if self.offloaded:
-            return 0
         moved = self.memory()[0]
         if self.device.type != "cpu":
             self._moved_keys = list(_device_state(self.optimizer, self.device))
@@ -164,13 +162,10 @@ class ShardedOffloader(TensorOffloader):
                 state[key] = state[key].to("cpu")
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
-        self.offloaded = True
         return moved
 
-    def reload(self) -> int:
+    def _reload(self) -> int:
         """Everything back to the device; the bytes moved."""
-        if not self.offloaded:
-            return 0
         moved = self.memory()[1]
         if self.device.type != "cpu":
             self.module.to(self.device)
@@ -178,5 +173,4 @@ class ShardedOffloader(TensorOffloader):
                 state[key] = state[key].to(self.device)
             self._moved_keys = []
             torch.cuda.synchronize(self.device)
-        self.offloaded = False
         return moved

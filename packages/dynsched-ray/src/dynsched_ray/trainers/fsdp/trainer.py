@@ -13,7 +13,7 @@ from dynsched_core.trainer import TrainBatch, TrainMetrics
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental import implicit_replication
 
-from dynsched_ray.trainers.base import TrainerOptions
+from dynsched_ray.trainers.base import TrainerOptions, hf_model_folder
 from dynsched_ray.trainers.fsdp.sharded import (
     ShardedOffloader,
     gather_full,
@@ -94,11 +94,7 @@ class FSDPTrainer(TorchTrainer):
 
     def __init__(self, model: str | Path, options: TrainerOptions | None = None) -> None:
         options = options if options is not None else TrainerOptions()
-        if not (Path(model) / "config.json").is_file():
-            raise FileNotFoundError(
-                f"FSDPTrainer model must be a Hugging Face model folder with config.json, got "
-                f"{str(model)!r}"
-            )
+        hf_model_folder(model, "FSDPTrainer")  # before a process group is made for it
         self.rank, self.world_size = ensure_process_group(options.resolve_device())
         super().__init__(model, options)
         _shard(self.model, self.device, self.world_size)

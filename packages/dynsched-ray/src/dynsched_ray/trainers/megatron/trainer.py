@@ -59,9 +59,11 @@ from typing import Any
 import torch
 
 from dynsched_ray.trainers.base import (
+    Offloader,
     RLTrainerBase,
     TrainerOffloadedError,
     TrainerOptions,
+    optimizer_bytes,
     tensor_bytes,
 )
 from dynsched_ray.trainers.megatron.convert import (
@@ -221,14 +223,13 @@ def _transformer_config(shape: LlamaShape, device: torch.device) -> Any:
     )
 
 
-class _MegatronGpuOffloader:
+class _MegatronGpuOffloader(Offloader):
     """Offload of Megatron's DDP buffers and optimizer state (GPU only)."""
 
     def __init__(self, ddp: Any, optimizer: Any, device: torch.device) -> None:
         self.ddp = ddp
         self.optimizer = optimizer
         self.device = device
-        self.offloaded = False
         self.params = [p for _, p in ddp.named_parameters()]
         self._moved: list[tuple[dict[str, Any], str]] = []
 
@@ -256,18 +257,11 @@ class _MegatronGpuOffloader:
             if cpu is not None:
                 host += tensor_bytes(cpu)
         for opt in self._torch_optimizers():
-            for state in opt.state.values():
-                for t in state.values():
-                    if torch.is_tensor(t):
-                        if t.device.type == "cuda":
-                            dev += tensor_bytes(t)
-                        else:
-                            host += tensor_bytes(t)
+            opt_dev, opt_host = optimizer_bytes(opt, lambda t: t.device.type == "cuda")
+            dev, host = dev + opt_dev, host + opt_host
         return dev, host
 
-    def offload(self) -> int:
-        if self.offloaded:
-            return 0
+    def _offload(self) -> int:
         torch.cuda.synchronize(self.device)
         moved = 0
         for buf in self._buffers():
@@ -285,12 +279,9 @@ class _MegatronGpuOffloader:
                         self._moved.append((state, key))
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        self.offloaded = True
         return moved
 
-    def reload(self) -> int:
-        if not self.offloaded:
-            return 0
+    def _reload(self) -> int:
         moved = 0
         for buf in self._buffers():
             buf.reload_from_cpu(move_params=True, move_grads=True)
@@ -300,7 +291,6 @@ class _MegatronGpuOffloader:
             moved += tensor_bytes(state[key])
         self._moved = []
         torch.cuda.synchronize(self.device)
-        self.offloaded = False
         return moved
 
 
@@ -326,14 +316,7 @@ class MegatronTrainer(RLTrainerBase):
 
         from safetensors.torch import load_file
 
-        self.options = options if options is not None else TrainerOptions()
-        self.device = self.options.resolve_device()
-        path = Path(model)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"MegatronTrainer model must be a Hugging Face Llama folder with config.json, got "
-                f"{str(model)!r}"
-            )
+        path = self._setup(model, options, kind="Llama")
         self.shape = LlamaShape.from_hf_config(path)
         import json
 
@@ -372,13 +355,7 @@ class MegatronTrainer(RLTrainerBase):
             gpt.rotary_pos_emb.__class__ = rotary_cls
             self.model = gpt
             self.cpu_substitutes: tuple[str, ...] = CPU_SUBSTITUTES
-            self.optimizer = torch.optim.AdamW(
-                gpt.parameters(),
-                lr=opt.lr,
-                betas=opt.betas,
-                eps=opt.adam_eps,
-                weight_decay=opt.weight_decay,
-            )
+            self.optimizer = opt.adamw(gpt.parameters())
             self._megatron_opt: Any = None
             self._init_offloader()
         else:
@@ -420,7 +397,7 @@ class MegatronTrainer(RLTrainerBase):
         # checkpoints and the base class read the wrapped torch optimizer
         torch_opts = _MegatronGpuOffloader(ddp, self._megatron_opt, self.device)._torch_optimizers()
         self.optimizer = torch_opts[0]
-        self._offloader = _MegatronGpuOffloader(ddp, self._megatron_opt, self.device)  # type: ignore[assignment]
+        self._offloader = _MegatronGpuOffloader(ddp, self._megatron_opt, self.device)
 
     # ------------------------------------------------------------------ base-class hooks
     def _params(self) -> list[torch.nn.Parameter]:

@@ -40,27 +40,13 @@ class TorchTrainer(RLTrainerBase):
     def __init__(self, model: str | Path, options: TrainerOptions | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.options = options if options is not None else TrainerOptions()
-        self.device = self.options.resolve_device()
-        path = Path(model)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"TorchTrainer model must be a Hugging Face model folder with config.json, got "
-                f"{str(model)!r}"
-            )
+        path = self._setup(model, options, kind="model")
         self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         self.model.to(self.device)
         self.model.train()
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
-        opt = self.options
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=opt.lr,
-            betas=opt.betas,
-            eps=opt.adam_eps,
-            weight_decay=opt.weight_decay,
-        )
+        self.optimizer = self.options.adamw(self.model.parameters())
         self._version = 0
         self._init_offloader()
         logger.info(
