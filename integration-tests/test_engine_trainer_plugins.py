@@ -2,7 +2,8 @@
 
 ``integration-tests/example-engine`` (engine ``example_hf``) and
 ``integration-tests/example-trainer`` (trainer ``example_torch``) are installed like any
-third-party package; ``dynsched train`` runs them with no change to dynsched-ray, and the
+third-party package; ``dynsched train`` runs them (and ``dynsched run --engine`` the engine,
+with the stand-in trainer) with no change to dynsched-ray, and the
 name rules of every plug-in group hold (typo: the closest name; two providers: both
 named).
 """
@@ -140,3 +141,47 @@ def test_dynsched_train_runs_the_out_of_tree_engine_and_trainer(tmp_path: Path) 
     assert all(int(groups) == 4 for _, groups in steps)  # 4 prompts per step
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_dynsched_run_runs_the_out_of_tree_engine(tmp_path: Path) -> None:
+    """``dynsched run --engine example_hf``: the third-party engine's replicas (one
+    standalone, one hybrid) serve two steps of the task's prompts, the stand-in trainer
+    consumes them, and each replica leaves its marker from inside its Ray actor."""
+    assert DYNSCHED is not None
+    engine_log = tmp_path / "engine.log"
+    args = [
+        *("--config", str(EXAMPLE)),
+        *("--set", "trainer.n_gpus_per_node=1", "--set", "rollout.n_gpus_per_node=1"),
+        *("--set", "actor_rollout_ref.actor.ppo_mini_batch_size=4"),
+        *("--engine", "example_hf", "--steps", "2"),
+        *("--model-cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")),
+    ]
+    proc = subprocess.run(
+        [DYNSCHED, "run", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "DYNSCHED_EXAMPLE_ENGINE_LOG": str(engine_log)},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "engine example_hf (stand-in trainer)" in proc.stdout
+    assert "finished: 2 step(s)" in proc.stdout
+    roles = sorted(line.split()[1] for line in engine_log.read_text().splitlines())
+    assert roles == ["hybrid", "standalone"]
+    assert (tmp_path / "out" / "metrics.jsonl").is_file()
+
+
+def test_dynsched_run_refuses_a_misspelt_engine_before_ray(tmp_path: Path) -> None:
+    assert DYNSCHED is not None
+    proc = subprocess.run(
+        [DYNSCHED, "run", "--engine", "example_fh", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert "unknown engine 'example_fh'" in line and "Did you mean 'example_hf'?" in line, line
+    assert not (tmp_path / "out").exists()

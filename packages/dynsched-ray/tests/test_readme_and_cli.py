@@ -130,7 +130,10 @@ def test_the_default_demo_shows_several_switches(tmp_path: Any, capsys: Any) -> 
 
     How often the policy lends again depends on the measured generation and step times:
     on an idle machine it lends several times, but with the cores busy (a CPU hog beside
-    CI) it may rightly lend only at the start, so only the first lend is asserted."""
+    CI) it may rightly lend only at the start, so only the first lend is asserted; and
+    whether a lend is still active when a step's line is printed is timing too (the
+    policy takes the GPUs back before each training step), so the step lines are checked
+    to carry a valid state, not a particular one."""
     rc = cli.main(["run", "--name", "cli-demo", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -139,5 +142,6 @@ def test_the_default_demo_shows_several_switches(tmp_path: Any, capsys: Any) -> 
     assert activations >= 1, finished
     steps = [x for x in out.splitlines() if x.startswith("step ")]
     assert len(steps) == 8
-    assert any("hybrid=HYBRID_ACTIVE" in x for x in steps), out
+    states = {x.split("hybrid=", 1)[1].split()[0] for x in steps}
+    assert states <= {"STANDALONE_ONLY", "HYBRID_ACTIVE", "ACTIVATING", "DEACTIVATING"}, out
     assert sum(x.startswith("activate took") for x in out.splitlines()) == activations

@@ -46,11 +46,12 @@ from dynsched_ray.runtime.runner import (
     trim_metrics,
     with_extras,
 )
-from dynsched_ray.runtime.workload import RunWorkload
+from dynsched_ray.runtime.workload import RunWorkload, StandInWorkload
 from dynsched_ray.task.addition import AdditionTask, TaskTokenizer, WarmUpOptions
 from dynsched_ray.trainers.group import RayTrainerGroup, RayTrainerSpec
 
 __all__ = [
+    "RolloutWorkload",
     "TrainRunner",
     "TrainRunnerOptions",
     "TrainSettings",
@@ -810,6 +811,88 @@ def _check_train_start(
         raise ConfigError(
             f"resume: no checkpoint at {ckpt} (train without --resume first)", key="resume"
         )
+
+
+class RolloutWorkload(StandInWorkload):
+    """``dynsched run --engine NAME``: a rollout engine plug-in on the addition task's
+    prompts, with the stand-in trainer.
+
+    The replicas (standalone and hybrid) are the engine plug-in's, built on ``model``;
+    the prompts are the task's (``t0, t1, ...``). Nothing is trained: the stand-in trainer
+    takes each step's samples, and a weight sync only advances the version the replicas
+    record (``update_weights(version, None)`` keeps their weights). It shows how an engine
+    behaves under the scheduler (switches, aborts and resumes, routing) without a trainer.
+
+    Args:
+        engine: An installed plug-in of ``dynsched.engines`` (checked here, nothing imported).
+        model: The model folder the replicas load (Hugging Face layout, the task's tokenizer).
+        task: The prompts' task (default `AdditionTask()`).
+        seed: Seed of the prompts and of the sampling.
+        temperature: Sampling temperature.
+        device: ``cpu``, ``cuda`` or ``auto`` (engines that take a device).
+        max_tokens: Response budget in tokens (default 6, `TrainSettings`'s: the task's
+            answers are a few digits).
+
+    Raises:
+        ConfigError: ``engine`` is not installed (the closest name is suggested).
+    """
+
+    id_prefix: str | None = "t"
+
+    def __init__(
+        self,
+        engine: str,
+        model: str | os.PathLike[str],
+        *,
+        task: AdditionTask | None = None,
+        seed: int = 0,
+        temperature: float = 1.0,
+        device: str = "cpu",
+        max_tokens: int = 6,
+    ) -> None:
+        ENGINES.check(engine, key="engine", where="RolloutWorkload.engine")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+            max_tokens = -1  # refused below, with the others
+        if not 1 <= max_tokens <= MAX_TOKENS:
+            raise ConfigError(
+                f"RolloutWorkload.max_tokens must be an int in [1, {MAX_TOKENS}]", key="max_tokens"
+            )
+        self.max_tokens = max_tokens
+        self.engine = engine
+        self.model = Path(model)
+        self.task = task or AdditionTask()
+        self.context = RunContext(
+            model=str(self.model), temperature=temperature, seed=seed, device=device
+        )
+        self.tokenizer = TaskTokenizer(self.model)
+
+    def run_options(self, base: RayRunOptions) -> RayRunOptions:
+        """``base`` with the engine's replica factory and the response budget (no
+        stand-in response lengths: the engine decides, within ``max_tokens``)."""
+        return attrs.evolve(
+            base,
+            replica_factory=ENGINES.load(self.engine).factory,
+            max_tokens=self.max_tokens,
+            min_response_len=1,
+            max_response_len=self.max_tokens,
+        )
+
+    def prompts(self, runner: RayRunner) -> Any:
+        count = 4 * (runner.step_offset + runner.num_steps) * runner.config.required_samples + 16
+        return AdditionTask.prompts(
+            attrs.evolve(self.task, seed=self.context.seed),
+            self.tokenizer,
+            count,
+            max_tokens=runner.options.max_tokens,
+            skip=frozenset(runner.consumed_sample_ids),
+        )
+
+    def replica_kwargs(self, options: RayRunOptions) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        common = dict(ENGINES.load(self.engine).options(self.context))
+        return common, dict(common)
+
+    def fingerprint_extras(self, runner: RayRunner) -> dict[str, Any]:
+        return {"engine": self.engine, "model": str(self.model), "seed": self.context.seed}
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

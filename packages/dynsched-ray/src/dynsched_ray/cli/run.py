@@ -82,8 +82,9 @@ def register(subparsers: Any) -> None:
         "run",
         help="run the fully-async loop with dynamic scheduling on a backend (ray)",
         description=(
-            "Run the reference fully-async RL loop (in-memory engines for now) with dynamic "
-            "resource scheduling. Prints one line per step/switch/failure and writes the "
+            "Run the reference fully-async RL loop with dynamic resource scheduling: in-memory "
+            "replicas by default, or a rollout engine plug-in (--engine) on the addition task's "
+            "prompts, with a stand-in trainer. Prints one line per step/switch/failure and writes the "
             "dynamic_resource/* metrics as JSON lines."
         ),
     )
@@ -134,7 +135,31 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local cluster")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    _add_engine_arguments(p)
     p.set_defaults(func=main)
+
+
+def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--model``, ``--model-cache``."""
+    p.add_argument(
+        "--engine",
+        default=None,
+        help="rollout engine: an installed plug-in of the entry-point group dynsched.engines "
+        "(vllm, hf, or a third-party one); default: the in-memory stand-in replicas. The "
+        "engine runs the addition task's prompts; the trainer is the stand-in (no training)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="with --engine: model folder the replicas load (Hugging Face layout with the "
+        "task's tokenizer); default: the tiny model warmed up in --model-cache",
+    )
+    p.add_argument(
+        "--model-cache",
+        default="dynsched-model-cache",
+        help="with --engine and no --model: folder of the warmed-up tiny model (built once, "
+        "shared with dynsched train)",
+    )
 
 
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
@@ -281,23 +306,61 @@ def main(args: argparse.Namespace) -> int:
         KeyboardInterrupt: Ctrl-C; the actors are released, Ray is shut down and the
             metrics file ends with a ``{"partial": true, ...}`` line.
     """
+    _check_engine_flags(args)
     ray_plan, config, metrics_path = _prepare_config(args)
     policy = config.build_policy()
     if metrics_path:
         _check_output_file("--metrics", metrics_path, "--out" if args.metrics is None else None)
     restored = _check_resume_flags(args, config)
     options = _run_options(args, metrics_path)
+    workload = _engine_workload(args)
+    if workload is not None:
+        options = workload.run_options(options)
 
     import ray
 
     # one live run per output folder (freed by the kernel if this process dies)
     locks = _hold_folders(_output_flags(args, metrics_path), "dynsched run")
-    _print_header(config, options, restored)
-    result = _run_on_ray(ray, args, (config, ray_plan, policy, options), locks)
+    _print_header(config, options, restored, args.engine)
+    result = _run_on_ray(ray, args, (config, ray_plan, policy, options, workload), locks)
     if result is None:
         return 1
     _print_summary(result, options)
     return 0
+
+
+def _check_engine_flags(args: argparse.Namespace) -> None:
+    """``--engine`` names an installed engine, ``--model`` a model folder, and ``--model``
+    comes with ``--engine`` (`ConfigError` / `UsageError`, before anything is written)."""
+    if args.engine is None:
+        if args.model is not None:
+            raise UsageError("--model needs --engine (the in-memory replicas load no model)")
+        return
+    from dynsched_ray.plugins import ENGINES
+
+    ENGINES.check(args.engine, key="engine", where="--engine")
+    if args.model is not None and not (Path(args.model) / "config.json").is_file():
+        raise UsageError(
+            f"--model {args.model!r} is not a Hugging Face model folder (no config.json)"
+        )
+
+
+def _engine_workload(args: argparse.Namespace) -> Any:
+    """``--engine``'s `RolloutWorkload` (None without it). Without ``--model`` the tiny
+    model is warmed up once in ``--model-cache``."""
+    if args.engine is None:
+        return None
+    if args.model is not None:
+        model = Path(args.model)
+    else:
+        from dynsched_ray.task.addition import warm_up
+
+        if not args.quiet:
+            print(f"preparing the tiny model in {args.model_cache} (once) ...", flush=True)
+        model = warm_up(args.model_cache)
+    from dynsched_ray.training import RolloutWorkload
+
+    return RolloutWorkload(args.engine, model)
 
 
 def _prepare_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
@@ -365,12 +428,15 @@ def _output_flags(args: argparse.Namespace, metrics_path: str | None) -> list[tu
     ]
 
 
-def _print_header(config: Any, options: Any, restored: dict[str, Any] | None) -> None:
+def _print_header(
+    config: Any, options: Any, restored: dict[str, Any] | None, engine: str | None = None
+) -> None:
     steps = options.num_steps or config.total_training_steps or 8
     first = int(restored["steps_done"]) + 1 if restored is not None else 1
     print(
         f"dynsched run --backend ray: policy {config.dynamic_schedule_policy}, "
-        f"{config.num_standalone_replicas} standalone + {config.num_hybrid_replicas} hybrid "
+        + (f"engine {engine} (stand-in trainer), " if engine else "")
+        + f"{config.num_standalone_replicas} standalone + {config.num_hybrid_replicas} hybrid "
         f"replica(s), {config.required_samples} sample(s)/step, "
         f"T={config.trigger_parameter_sync_step}, steps {first}..{first + steps - 1}",
         flush=True,
@@ -378,7 +444,7 @@ def _print_header(config: Any, options: Any, restored: dict[str, Any] | None) ->
 
 
 def _run_on_ray(
-    ray: Any, args: argparse.Namespace, plan: tuple[Any, Any, Any, Any], locks: list[Any]
+    ray: Any, args: argparse.Namespace, plan: tuple[Any, Any, Any, Any, Any], locks: list[Any]
 ) -> Any:
     """Start (or join) Ray, run the loop and shut down; the run's result, or ``None``
     after a one-line error (Ray did not start, or a `DynschedError`). The ``locks`` are
@@ -391,7 +457,7 @@ def _run_on_ray(
 
     from dynsched_ray.runtime.runner import RayRunner
 
-    config, ray_plan, policy, options = plan
+    config, ray_plan, policy, options, workload = plan
     metrics_path = options.metrics_path
 
     def printer(line: str) -> None:
@@ -409,7 +475,7 @@ def _run_on_ray(
             if not _start_ray(ray, args, config, ray_plan):
                 return None
             started = True
-        runner = RayRunner(config, options, policy=policy, progress=printer)
+        runner = RayRunner(config, options, policy=policy, progress=printer, workload=workload)
         return _run_quietly_on_interrupt(_armed(runner.run(), deadline))
     except KeyboardInterrupt:
         interrupted = True
