@@ -89,7 +89,7 @@ def test_a_known_subcommand_that_is_not_installed_names_its_package(
     dists: list[_FakeDist], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without plug-ins, `dynsched simulate ...` says to install dynsched-sim (any arguments)."""
-    assert set(cli.KNOWN_SUBCOMMANDS) == {"simulate", "optimus", "run", "train"}
+    assert set(cli.KNOWN_SUBCOMMANDS) == {"simulate", "plan", "optimus", "run", "train"}
     for name, dist in cli.KNOWN_SUBCOMMANDS.items():
         for argv in ([name], [name, "--help"], [name, "--policy", "default", "-x", "y"]):
             assert cli.main(argv) == 2, argv
@@ -119,13 +119,25 @@ def _register_simulate(sub: Any) -> None:
     p.set_defaults(func=lambda a: print(f"simulated {a.steps}") or 0)
 
 
+def _register_plan(sub: Any) -> None:
+    sub.add_parser("plan", help="a planner").set_defaults(func=lambda a: 0)
+
+
 def test_an_installed_known_subcommand_is_the_plugin(
     dists: list[_FakeDist], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        sys.modules["_dynsched_test_cli"], "register_simulate", _register_simulate, raising=False
+    mod = sys.modules["_dynsched_test_cli"]
+    monkeypatch.setattr(mod, "register_simulate", _register_simulate, raising=False)
+    monkeypatch.setattr(mod, "register_plan", _register_plan, raising=False)
+    dists.append(
+        _FakeDist(
+            "dynsched-sim",
+            [
+                ("simulate", "_dynsched_test_cli:register_simulate"),
+                ("plan", "_dynsched_test_cli:register_plan"),
+            ],
+        )
     )
-    dists.append(_FakeDist("dynsched-sim", [("simulate", "_dynsched_test_cli:register_simulate")]))
     assert cli.main(["simulate", "--steps", "3"]) == 0
     assert "simulated 3" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exc:

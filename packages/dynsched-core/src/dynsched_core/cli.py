@@ -72,6 +72,7 @@ CLI_ENTRY_POINT_GROUP = "dynsched.cli"
 #: test checks it against the packages' entry points.
 KNOWN_SUBCOMMANDS: Mapping[str, str] = {
     "optimus": "dynsched-optimus",
+    "plan": "dynsched-sim",
     "run": "dynsched-ray",
     "simulate": "dynsched-sim",
     "train": "dynsched-ray",

@@ -12,6 +12,16 @@ from dynsched_sim._accounting import MODES, GroupAccountant, GroupUsage
 from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound, pool_throughput
 from dynsched_sim._heldout import HELD_OUT_FIRST_DRAW, HELD_OUT_RANGES, heldout_scenario
 from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerModel
+from dynsched_sim._plan import (
+    Candidate,
+    Plan,
+    PlanError,
+    PlannedCandidate,
+    SplitEstimate,
+    memory_problem,
+    plan,
+    write_plan,
+)
 from dynsched_sim._random import random_scenario
 from dynsched_sim._replica import ReplicaNotServingError, SimReplica, SimReplicaOptions
 from dynsched_sim._report import (
@@ -51,6 +61,7 @@ __all__ = [
     "MODES",
     "PROVENANCE_LABELS",
     "Aggregate",
+    "Candidate",
     "Configuration",
     "EngineModel",
     "GroupAccountant",
@@ -60,6 +71,9 @@ __all__ = [
     "LengthDistribution",
     "LowerBound",
     "MemoryConservationError",
+    "Plan",
+    "PlanError",
+    "PlannedCandidate",
     "PromptGroup",
     "ReplicaNotServingError",
     "RunResult",
@@ -69,6 +83,7 @@ __all__ = [
     "SimReplicaOptions",
     "SimTrainer",
     "SimulationDeadlockError",
+    "SplitEstimate",
     "Spread",
     "StalenessInputs",
     "TrainerModel",
@@ -83,6 +98,8 @@ __all__ = [
     "heldout_scenario",
     "load_scenario",
     "lower_bound",
+    "memory_problem",
+    "plan",
     "pool_throughput",
     "predicted_staleness",
     "predicted_staleness_for",
@@ -93,4 +110,5 @@ __all__ = [
     "seeds_of",
     "staleness_inputs",
     "write_outputs",
+    "write_plan",
 ]

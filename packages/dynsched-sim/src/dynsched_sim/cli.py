@@ -1,4 +1,5 @@
-"""``dynsched simulate``: the plug-in registered under the ``dynsched.cli`` entry points."""
+"""``dynsched simulate`` and ``dynsched plan``: the plug-ins registered under the
+``dynsched.cli`` entry points."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import os
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,21 +16,34 @@ from dynsched_core.errors import UsageError
 if TYPE_CHECKING:
     from dynsched_sim._scenario import Scenario
 
-__all__ = ["main", "register"]
+__all__ = ["main", "main_plan", "register", "register_plan"]
 
 
 def register(subparsers: Any) -> None:
     """Add the ``simulate`` sub-command to the ``dynsched`` dispatcher."""
-    p = subparsers.add_parser(
-        "simulate",
-        help="simulate a fully-async RL cluster on virtual time (default: the published experiment)",
-        description=(
-            "Run every configuration of a scenario with the real dynsched core on a virtual-time "
-            "event loop; print a comparison table and write result.json, table.txt and plots."
-        ),
-    )
-    _add_arguments(p)
-    p.set_defaults(func=_handler)
+    _register(subparsers, "simulate")
+
+
+def _register(subparsers: Any, name: str) -> None:
+    """Add sub-command ``name`` (its help, arguments and handler from `_COMMANDS`)."""
+    help_, description, add, handler = _COMMANDS[name]
+    p = subparsers.add_parser(name, help=help_, description=description)
+    add(p)
+    p.set_defaults(func=handler)
+
+
+def _standalone(name: str, argv: list[str] | None) -> int:
+    """Run sub-command ``name`` without the dispatcher: a usage error is one line, exit 2."""
+    from dynsched_core.cli import CommandParser, one_line
+
+    _, _, add, handler = _COMMANDS[name]
+    p = CommandParser(prog=f"dynsched {name}")
+    add(p)
+    try:
+        return int(handler(p.parse_args(argv)))
+    except UsageError as e:
+        print(f"dynsched {name}: error: {one_line(e)}", file=sys.stderr)
+        return 2
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -210,15 +225,134 @@ def _write(
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``simulate`` without the dispatcher (``python -m dynsched_sim.cli``)."""
-    from dynsched_core.cli import CommandParser, one_line
+    return _standalone("simulate", argv)
 
-    p = CommandParser(prog="dynsched simulate")
-    _add_arguments(p)
+
+# --------------------------------------------------------------------------- plan
+def register_plan(subparsers: Any) -> None:
+    """Add the ``plan`` sub-command to the ``dynsched`` dispatcher."""
+    _register(subparsers, "plan")
+
+
+def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    from dynsched_sim._plan import MAX_PLAN_GPUS, MAX_PLAN_SEEDS, MAX_SHORTLIST
+
+    p.add_argument(
+        "scenario",
+        metavar="SCENARIO",
+        help="built-in scenario name or a .yaml/.toml scenario file (verl configs: not yet)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"GPU budget, at least one replica, at most {MAX_PLAN_GPUS:,} "
+        "(default: the scenario's largest configuration)",
+    )
+    p.add_argument(
+        "--staleness-bound",
+        type=float,
+        default=None,
+        metavar="S",
+        help="most predicted mean staleness, policy versions behind per sample, >= 0 "
+        "(default: the scenario's staleness_threshold)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        metavar="K",
+        help=f"workload seeds per simulated candidate, 1..{MAX_PLAN_SEEDS} (default: 3)",
+    )
+    p.add_argument(
+        "--shortlist",
+        type=int,
+        default=4,
+        metavar="K",
+        help=f"splits simulated, 1..{MAX_SHORTLIST} (default: 4)",
+    )
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact search over the candidate set (branch and bound on the lower bound)",
+    )
+    p.add_argument(
+        "--out", default="dynsched-plan", help="output folder (default: ./dynsched-plan)"
+    )
+    p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
+    p.add_argument("--no-plot", action="store_true", help="skip plan.png")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _plan_handler(args: argparse.Namespace) -> int:
+    import json
+
+    from dynsched_sim._plan import PlanError, check_plan_inputs, format_plan, plan, write_plan
+    from dynsched_sim._scenario import ScenarioError, load_scenario
+
     try:
-        return _handler(p.parse_args(argv))
-    except UsageError as e:
-        print(f"dynsched simulate: error: {one_line(e)}", file=sys.stderr)
-        return 2
+        scenario = load_scenario(args.scenario)
+        shortlist = None if args.exact else args.shortlist
+        check_plan_inputs(
+            scenario,
+            gpus=args.gpus,
+            staleness_bound=args.staleness_bound,
+            seeds=args.seeds,
+            shortlist=shortlist,
+            flags=True,
+        )
+        _check_out(args.out)
+        note = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        result = plan(
+            scenario,
+            gpus=args.gpus,
+            staleness_bound=args.staleness_bound,
+            seeds=args.seeds,
+            shortlist=shortlist,
+            progress=note,
+        )
+    except (ScenarioError, PlanError) as e:
+        raise UsageError(str(e)) from None
+    paths = write_plan(result, args.out, plot=not args.no_plot)
+    print(json.dumps(result.to_json(), indent=2) if args.json else format_plan(result))
+    if not args.json:
+        print(f"wrote {', '.join(sorted(paths.values()))}")
+    return 0
+
+
+def main_plan(argv: list[str] | None = None) -> int:
+    """Run ``plan`` without the dispatcher."""
+    from dynsched_core.cli import EXIT_INTERRUPTED
+
+    try:
+        return _standalone("plan", argv)
+    except KeyboardInterrupt:
+        print("dynsched plan: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+#: Sub-command -> (help, description, argument adder, handler).
+_COMMANDS: dict[str, tuple[str, str, Callable[[Any], None], Callable[[Any], int]]] = {
+    "simulate": (
+        "simulate a fully-async RL cluster on virtual time (default: the published experiment)",
+        "Run every configuration of a scenario with the real dynsched core on a virtual-time "
+        "event loop; print a comparison table and write result.json, table.txt and plots.",
+        _add_arguments,
+        _handler,
+    ),
+    "plan": (
+        "plan a GPU budget: split, concurrency, staleness threshold and policy",
+        "Find the split (trainer GPUs, standalone rollout GPUs, hybrid replicas), rollout "
+        "concurrency, staleness threshold and policy with the shortest predicted time whose "
+        "closed-form mean staleness stays within the bound: an analytical model prunes, the "
+        "simulator ranks a shortlist over seeds. Prints the best candidates, writes plan.json "
+        "and plan.png. Takes a built-in scenario name or a scenario .yaml/.toml file; verl "
+        "configs are not mapped to scenarios yet.",
+        _add_plan_arguments,
+        _plan_handler,
+    ),
+}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,822 @@
+"""Plan a GPU budget: the split, rollout concurrency, staleness threshold and policy with
+the shortest predicted end-to-end time whose predicted mean staleness stays in a bound.
+
+A *candidate* is a split of ``gpus`` GPUs (trainer GPUs, standalone rollout GPUs in whole
+replicas, and whether hybrid replicas run on the trainer GPUs: ``trainer_gpus //
+engine.gpus_per_replica`` of them), the rollout concurrency per replica
+(``concurrent_samples_per_replica``), the staleness threshold and the policy. Static
+splits run ``static_fully_async``; hybrid splits run each dynamic policy asked for; a
+colocated split (no standalone replica) runs one policy, because the core's driver runs
+the same colocated schedule under every policy.
+
+The search has two stages:
+
+1. *Analytical* (every candidate, first workload seed): feasibility, then a fluid
+   estimate of the run time. Feasible means: memory fits (`memory_problem`), the core
+   accepts the schedule, and the closed-form mean staleness (`predicted_staleness_for`)
+   is within the bound. The estimate is ``max(bound, t_1 + steps * period)`` with the
+   lower bound and ``t_1`` (earliest start of step 1) of `lower_bound` and the steady
+   period of a step from the cost models: the trainer's step (plus its share of the
+   weight broadcast) against the rollout pools' sample rates at their concurrency,
+   hybrid replicas serving between training steps after a wake-up, sleep and local sync
+   per weight-sync window (`_period`). Policies are not modelled: they differ in the
+   simulator only.
+2. *Simulated*: the shortlist (the best-estimate candidate of each of the ``shortlist``
+   best splits, with the first policy it runs) is simulated over ``seeds`` workload
+   seeds, then the fastest split with its other policies; then the fastest candidate's
+   concurrency and threshold are hill-climbed in the simulator (one step either way, same
+   split and policy, at most two rounds, while a neighbour is faster), and every
+   simulated candidate is ranked by mean simulated time. With ``shortlist=None`` the search is exact
+   over the candidate set: every feasible candidate, in estimate order, unless its lower
+   bound (mean over the seeds; a bound is never above a simulated time) is already at or
+   above the best simulated mean.
+
+A plan is a prediction of the simulator's cost models; `Plan.rests_on` says which.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from dynsched_sim._bound import admissible_prompts, lower_bound
+from dynsched_sim._report import Spread
+from dynsched_sim._scenario import Configuration, Scenario, ScenarioError, load_scenario
+from dynsched_sim._sim import STATIC_POLICY, run_configuration
+from dynsched_sim._staleness import _pool_rate, predicted_staleness_for
+
+__all__ = [
+    "DEFAULT_PLAN_POLICIES",
+    "Candidate",
+    "Plan",
+    "PlanError",
+    "PlannedCandidate",
+    "SplitEstimate",
+    "check_plan_inputs",
+    "format_plan",
+    "memory_problem",
+    "plan",
+    "write_plan",
+]
+
+#: Largest GPU budget a plan accepts.
+MAX_PLAN_GPUS = 16_384
+#: Most workload seeds a plan simulates per candidate.
+MAX_PLAN_SEEDS = 100
+#: Largest shortlist (splits simulated).
+MAX_SHORTLIST = 1_000
+DEFAULT_PLAN_POLICIES = (STATIC_POLICY, "default", "fixed_ratio", "predictive")
+#: Staleness thresholds tried besides the scenario's own.
+DEFAULT_THRESHOLDS = (0.0, 0.25, 0.5, 1.0)
+#: Concurrencies tried: the scenario's ``concurrent_samples_per_replica`` times these.
+CONCURRENCY_FACTORS = (0.5, 1.0, 2.0)
+_GIB = float(2**30)
+#: Most hill-climbing rounds on the best candidate's concurrency and threshold.
+_REFINE_ROUNDS = 2
+
+PRUNING_RULE = (
+    "drop candidates whose memory does not fit, whose schedule the core refuses or whose "
+    "closed-form mean staleness exceeds the bound; rank the rest by a fluid estimate "
+    "max(lower bound, t_1 + steps * steady step period); simulate the best-estimate "
+    "candidate of each of the {k} best splits with every policy it runs"
+)
+EXACT_RULE = (
+    "drop candidates whose memory does not fit, whose schedule the core refuses or whose "
+    "closed-form mean staleness exceeds the bound; simulate the rest in fluid-estimate "
+    "order, skipping a candidate only when its lower bound (mean over the seeds) is at or "
+    "above the best simulated mean (exact over the candidate set)"
+)
+MEMORY_RULE = (
+    "memory checked: each replica's weights fit its memory fraction "
+    "(EngineModel.max_running); the trainer's weights, gradients and optimizer state fit "
+    "its GPUs during a step (TrainerModel.resident_bytes_per_gpu <= gpu_memory_gib); "
+    "without trainer.offload_state an awake hybrid replica fits next to the resident "
+    "trainer state (the simulator's own check)"
+)
+
+Progress = Callable[[str], None]
+
+
+class PlanError(ValueError):
+    """Bad planner input, or no feasible candidate; the message names the parameter."""
+
+
+@attrs.frozen(kw_only=True)
+class Candidate:
+    """One configuration the planner considers.
+
+    Attributes:
+        trainer_gpus: GPUs of the trainer (hosting hybrid replicas when ``hybrid``).
+        rollout_gpus: GPUs of the standalone rollout replicas.
+        hybrid: Hybrid replicas on the trainer GPUs (``trainer_gpus // gpus_per_replica``).
+        policy: The policy it runs.
+        concurrency: ``concurrent_samples_per_replica``.
+        staleness_threshold: ``staleness_threshold`` of the schedule.
+    """
+
+    trainer_gpus: int
+    rollout_gpus: int
+    hybrid: bool
+    policy: str
+    concurrency: int
+    staleness_threshold: float
+
+    @property
+    def split(self) -> str:
+        """``hybrid-16-16`` / ``static-8-24``."""
+        kind = "hybrid" if self.hybrid else "static"
+        return f"{kind}-{self.trainer_gpus}-{self.rollout_gpus}"
+
+    @property
+    def name(self) -> str:
+        """Split, policy, concurrency and threshold in one label."""
+        return f"{self.split}/{self.policy}/c{self.concurrency}/s{self.staleness_threshold:g}"
+
+    def configuration(self) -> Configuration:
+        """The scenario `Configuration` of the split."""
+        return Configuration(
+            name=self.split,
+            trainer_gpus=self.trainer_gpus,
+            rollout_gpus=self.rollout_gpus,
+            hybrid=self.hybrid,
+        )
+
+    def scenario_for(self, scenario: Scenario) -> Scenario:
+        """``scenario`` with this candidate's concurrency and threshold."""
+        return scenario.with_values(
+            schedule={
+                "concurrent_samples_per_replica": self.concurrency,
+                "staleness_threshold": self.staleness_threshold,
+            }
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (also ``name``)."""
+        return {"name": self.name, **attrs.asdict(self)}
+
+
+@attrs.frozen(kw_only=True)
+class SplitEstimate:
+    """The analytical model's best estimate for one split (the plot's curve).
+
+    Attributes:
+        trainer_gpus: Trainer GPUs.
+        rollout_gpus: Standalone rollout GPUs.
+        hybrid: Hybrid replicas on the trainer GPUs.
+        estimate_s: Best fluid estimate over the split's feasible concurrencies and
+            thresholds (None when none is feasible).
+        problem: Why no candidate of the split is feasible ("" when one is).
+    """
+
+    trainer_gpus: int
+    rollout_gpus: int
+    hybrid: bool
+    estimate_s: float | None
+    problem: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class PlannedCandidate:
+    """A simulated candidate with what the plan predicts for it.
+
+    Attributes:
+        candidate: The candidate.
+        time_s: Simulated wall-clock over the seeds (mean, spread).
+        estimate_s: The fluid estimate (first seed).
+        lower_bound_s: Mean lower bound over the seeds.
+        efficiency: ``lower bound / simulated`` over the seeds.
+        predicted_staleness: Closed-form mean staleness (first seed).
+        simulated_staleness: Measured mean staleness, mean over the seeds.
+        why_next_lost: Why the next candidate in the ranking ranks below this one
+            ("" for the last).
+    """
+
+    candidate: Candidate
+    time_s: Spread
+    estimate_s: float
+    lower_bound_s: float
+    efficiency: Spread
+    predicted_staleness: float
+    simulated_staleness: float
+    why_next_lost: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "candidate": self.candidate.to_json(),
+            "time_s": self.time_s.to_json(),
+            "estimate_s": self.estimate_s,
+            "lower_bound_s": self.lower_bound_s,
+            "efficiency": self.efficiency.to_json(),
+            "predicted_staleness": self.predicted_staleness,
+            "simulated_staleness": self.simulated_staleness,
+            "why_next_lost": self.why_next_lost,
+        }
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """The result of `plan`.
+
+    Attributes:
+        scenario: Scenario name.
+        gpus: The GPU budget.
+        staleness_bound: Bound on the predicted mean staleness.
+        seeds: Workload seeds every simulated candidate ran.
+        ranked: The simulated candidates, fastest first.
+        splits: Per split, the analytical model's best estimate.
+        candidates: Candidates considered (every split, concurrency, threshold, policy).
+        pruned: Candidates not simulated, counted by reason.
+        rests_on: What the plan rests on (simulator, calibration, seeds, models, rules).
+        pruning_rule: The rule that chose what to simulate.
+        seconds: Wall time of the planning.
+    """
+
+    scenario: str
+    gpus: int
+    staleness_bound: float
+    seeds: tuple[int, ...]
+    ranked: tuple[PlannedCandidate, ...]
+    splits: tuple[SplitEstimate, ...]
+    candidates: int
+    pruned: Mapping[str, int]
+    rests_on: tuple[str, ...]
+    pruning_rule: str
+    seconds: float = attrs.field(eq=False)
+
+    @property
+    def best(self) -> PlannedCandidate:
+        """The fastest simulated candidate."""
+        return self.ranked[0]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (``plan.json``)."""
+        return {
+            "scenario": self.scenario,
+            "gpus": self.gpus,
+            "staleness_bound": self.staleness_bound,
+            "seeds": list(self.seeds),
+            "best": self.best.to_json(),
+            "ranked": [r.to_json() for r in self.ranked],
+            "splits": [s.to_json() for s in self.splits],
+            "candidates": self.candidates,
+            "simulated": len(self.ranked),
+            "pruned": dict(self.pruned),
+            "rests_on": list(self.rests_on),
+            "pruning_rule": self.pruning_rule,
+            "seconds": self.seconds,
+        }
+
+
+# ------------------------------------------------------------------------------ inputs
+def check_plan_inputs(
+    scenario: Scenario,
+    *,
+    gpus: int | None,
+    staleness_bound: float | None,
+    seeds: int,
+    shortlist: int | None,
+    flags: bool = False,
+) -> None:
+    """Every planner input in range.
+
+    Raises:
+        PlanError: naming the parameter (``--gpus`` style when ``flags``) and its range.
+    """
+
+    def name(p: str) -> str:
+        return "--" + p.replace("_", "-") if flags else p
+
+    g = scenario.engine.gpus_per_replica
+    for param, value, lo, hi, what in (
+        ("gpus", gpus, g, MAX_PLAN_GPUS, f" (one replica is {g} GPUs)"),
+        ("seeds", seeds, 1, MAX_PLAN_SEEDS, ""),
+        ("shortlist", shortlist, 1, MAX_SHORTLIST, ""),
+    ):
+        ok = isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+        if value is not None and not ok:
+            shown = "a huge number" if isinstance(value, int) and abs(value) > 10**30 else value
+            raise PlanError(
+                f"{name(param)} must be an integer >= {lo}{what} and <= {hi:,}, got {shown!r}"
+            )
+    if staleness_bound is not None and not (
+        isinstance(staleness_bound, int | float) and 0.0 <= staleness_bound < math.inf
+    ):
+        raise PlanError(
+            f"{name('staleness_bound')} must be a finite number >= 0 (policy versions "
+            f"behind per sample), got {staleness_bound!r}"
+        )
+
+
+def memory_problem(scenario: Scenario, trainer_gpus: int, rollout_gpus: int, hybrid: bool) -> str:
+    """Why a split does not fit in memory ("" when it fits; `MEMORY_RULE`)."""
+    hw, llm, eng = scenario.hardware, scenario.model, scenario.engine
+    gpu = hw.gpu_memory_gib * _GIB
+    state = scenario.trainer.resident_bytes_per_gpu(llm, trainer_gpus)
+    if state > gpu:
+        return (
+            f"memory: trainer state {state / _GIB:.1f} GiB per GPU on {trainer_gpus} GPUs "
+            f"exceeds {hw.gpu_memory_gib:g} GiB"
+        )
+    roles = (["standalone"] if rollout_gpus else []) + (["hybrid"] if hybrid else [])
+    for role in roles:
+        try:
+            eng.max_running(role, hw, llm)
+        except ValueError as e:
+            return f"memory: {e}"
+    if hybrid and not scenario.trainer.offload_state:
+        engine = eng.hybrid_memory_fraction * gpu
+        if engine + state > gpu:
+            return (
+                f"memory: an awake hybrid replica ({engine / _GIB:.1f} GiB per GPU) does not "
+                f"fit next to the resident trainer state ({state / _GIB:.1f} GiB per GPU)"
+            )
+    return ""
+
+
+def _splits(gpus: int, g: int) -> Iterator[tuple[int, int, bool]]:
+    """``(trainer, rollout, hybrid)`` of every split of ``gpus`` (rollout in whole replicas,
+    trainer >= 1 GPU, hybrid only on whole replicas of trainer GPUs)."""
+    for rollout in range(0, gpus, g):
+        trainer = gpus - rollout
+        if rollout:
+            yield trainer, rollout, False
+        if trainer % g == 0:
+            yield trainer, rollout, True
+
+
+def _knobs(scenario: Scenario) -> tuple[list[int], list[float]]:
+    """The concurrencies and staleness thresholds tried."""
+    base = scenario.schedule_config(scenario.configurations[0])
+    per = base.concurrent_samples_per_replica
+    conc = sorted({max(1, round(per * f)) for f in CONCURRENCY_FACTORS})
+    thresholds = sorted({*DEFAULT_THRESHOLDS, float(base.staleness_threshold)})
+    return conc, thresholds
+
+
+def _candidates(
+    scenario: Scenario, gpus: int, policies: Sequence[str]
+) -> list[tuple[Candidate, tuple[str, ...]]]:
+    """Every analytical candidate (policy: its first) with the policies it runs."""
+    dynamic = tuple(p for p in policies if p != STATIC_POLICY)
+    conc, thresholds = _knobs(scenario)
+    out = []
+    for trainer, rollout, hybrid in _splits(gpus, scenario.engine.gpus_per_replica):
+        if not hybrid:
+            runs: tuple[str, ...] = (STATIC_POLICY,) if STATIC_POLICY in policies else ()
+        else:
+            runs = dynamic if rollout else (dynamic or tuple(policies))[:1]
+        for c in conc if runs else ():
+            for s in thresholds:
+                cand = Candidate(
+                    trainer_gpus=trainer,
+                    rollout_gpus=rollout,
+                    hybrid=hybrid,
+                    policy=runs[0],
+                    concurrency=c,
+                    staleness_threshold=s,
+                )
+                out.append((cand, runs))
+    return out
+
+
+# ------------------------------------------------------------------------ analytical
+@attrs.frozen
+class _Assessment:
+    candidate: Candidate
+    policies: tuple[str, ...]
+    problem: str
+    estimate_s: float = math.inf
+    staleness: float = math.nan
+
+
+def _period(scenario: Scenario, conf: Configuration, cfg: Any, resp: Any, tokens: float) -> float:
+    """Steady seconds per micro-step: the trainer against the rollout pools (module doc)."""
+    sc, hw, llm = scenario, scenario.hardware, scenario.model
+    b, t_sync = cfg.required_samples, cfg.trigger_parameter_sync_step
+    mean_len = float(resp.mean())
+    tail = float(resp.max(axis=1).mean()) / mean_len
+    g, per, m = (
+        sc.engine.gpus_per_replica,
+        cfg.concurrent_samples_per_replica,
+        cfg.max_required_samples,
+    )
+    n_s, n_h = conf.rollout_gpus // g, (conf.trainer_gpus // g if conf.hybrid else 0)
+    l_s = _pool_rate(sc, "standalone", n_s, min(per * n_s, m), tail, mean_len)[0]
+    l_h = _pool_rate(sc, "hybrid", n_h, min(per * n_h, m), tail, mean_len)[0]
+    sync = sc.engine.broadcast_sync_s(hw, llm) if n_s else 0.0
+    swap = sc.trainer.state_swap_s(hw, llm, conf.trainer_gpus)
+    train = sc.trainer.step_s(int(b * tokens), conf.trainer_gpus, swap) + sync / t_sync
+    rollout = b / l_s + sync / t_sync if l_s > 0 else math.inf
+    if l_h > 0:
+        switch = sc.engine.wake_s(hw, llm) + sc.engine.sleep_s(hw, llm)
+        switch += sc.engine.local_sync_s(hw, llm)
+        lent = (t_sync * b + l_h * (t_sync * train + switch)) / (t_sync * (l_s + l_h))
+        rollout = min(rollout, lent)
+    return max(train, rollout)
+
+
+def _assess(
+    scenario: Scenario,
+    cand: Candidate,
+    policies: tuple[str, ...],
+    seed: int,
+    bound: float | None,
+) -> _Assessment:
+    """Feasibility, closed-form staleness and fluid estimate of one candidate."""
+    problem = memory_problem(scenario, cand.trainer_gpus, cand.rollout_gpus, cand.hybrid)
+    if problem:
+        return _Assessment(cand, policies, problem)
+    sc, conf = cand.scenario_for(scenario), cand.configuration()
+    try:
+        cfg = sc.schedule_config(conf, cand.policy)
+    except ScenarioError as e:
+        return _Assessment(cand, policies, f"schedule: {e}")
+    stale = predicted_staleness_for(sc, conf, cand.policy, seed=seed)
+    if bound is not None and stale > bound + 1e-12:
+        return _Assessment(cand, policies, "predicted staleness over the bound", staleness=stale)
+    consumed = sc.steps * cfg.required_samples
+    wl = sc.workload.generate(admissible_prompts(sc, conf, cfg), seed, run_samples=consumed)
+    lb = lower_bound(sc, conf, wl, cfg)
+    resp, tokens = wl.response_lens[:consumed], float(wl.group_tokens()[:consumed].mean())
+    fluid = lb.step_starts_s[0] + sc.steps * _period(sc, conf, cfg, resp, tokens)
+    return _Assessment(cand, policies, "", max(lb.seconds, fluid), stale)
+
+
+def _split_estimates(assessed: Sequence[_Assessment]) -> tuple[SplitEstimate, ...]:
+    """Per split, the best feasible estimate (or the first problem)."""
+    by: dict[tuple[int, int, bool], list[_Assessment]] = {}
+    for a in assessed:
+        c = a.candidate
+        by.setdefault((c.trainer_gpus, c.rollout_gpus, c.hybrid), []).append(a)
+    out = []
+    for (t, r, h), group in by.items():
+        ok = [a.estimate_s for a in group if not a.problem]
+        est = min(ok) if ok else None
+        out.append(
+            SplitEstimate(
+                trainer_gpus=t,
+                rollout_gpus=r,
+                hybrid=h,
+                estimate_s=est,
+                problem="" if ok else group[0].problem,
+            )
+        )
+    return tuple(sorted(out, key=lambda s: (s.trainer_gpus, s.hybrid)))
+
+
+# ------------------------------------------------------------------------- simulated
+def _simulated(
+    scenario: Scenario, a: _Assessment, policy: str, seeds: Sequence[int]
+) -> PlannedCandidate:
+    """Run one candidate over the seeds."""
+    cand = attrs.evolve(a.candidate, policy=policy)
+    sc, conf = cand.scenario_for(scenario), cand.configuration()
+    runs = [run_configuration(sc, conf, policy, seed=s) for s in seeds]
+    return PlannedCandidate(
+        candidate=cand,
+        time_s=Spread.of([r.wall_clock_s for r in runs]),
+        estimate_s=a.estimate_s,
+        lower_bound_s=sum(r.lower_bound_s for r in runs) / len(runs),
+        efficiency=Spread.of([r.efficiency for r in runs]),
+        predicted_staleness=a.staleness,
+        simulated_staleness=sum(r.staleness.get("mean", 0.0) for r in runs) / len(runs),
+    )
+
+
+def _mean_bound(scenario: Scenario, cand: Candidate, seeds: Sequence[int]) -> float:
+    """Mean over the seeds of the candidate's lower bound."""
+    sc, conf = cand.scenario_for(scenario), cand.configuration()
+    cfg = sc.schedule_config(conf, cand.policy)
+    consumed = sc.steps * cfg.required_samples
+    total = 0.0
+    for s in seeds:
+        wl = sc.workload.generate(admissible_prompts(sc, conf, cfg), s, run_samples=consumed)
+        total += lower_bound(sc, conf, wl, cfg).seconds
+    return total / len(seeds)
+
+
+def _shortlisted(feasible: Sequence[_Assessment], k: int) -> list[_Assessment]:
+    """The best-estimate candidate of each of the ``k`` best splits."""
+    chosen: dict[str, _Assessment] = {}
+    for a in feasible:
+        chosen.setdefault(a.candidate.split, a)
+        if len(chosen) == k:
+            break
+    return list(chosen.values())
+
+
+def _run_shortlist(
+    scenario: Scenario,
+    feasible: Sequence[_Assessment],
+    seeds: Sequence[int],
+    shortlist: int | None,
+    note: Callable[[str], None],
+) -> tuple[list[PlannedCandidate], dict[str, int]]:
+    """Simulate what the rule selects; the simulated candidates and the skipped counts.
+
+    Shortlist: each split with its first policy, then the best split's other policies."""
+    pruned: dict[str, int] = {}
+    done: list[PlannedCandidate] = []
+    if shortlist is None:
+        _exact(scenario, feasible, seeds, done, pruned, note)
+        return done, pruned
+    chosen = _shortlisted(feasible, shortlist)
+    for i, a in enumerate(chosen, 1):
+        note(f"simulating split {i}/{len(chosen)}: {a.candidate.name} over {len(seeds)} seed(s)")
+        done.append(_simulated(scenario, a, a.policies[0], seeds))
+    best = min(done, key=lambda d: d.time_s.mean)
+    top = next(a for a in chosen if a.candidate.split == best.candidate.split)
+    for policy in top.policies[1:]:
+        note(f"simulating policy {policy} on {top.candidate.split}")
+        done.append(_simulated(scenario, top, policy, seeds))
+    return done, pruned
+
+
+def _exact(
+    scenario: Scenario,
+    feasible: Sequence[_Assessment],
+    seeds: Sequence[int],
+    done: list[PlannedCandidate],
+    pruned: dict[str, int],
+    note: Callable[[str], None],
+) -> None:
+    """Every feasible candidate in estimate order unless its lower bound cannot win."""
+    key = "lower bound at or above the best simulated time"
+    jobs = [(a, p) for a in feasible for p in a.policies]
+    for i, (a, policy) in enumerate(jobs, 1):
+        best = min((d.time_s.mean for d in done), default=math.inf)
+        if _mean_bound(scenario, attrs.evolve(a.candidate, policy=policy), seeds) >= best:
+            pruned[key] = pruned.get(key, 0) + 1
+            continue
+        note(f"simulating {i}/{len(jobs)}: {a.candidate.name} ({policy}) over {len(seeds)} seed(s)")
+        done.append(_simulated(scenario, a, policy, seeds))
+
+
+def _knob_key(c: Candidate) -> tuple[str, str, int, float]:
+    return (c.split, c.policy, c.concurrency, c.staleness_threshold)
+
+
+def _refine(
+    scenario: Scenario,
+    feasible: Sequence[_Assessment],
+    seeds: Sequence[int],
+    done: list[PlannedCandidate],
+    note: Callable[[str], None],
+) -> int:
+    """Hill-climb the best simulated candidate's concurrency and threshold (one step of
+    each either way, same split and policy) while a neighbour is faster; runs added."""
+    conc, thresholds = _knobs(scenario)
+    index = {
+        _knob_key(attrs.evolve(a.candidate, policy=p)): a for a in feasible for p in a.policies
+    }
+    tried = {_knob_key(d.candidate) for d in done}
+    added = 0
+    for _ in range(_REFINE_ROUNDS):
+        best = min(done, key=lambda d: d.time_s.mean)
+        c = best.candidate
+        i, j = conc.index(c.concurrency), thresholds.index(c.staleness_threshold)
+        steps = [(i + di, j) for di in (-1, 1)] + [(i, j + dj) for dj in (-1, 1)]
+        keys = [
+            (c.split, c.policy, conc[a], thresholds[b])
+            for a, b in steps
+            if 0 <= a < len(conc) and 0 <= b < len(thresholds)
+        ]
+        fresh = [k for k in keys if k in index and k not in tried]
+        for k in fresh:
+            tried.add(k)
+            note(f"refining: {c.split}/{c.policy}/c{k[2]}/s{k[3]:g}")
+            done.append(_simulated(scenario, index[k], c.policy, seeds))
+            added += 1
+        if min(done, key=lambda d: d.time_s.mean) is best:
+            break
+    return added
+
+
+def _why(a: PlannedCandidate, b: PlannedCandidate, bound: float | None) -> str:
+    """Why ``b`` ranks below ``a``."""
+    slower = b.time_s.mean / a.time_s.mean - 1.0
+    text = f"slower by {100 * slower:.1f}%"
+    if abs(b.time_s.mean - a.time_s.mean) <= max(a.time_s.std, b.time_s.std):
+        text += " (within the seed spread)"
+    if bound is not None and b.simulated_staleness > bound:
+        text += f"; simulated staleness {b.simulated_staleness:.2f} over the bound"
+    return text
+
+
+def _ranked(done: Sequence[PlannedCandidate], bound: float | None) -> tuple[PlannedCandidate, ...]:
+    order = sorted(done, key=lambda d: (d.time_s.mean, d.estimate_s, d.candidate.name))
+    return tuple(
+        attrs.evolve(d, why_next_lost=_why(d, order[i + 1], bound) if i + 1 < len(order) else "")
+        for i, d in enumerate(order)
+    )
+
+
+def _rests_on(scenario: Scenario, seeds: Sequence[int], rule: str) -> tuple[str, ...]:
+    from dynsched_sim import __version__
+
+    labels: dict[str, int] = {}
+    for p in scenario.parameter_paths():
+        label = (scenario.label_of(p) or ("unlabelled",))[0]
+        labels[label] = labels.get(label, 0) + 1
+    fitted = [f"{p} ({(scenario.label_of(p) or ('', ''))[1]})" for p in scenario.fitted()]
+    return (
+        f"simulator: dynsched-sim {__version__} (the real core on virtual time); times and "
+        "staleness are predictions of its cost models",
+        f"scenario {scenario.name!r} parameters by provenance label: "
+        + ", ".join(f"{n} {k}" for k, n in sorted(labels.items())),
+        "fitted: " + ("; ".join(fitted) if fitted else "none"),
+        f"workload seeds: {list(seeds)}",
+        "staleness: closed form (dynsched_sim.predicted_staleness_for, first seed)",
+        MEMORY_RULE,
+        f"pruning: {rule}",
+    )
+
+
+def plan(
+    scenario: Scenario | str | os.PathLike[str],
+    *,
+    gpus: int | None = None,
+    staleness_bound: float | None = None,
+    seeds: int = 3,
+    shortlist: int | None = 4,
+    policies: Sequence[str] = DEFAULT_PLAN_POLICIES,
+    progress: Progress | None = None,
+) -> Plan:
+    """The candidate with the shortest simulated time among those the analytical model
+    shortlists, with every simulated candidate ranked (module docstring).
+
+    Args:
+        scenario: A `Scenario`, a built-in name or a scenario file.
+        gpus: GPU budget (default: the scenario's largest configuration).
+        staleness_bound: Most predicted mean staleness (versions behind per sample);
+            None: the scenario's ``staleness_threshold`` (under verl's rule no run exceeds
+            it on average, so the plan never predicts more staleness than the scenario's
+            own setting allows).
+        seeds: Workload seeds simulated per candidate (the scenario's seed onwards).
+        shortlist: Splits simulated; None: exact search over the candidate set.
+        policies: Policies to consider (``static_fully_async`` allows static splits).
+        progress: Called with one line per stage and simulated candidate.
+
+    Raises:
+        PlanError: an input out of range, or no feasible candidate.
+    """
+    start = time.perf_counter()
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    gpus = max(c.total_gpus for c in sc.configurations) if gpus is None else gpus
+    if staleness_bound is None:
+        staleness_bound = float(sc.schedule_config(sc.configurations[0]).staleness_threshold)
+    check_plan_inputs(
+        sc, gpus=gpus, staleness_bound=staleness_bound, seeds=seeds, shortlist=shortlist
+    )
+    if not policies:
+        raise PlanError("policies must name at least one policy")
+    note = progress if progress is not None else (lambda _line: None)
+    seed_list = tuple(range(sc.seed, sc.seed + seeds))
+    todo = _candidates(sc, gpus, list(policies))
+    note(f"plan {sc.name}: {len(todo)} analytical candidates on {gpus} GPUs")
+    assessed = [_assess(sc, c, runs, seed_list[0], staleness_bound) for c, runs in todo]
+    feasible = sorted((a for a in assessed if not a.problem), key=lambda a: a.estimate_s)
+    if not feasible:
+        reasons = sorted({a.problem.split(":")[0] for a in assessed}) or ["no split"]
+        raise PlanError(f"no feasible candidate on {gpus} GPUs ({', '.join(reasons)})")
+    rule = EXACT_RULE if shortlist is None else PRUNING_RULE.format(k=shortlist)
+    done, pruned = _run_shortlist(sc, feasible, seed_list, shortlist, note)
+    if shortlist is not None:
+        _refine(sc, feasible, seed_list, done, note)
+        left = sum(len(a.policies) for a in feasible) - len(done)
+        if left:
+            pruned["not shortlisted (fluid estimate)"] = left
+    for a in assessed:
+        if a.problem:
+            key = a.problem.split(":")[0] if ":" in a.problem else a.problem
+            pruned[key] = pruned.get(key, 0) + len(a.policies)
+    return Plan(
+        scenario=sc.name,
+        gpus=gpus,
+        staleness_bound=staleness_bound,
+        seeds=seed_list,
+        ranked=_ranked(done, staleness_bound),
+        splits=_split_estimates(assessed),
+        candidates=sum(len(a.policies) for a in assessed),
+        pruned=pruned,
+        rests_on=_rests_on(sc, seed_list, rule),
+        pruning_rule=rule,
+        seconds=time.perf_counter() - start,
+    )
+
+
+# ---------------------------------------------------------------------------- output
+def format_plan(p: Plan, top: int = 10) -> str:
+    """The best candidates as a table, with what the plan rests on."""
+    head = [
+        "#",
+        "split",
+        "policy",
+        "conc",
+        "thr",
+        "time h (±sd)",
+        "est h",
+        "eff",
+        "stale pred/sim",
+        "why the next one lost",
+    ]
+    rows = [
+        [
+            str(i),
+            r.candidate.split,
+            r.candidate.policy,
+            str(r.candidate.concurrency),
+            f"{r.candidate.staleness_threshold:g}",
+            f"{r.time_s.mean / 3600:.3f} ±{r.time_s.std / 3600:.3f}",
+            f"{r.estimate_s / 3600:.3f}",
+            f"{r.efficiency.mean:.3f}",
+            f"{r.predicted_staleness:.2f}/{r.simulated_staleness:.2f}",
+            r.why_next_lost,
+        ]
+        for i, r in enumerate(p.ranked[:top], 1)
+    ]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=False)]
+    lines = [
+        "  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
+        for row in (head, *rows)
+    ]
+    lines.insert(
+        0,
+        f"plan {p.scenario}: {p.gpus} GPUs, staleness bound {p.staleness_bound:g}, "
+        f"{p.candidates} candidates, {len(p.ranked)} simulated over seeds "
+        f"{list(p.seeds)} in {p.seconds:.1f} s",
+    )
+    lines.append("not simulated: " + ", ".join(f"{n} {k}" for k, n in sorted(p.pruned.items())))
+    return "\n".join(lines)
+
+
+def write_plan(p: Plan, out_dir: str | os.PathLike[str], *, plot: bool = True) -> dict[str, str]:
+    """``plan.json`` and (``plot``) ``plan.png`` in ``out_dir``; their paths."""
+    import json
+
+    from dynsched_core.storage import atomic_write_text
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(os.fspath(out_dir), "plan.json")}
+    atomic_write_text(paths["json"], json.dumps(p.to_json(), indent=2) + "\n")
+    if plot:
+        paths["plot"] = _plot(p, os.path.join(os.fspath(out_dir), "plan.png"))
+    return paths
+
+
+def _plot(p: Plan, path: str) -> str:
+    """Predicted time against trainer share: the fluid estimate per split (lines) and the
+    simulated candidates (mean ± std over the seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for hybrid, style in ((False, "C0"), (True, "C1")):
+        pts = [
+            (s.trainer_gpus / p.gpus, s.estimate_s / 3600)
+            for s in p.splits
+            if s.hybrid == hybrid and s.estimate_s is not None
+        ]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            label = "hybrid" if hybrid else "static"
+            ax.plot(xs, ys, "-", color=style, alpha=0.6, label=f"fluid estimate ({label})")
+    for i, r in enumerate(p.ranked):
+        c = r.candidate
+        ax.errorbar(
+            c.trainer_gpus / p.gpus,
+            r.time_s.mean / 3600,
+            yerr=r.time_s.std / 3600,
+            fmt="o",
+            color="C1" if c.hybrid else "C0",
+            ms=4,
+            label="simulated (mean ± sd over seeds)" if i == 0 else None,
+        )
+    b = p.best
+    ax.plot(
+        b.candidate.trainer_gpus / p.gpus,
+        b.time_s.mean / 3600,
+        "k*",
+        ms=12,
+        label=f"best: {b.candidate.name}",
+    )
+    ax.set_xlabel("trainer share of the GPUs")
+    ax.set_ylabel("predicted time (h)")
+    ax.set_title(f"dynsched plan {p.scenario} ({p.gpus} GPUs)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

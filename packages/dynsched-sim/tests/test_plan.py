@@ -1,0 +1,178 @@
+"""`dynsched plan`: feasibility of every planned candidate, exactness on a small candidate
+set, the command's bad-input lines and its outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from dynsched_sim import (
+    PlanError,
+    load_scenario,
+    plan,
+    predicted_staleness_for,
+    random_scenario,
+)
+from dynsched_sim._plan import _assess, _candidates, _simulated
+from dynsched_sim.calibrate import scenario_to_dict
+from dynsched_sim.cli import main_plan
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+GIB = 2.0**30
+POLICIES = ("static_fully_async", "default")
+
+
+def _fits(sc, c) -> bool:  # type: ignore[no-untyped-def]
+    """Memory, computed here from the scenario's numbers (not through the planner)."""
+    gpu = sc.hardware.gpu_memory_gib * GIB
+    llm, eng = sc.model, sc.engine
+    trainer = llm.params_b * 1e9 * (llm.bytes_per_param + llm.trainer_state_bytes_per_param)
+    if trainer / c.trainer_gpus > gpu:
+        return False
+    fractions = [eng.standalone_memory_fraction] if c.rollout_gpus else []
+    fractions += [eng.hybrid_memory_fraction] if c.hybrid else []
+    if any(eng.gpus_per_replica * gpu * f <= llm.weight_bytes for f in fractions):
+        return False
+    resident = c.hybrid and not sc.trainer.offload_state
+    return not resident or eng.hybrid_memory_fraction * gpu + trainer / c.trainer_gpus <= gpu
+
+
+@settings(max_examples=10)
+@given(
+    seed=st.integers(0, 10_000),
+    bound=st.sampled_from([0.0, 0.1, 0.3, 1.0]),
+    extra=st.integers(0, 2),
+)
+def test_plan_never_violates_memory_or_the_staleness_bound(
+    seed: int, bound: float, extra: int
+) -> None:
+    sc = random_scenario(seed, max_steps=4)
+    g = sc.engine.gpus_per_replica
+    gpus = max(c.total_gpus for c in sc.configurations) + extra * g
+    try:
+        p = plan(sc, gpus=gpus, staleness_bound=bound, seeds=1, shortlist=2, policies=POLICIES)
+    except PlanError as e:
+        assert "no feasible candidate" in str(e)
+        for cand, _ in _candidates(sc, gpus, list(POLICIES)):  # truly none
+            assert not _fits(sc, cand) or _assess(sc, cand, (), seed, bound).problem
+        return
+    for r in p.ranked:
+        c = r.candidate
+        assert c.trainer_gpus + c.rollout_gpus == gpus
+        assert c.rollout_gpus % g == 0 and (not c.hybrid or c.trainer_gpus % g == 0)
+        assert _fits(sc, c), c.name
+        stale = predicted_staleness_for(c.scenario_for(sc), c.configuration(), c.policy, seed=seed)
+        assert stale <= bound + 1e-9, (c.name, stale)
+        assert r.predicted_staleness == pytest.approx(stale)
+
+
+def test_memory_rule_refuses_a_trainer_that_does_not_fit() -> None:
+    sc = load_scenario("seed-qwen35")  # 35 B x 18 bytes: 73 GiB per GPU on 8 GPUs
+    p = plan(sc.with_steps(4), gpus=32, seeds=1, shortlist=8, policies=POLICIES)
+    assert p.splits and all(s.problem == "" for s in p.splits)
+    small = sc.with_values(hardware={"gpu_memory_gib": 40.0})  # 8 trainer GPUs: 73 GiB
+    p = plan(small.with_steps(4), gpus=32, seeds=1, shortlist=8, policies=POLICIES)
+    eight = [s for s in p.splits if s.trainer_gpus == 8]
+    assert eight and all(s.problem.startswith("memory: trainer state") for s in eight)
+    assert all(r.candidate.trainer_gpus >= 16 for r in p.ranked)
+
+
+def _exhaustive(sc, gpus: int, seeds: tuple[int, ...], bound: float):  # type: ignore[no-untyped-def]
+    runs = []
+    for cand, pols in _candidates(sc, gpus, list(POLICIES)):
+        a = _assess(sc, cand, pols, seeds[0], bound)
+        runs += [_simulated(sc, a, pol, seeds) for pol in (pols if not a.problem else ())]
+    return min(runs, key=lambda d: d.time_s.mean)
+
+
+def test_exact_plan_is_the_exhaustive_best_of_its_candidate_set() -> None:
+    sc = load_scenario("seed-qwen35").with_steps(4)
+    exact = plan(sc, gpus=16, seeds=2, shortlist=None, policies=POLICIES)
+    best = _exhaustive(sc, 16, exact.seeds, exact.staleness_bound)
+    assert exact.best.candidate == best.candidate
+    assert exact.best.time_s.mean == best.time_s.mean
+    # the default shortlist simulates fewer candidates and ranks them
+    quick = plan(sc, gpus=16, seeds=2, shortlist=2, policies=POLICIES)
+    times = [r.time_s.mean for r in quick.ranked]
+    assert times == sorted(times) and quick.best.time_s.mean >= best.time_s.mean
+    assert quick.ranked[0].why_next_lost.startswith("slower by")
+    assert quick.ranked[-1].why_next_lost == ""
+    assert quick.pruned.get("not shortlisted (fluid estimate)", 0) > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["no-such-scenario"], "unknown scenario"),
+        (["seed-qwen35", "--gpus", "0"], "--gpus"),
+        (["seed-qwen35", "--gpus", "4"], "--gpus"),
+        (["seed-qwen35", "--gpus", "1000000"], "--gpus"),
+        (["seed-qwen35", "--staleness-bound", "-1"], "--staleness-bound"),
+        (["seed-qwen35", "--staleness-bound", "nan"], "--staleness-bound"),
+        (["seed-qwen35", "--seeds", "0"], "--seeds"),
+        (["seed-qwen35", "--seeds", "101"], "--seeds"),
+        (["seed-qwen35", "--shortlist", "0"], "--shortlist"),
+        (["seed-qwen35", "--seeds", "two"], "--seeds"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], names: str, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    try:
+        rc = main_plan([*argv, "--out", str(tmp_path / "o")])
+    except SystemExit as e:  # argparse: a value of the wrong type
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and names in err, err
+    if argv[-1] != "two" and names.startswith("--"):
+        assert "must be" in err  # the allowed values
+
+
+def test_dispatcher_registers_plan(capsys) -> None:  # type: ignore[no-untyped-def]
+    from dynsched_core.cli import main
+
+    assert main(["plan", "seed-qwen35", "--seeds", "0"]) == 2
+    assert "--seeds must be an integer >= 1" in capsys.readouterr().err
+
+
+def _small_file(tmp_path: Path) -> Path:
+    data = scenario_to_dict(load_scenario("seed-qwen35").with_steps(4))
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_plan_writes_json_and_plot(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    argv = [str(_small_file(tmp_path)), "--gpus", "16", "--seeds", "1", "--shortlist", "1"]
+    assert main_plan([*argv, "--out", str(out), "--json", "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((out / "plan.json").read_text())
+    assert printed["best"] == written["best"] and written["gpus"] == 16
+    assert written["ranked"][0]["time_s"]["mean"] > 0 and written["pruning_rule"]
+    assert any(r.startswith("fitted: engine.decode_base_s") for r in written["rests_on"])
+    assert (out / "plan.png").read_bytes()[:4] == b"\x89PNG"
+    assert main_plan([*argv, "--out", str(out), "--no-plot"]) == 0
+    captured = capsys.readouterr()
+    assert "why the next one lost" in captured.out and "wrote" in captured.out
+    assert "simulating" in captured.err  # progress lines on stderr
+
+
+def test_ctrl_c_exits_130(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import dynsched_sim._plan as plan_module
+
+    def interrupted(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_module, "plan", interrupted)
+    assert main_plan(["seed-qwen35", "--out", str(tmp_path)]) == 130
+    assert capsys.readouterr().err.strip() == "dynsched plan: interrupted"
+
+
+def test_plan_time_is_finite_and_best_is_feasible() -> None:
+    p = plan(load_scenario("seed-qwen35").with_steps(8), seeds=1, shortlist=2)
+    assert math.isfinite(p.best.time_s.mean) and 0 < p.best.efficiency.mean <= 1
+    assert p.best.predicted_staleness <= p.staleness_bound == 0.5
