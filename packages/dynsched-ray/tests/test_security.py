@@ -84,7 +84,7 @@ def test_plan_reads_ray_auth_mode_as_ray_does_or_refuses(value: str) -> None:
             value.lower() == "token"
         )
     else:
-        with pytest.raises(UsageError, match="RAY_AUTH_MODE must be 'token' or 'disabled'"):
+        with pytest.raises(UsageError, match="RAY_AUTH_MODE must be 'token' \\(also when unset"):
             plan_ray_start(None, environ={"RAY_AUTH_MODE": value})
 
 
@@ -95,9 +95,14 @@ def test_plan_reads_ray_auth_mode_as_ray_does_or_refuses(value: str) -> None:
         (
             "disable",
             [],
-            "RAY_AUTH_MODE must be 'token' or 'disabled' (unset: token), got 'disable'",
+            "RAY_AUTH_MODE must be 'token' (also when unset; keep it) or Ray's exact off value, "
+            "got 'disable'",
         ),
-        ("", [], "RAY_AUTH_MODE must be 'token' or 'disabled' (unset: token), got ''"),
+        (
+            "",
+            [],
+            "RAY_AUTH_MODE must be 'token' (also when unset; keep it) or Ray's exact off value, got ''",
+        ),
         (
             None,
             ["--node-ip-address", "foo"],

@@ -76,7 +76,8 @@ def _auth_mode(environ: Mapping[str, str]) -> str | None:
     if mode not in ("token", "disabled") or raw != raw.strip():
         # Ray reads any other value (an empty one, a typo) as "disabled", silently.
         raise UsageError(
-            f"{AUTH_MODE_ENV} must be 'token' or 'disabled' (unset: token), got {raw!r}"
+            f"{AUTH_MODE_ENV} must be 'token' (also when unset; keep it) or Ray's exact "
+            f"off value, got {raw!r}"
         )
     return mode
 
