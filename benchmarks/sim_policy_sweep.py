@@ -1,7 +1,8 @@
 """Benchmark: every policy against ``default`` on every built-in scenario and on held-out draws.
 
 Runs each built-in non-colocated scenario with workload seeds ``0..K-1`` (the dynamic
-configuration with each policy, every static split once per seed) and ``N`` draws of the
+configuration with each policy, every static split once per seed: **all** splits of the
+same GPUs, `dynsched_sim._scenario.static_splits`, not only the scenario's) and ``N`` draws of the
 held-out family (`dynsched_sim.heldout_scenario`, draws ``HELD_OUT_FIRST_DRAW + i``, with
 ``M`` workload seeds each: the draw, then draw + 10000, draw + 20000, ...; every policy),
 then writes into ``--out``:
@@ -60,7 +61,7 @@ def _run(task: tuple[str, int, int, str, str, int | None]) -> dict[str, Any]:
     if steps is not None:
         sc = sc.with_steps(steps)
     t0 = time.perf_counter()
-    r = run_configuration(sc, conf, policy, seed=seed)
+    r = run_configuration(sc, _configuration(sc, conf), policy, seed=seed)
     return {
         "scenario": sc.name,
         "family": "heldout" if name == "heldout" else "builtin",
@@ -77,6 +78,19 @@ def _run(task: tuple[str, int, int, str, str, int | None]) -> dict[str, Any]:
     }
 
 
+def _configurations(sc: Any) -> list[Any]:
+    """The scenario's configurations with hybrid replicas, then every static split of its
+    GPUs (the "best static split" is the best of all of them)."""
+    from dynsched_sim._scenario import static_splits
+
+    return [c for c in sc.configurations if c.hybrid] + list(static_splits(sc))
+
+
+def _configuration(sc: Any, name: str) -> Any:
+    """The configuration ``name`` of ``sc``: its own, or one of its static splits."""
+    return next((c for c in _configurations(sc) if c.name == name), None) or sc.configuration(name)
+
+
 def tasks(
     scenarios: Iterable[str],
     seeds: int,
@@ -87,7 +101,7 @@ def tasks(
 ) -> list[tuple[str, int, int, str, str, int | None]]:
     from dynsched_sim import HELD_OUT_FIRST_DRAW, heldout_scenario, load_scenario
 
-    confs = {name: load_scenario(name).configurations for name in scenarios}
+    confs = {name: _configurations(load_scenario(name)) for name in scenarios}
     per_seed = [
         [
             (name, 0, seed, conf.name, p, steps)
@@ -103,7 +117,7 @@ def tasks(
             draw = HELD_OUT_FIRST_DRAW + i
             # workload seed j of a draw: the draw itself first, then draw + 10000 j
             seed = draw + HELD_OUT_SEED_STRIDE * j
-            for conf in heldout_scenario(draw).configurations:
+            for conf in _configurations(heldout_scenario(draw)):
                 for p in policies if conf.hybrid else ("static_fully_async",):
                     held.append(("heldout", draw, seed, conf.name, p, steps))
     # seed by seed (a partial sweep covers every scenario), the held-out draws after three

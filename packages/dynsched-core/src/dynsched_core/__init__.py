@@ -4,6 +4,7 @@ Depends on the standard library and attrs only. The names below are the public A
 the package README); the other names live in public submodules (`dynsched_core.events`,
 `dynsched_core.errors`, `dynsched_core.trainer`, `dynsched_core.rollout`,
 `dynsched_core.plugins`, `dynsched_core.derived`, `dynsched_core.validators`,
+`dynsched_core.planner` (the run-time role planner),
 `dynsched_core.testing`) or stay in private modules.
 """
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
+
+if TYPE_CHECKING:
+    from dynsched_core.planner import RoleSplit
 
 __all__ = [
     "Event",
@@ -20,6 +23,7 @@ __all__ = [
     "GroupMode",
     "GuardRailEvent",
     "ReplicaModeEvent",
+    "RoleMoveEvent",
     "RolloutEvent",
     "RolloutEventKind",
     "SampleEvent",
@@ -158,6 +162,27 @@ class ReplicaModeEvent:
     group: str
     mode: GroupMode
     gpus: int = 1
+
+
+@attrs.frozen
+class RoleMoveEvent:
+    """A role planner's move was applied (`dynsched_core.planner`).
+
+    Attributes:
+        time: Loop time when the move ended.
+        direction: ``"to_trainer"`` or ``"to_rollout"``.
+        replicas: Standalone replicas retired or started.
+        before: The split before (`RoleSplit`).
+        after: The split after.
+        seconds: Seconds the move took.
+    """
+
+    time: float
+    direction: Literal["to_trainer", "to_rollout"]
+    replicas: int
+    before: RoleSplit
+    after: RoleSplit
+    seconds: float
 
 
 @attrs.frozen

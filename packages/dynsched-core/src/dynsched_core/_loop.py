@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -36,6 +36,7 @@ from dynsched_core._events import (
     EventBus,
     GroupMode,
     ReplicaModeEvent,
+    RoleMoveEvent,
     SampleEvent,
     TrainStepEvent,
     sample_key,
@@ -45,6 +46,9 @@ from dynsched_core._protocols import QueueStats, RolloutReplica, Router, SampleQ
 from dynsched_core._queue import AsyncSampleQueue
 from dynsched_core._replicas import ReplicaSet
 from dynsched_core._rollouter import GenerateClient, Rollouter, RollouterOptions, RollouterStats
+
+if TYPE_CHECKING:
+    from dynsched_core.planner import RoleMover, RolePlanner
 
 __all__ = ["FullyAsyncLoop", "LoopResult", "StepRecord", "TrainerBackend", "run_fully_async"]
 
@@ -177,10 +181,15 @@ class FullyAsyncLoop:
         events: Bus for the `TrainStepEvent` and `ReplicaModeEvent` of the loop
             (default: the driver's bus, else a new one).
         clock: Time source (default: the running loop).
+        planner: Optional `dynsched_core.planner.RolePlanner`: every ``every_n_syncs``
+            weight syncs (right after the standalone sync, before the driver's
+            after-sync step) it may move GPUs between the roles through ``mover``; each
+            applied move emits a `RoleMoveEvent`. Without one the loop is unchanged.
+        mover: The host's `RoleMover` (required with a planner, refused without one).
 
     Raises:
         ValueError: the rollouter does not feed the driver's queue or does not draw on
-            the controller's replicas.
+            the controller's replicas; a planner without a mover or the reverse.
 
     The loop's waits for samples are bounded by the driver's
     `DriverOptions.wait_timeout_s`; a collection that times out raises
@@ -216,7 +225,11 @@ class FullyAsyncLoop:
         controller: DynamicResourceController | None = None,
         events: EventBus | None = None,
         clock: Clock | None = None,
+        planner: RolePlanner | None = None,
+        mover: RoleMover | None = None,
     ) -> None:
+        if (planner is None) != (mover is None):
+            raise ValueError("FullyAsyncLoop: planner and mover go together (give both or neither)")
         if controller is not None and controller is not driver.controller:
             raise ValueError("the controller must be the one the driver switches with")
         if rollouter.queue is not driver.queue:
@@ -230,6 +243,11 @@ class FullyAsyncLoop:
         self.events = events if events is not None else driver.events or EventBus()
         self.clock: Clock = clock if clock is not None else LoopClock()
         self._mode: GroupMode | None = None
+        self.planner = planner
+        self.mover = mover
+        self._planner_syncs = 0
+        if planner is not None and mover is not None:
+            planner.attach(self.events, mover.split, getattr(mover, "estimate_s", None))
 
     @classmethod
     def build(
@@ -252,6 +270,8 @@ class FullyAsyncLoop:
         client_options: ClientOptions | None = None,
         controller_options: ControllerOptions | None = None,
         driver_options: DriverOptions | None = None,
+        planner: RolePlanner | None = None,
+        mover: RoleMover | None = None,
     ) -> FullyAsyncLoop:
         """Assemble the standard parts over the given replicas and build the loop.
 
@@ -278,6 +298,7 @@ class FullyAsyncLoop:
             driver_options: `ScheduleDriver` settings (default:
                 ``DriverOptions(wait_timeout_s=wait_timeout_s)``; when given, its own
                 ``wait_timeout_s`` is used).
+            planner, mover: An optional role planner and its `RoleMover` (see the class).
 
         Raises:
             ValueError: ``replicas`` together with ``standalone``/``hybrid``/``router``,
@@ -293,14 +314,10 @@ class FullyAsyncLoop:
             replicas, controller_options, clock=clock, events=events
         )
         tokens = config.max_response_length if max_tokens is None else max_tokens
-        options_r = RollouterOptions.from_config(config, max_tokens=tokens)
-        rollouter = Rollouter(
-            prompts, client, replicas, queue, options_r, clock=clock, events=events
-        )
-        options = driver_options or DriverOptions(wait_timeout_s=wait_timeout_s)
-        driver = ScheduleDriver(
-            policy, controller, queue, config, options, clock=clock, events=events
-        )
+        ropts = RollouterOptions.from_config(config, max_tokens=tokens)
+        rollouter = Rollouter(prompts, client, replicas, queue, ropts, clock=clock, events=events)
+        opts = driver_options or DriverOptions(wait_timeout_s=wait_timeout_s)
+        driver = ScheduleDriver(policy, controller, queue, config, opts, clock=clock, events=events)
         return cls(
             config,
             trainer,
@@ -309,6 +326,8 @@ class FullyAsyncLoop:
             rollouter=rollouter,
             events=events,
             clock=clock,
+            planner=planner,
+            mover=mover,
         )
 
     # ------------------------------------------------------------------ parts
@@ -401,6 +420,8 @@ class FullyAsyncLoop:
         if batch is None:
             return None
         samples, wait_s, waited = batch
+        if self.planner is not None:
+            self.planner.observe_batch(samples)
         self.events.emit(
             SampleEvent(
                 self.clock.now(), "consumed", tuple(sample_key(s) for s in samples), step=step
@@ -471,11 +492,32 @@ class FullyAsyncLoop:
         start = self.clock.now()
         weights = await self.trainer.sync_weights(version)
         sync_s = self.clock.now() - start
+        if self.planner is not None:
+            await self._replan()
         after = await self.driver.after_weight_sync(
             version, version, weights=weights, is_last_step=is_last
         )
         await self.rollouter.reset_staleness(version)
         return after, sync_s
+
+    async def _replan(self) -> None:
+        """Every ``every_n_syncs``-th sync: ask the planner, apply its move, emit it."""
+        planner, mover = self.planner, self.mover
+        assert planner is not None and mover is not None
+        self._planner_syncs += 1
+        if self._planner_syncs % planner.options.every_n_syncs:
+            return
+        move = planner.decide(mover.split(), now=self.clock.now())
+        if move is None:
+            return
+        logger.info("role move %s x%d: %s", move.direction, move.replicas, move.reason)
+        seconds = await mover.move(move)
+        planner.record_move(move, seconds, now=self.clock.now())
+        self.events.emit(
+            RoleMoveEvent(
+                self.clock.now(), move.direction, move.replicas, move.before, move.after, seconds
+            )
+        )
 
     async def _emit_left(self) -> None:
         """Emit the ids the queue still holds (`SampleEvent` ``left``), when it can list

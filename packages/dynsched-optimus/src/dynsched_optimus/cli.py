@@ -336,6 +336,29 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     _handled_by(paa, _paa)
 
 
+#: the commands that run real jobs on Ray (``dynsched_ray.optimus.cli``)
+_RAY_COMMANDS = ("serve", "submit", "status", "cancel")
+
+
+def _add_ray_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``serve``/``submit``/``status``/``cancel`` from dynsched-ray, or one-line stubs."""
+    try:
+        from dynsched_ray.optimus.cli import add_subcommands
+    except ImportError as exc:
+        reason = f"needs the dynsched-ray package (pip install dynsched-ray): {exc}"
+
+        def _missing(args: argparse.Namespace) -> int:
+            print(f"dynsched optimus {args.optimus_command}: error: {reason}", file=sys.stderr)
+            return 2
+
+        for name in _RAY_COMMANDS:
+            stub = sub.add_parser(name, help=f"(needs dynsched-ray) {name} real jobs on Ray")
+            stub.add_argument("rest", nargs=argparse.REMAINDER)
+            stub.set_defaults(func=_missing)
+        return
+    add_subcommands(sub)
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Entry point of the ``dynsched.cli`` group: adds ``dynsched optimus``."""
     parser = subparsers.add_parser(
@@ -352,6 +375,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             add_subcommands(sub)
         except Exception as exc:
             logger.warning("cluster simulator commands failed to register: %r", exc)
+    _add_ray_commands(sub)
 
     def _no_command(_args: argparse.Namespace) -> int:
         parser.print_help()

@@ -664,11 +664,16 @@ class TrainRunnerOptions:
         keep_samples: Keep every consumed sample (see `RayRunner`).
         record_events: Keep every loop event in `TrainRunner.events` (e.g. for the
             resource-time layout plot).
+        planner: A role planner (`dynsched_core.planner.RolePlanner`) moving GPUs between
+            the trainer and the standalone replicas through a `RayRoleMover`; the trainer
+            then starts one replica's GPUs below its pool (`with_room_to_grow`). None: no
+            planner.
     """
 
     replica_kwargs: Mapping[str, Any] = attrs.field(factory=dict, validator=_str_keyed)
     keep_samples: bool = attrs.field(default=False, validator=v.bool_())
     record_events: bool = attrs.field(default=False, validator=v.bool_())
+    planner: Any = None
 
 
 def _delegate(part: str, name: str, *, settable: bool = False) -> Any:
@@ -753,14 +758,22 @@ class TrainRunner:
             record_events=extra.record_events,
         )
         _check_train_start(config, settings, resume=resume)
+        run_options = self.workload.run_options(options or RayRunOptions(), resume=resume)
+        installed = None
+        if extra.planner is not None:
+            from dynsched_ray.runtime.mover import install_planner, with_room_to_grow
+
+            run_options = with_room_to_grow(run_options, config)
+            installed = install_planner(extra.planner, lambda: self.runner)
         self.runner = RayRunner(
             config,
-            self.workload.run_options(options or RayRunOptions(), resume=resume),
+            run_options,
             policy=policy,
             progress=_without_step_lines(progress),
             on_transition=on_transition,
             keep_samples=extra.keep_samples,
             workload=self.workload,
+            on_loop_built=installed,
         )
 
     options = _delegate("runner", "options")

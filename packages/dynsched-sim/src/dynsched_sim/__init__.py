@@ -11,7 +11,8 @@ from __future__ import annotations
 from dynsched_sim._accounting import MODES, GroupAccountant, GroupUsage
 from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound, pool_throughput
 from dynsched_sim._heldout import HELD_OUT_FIRST_DRAW, HELD_OUT_RANGES, heldout_scenario
-from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerModel
+from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerLinks, TrainerModel
+from dynsched_sim._mover import ResizeCosts, SimRoleMover
 from dynsched_sim._plan import (
     Candidate,
     Plan,
@@ -22,6 +23,7 @@ from dynsched_sim._plan import (
     plan,
     write_plan,
 )
+from dynsched_sim._planner import PlannerSpec, planner_enabled, trainer_memory_min_gpus
 from dynsched_sim._random import random_scenario
 from dynsched_sim._replica import ReplicaNotServingError, SimReplica, SimReplicaOptions
 from dynsched_sim._report import (
@@ -41,6 +43,7 @@ from dynsched_sim._scenario import (
     builtin_scenarios,
     load_scenario,
     scenario_from_dict,
+    static_splits,
 )
 from dynsched_sim._sim import RunResult, run_configuration
 from dynsched_sim._staleness import (
@@ -74,18 +77,22 @@ __all__ = [
     "Plan",
     "PlanError",
     "PlannedCandidate",
+    "PlannerSpec",
     "PromptGroup",
     "ReplicaNotServingError",
+    "ResizeCosts",
     "RunResult",
     "Scenario",
     "ScenarioError",
     "SimReplica",
     "SimReplicaOptions",
+    "SimRoleMover",
     "SimTrainer",
     "SimulationDeadlockError",
     "SplitEstimate",
     "Spread",
     "StalenessInputs",
+    "TrainerLinks",
     "TrainerModel",
     "VirtualTimeEventLoop",
     "Workload",
@@ -100,6 +107,7 @@ __all__ = [
     "lower_bound",
     "memory_problem",
     "plan",
+    "planner_enabled",
     "pool_throughput",
     "predicted_staleness",
     "predicted_staleness_for",
@@ -109,6 +117,8 @@ __all__ = [
     "scenario_from_dict",
     "seeds_of",
     "staleness_inputs",
+    "static_splits",
+    "trainer_memory_min_gpus",
     "write_outputs",
     "write_plan",
 ]

@@ -108,6 +108,10 @@ class GroupAccountant:
         if self._events is not None:
             self._events.emit(ReplicaModeEvent(now, g.name, mode, g.gpus))  # type: ignore[arg-type]
 
+    def mode_of(self, name: str) -> str:
+        """The current mode of group ``name``."""
+        return self._groups[name].mode
+
     def usage(self) -> list[GroupUsage]:
         """Seconds per mode of every group, up to now."""
         now = self._clock()

@@ -21,15 +21,18 @@ their trainer trains, blocking weight syncs and stragglers. Notation for one con
   ``P_s = max sum f(x_j)`` tokens/s (water-filling over its replicas) and the hybrid replicas
   add at most ``P_h`` (the same over all replicas, minus ``P_s``); ``r_1 = r(1)`` is the
   fastest a single sequence ever decodes;
-* trainer: a step over samples with ``K`` tokens takes at least ``o + c K / g_T`` (plus the
-  state swap when the trainer offloads, `TrainerModel.step_s`); every ``T``-th step ends
+* trainer: a step over samples with ``K`` tokens takes at least ``o + c K`` (plus the
+  state swap when the trainer offloads), ``(o, c) = TrainerModel.linear_lower(g_T, K_min)``:
+  the fixed overhead, the gradient all-reduce and the pipeline bubble of the smallest
+  possible step (``q`` samples of the fewest tokens; the bubble grows with ``K``), the
+  compute and expert traffic per token; every ``T``-th step ends
   with a blocking broadcast of ``y`` seconds during which standalone replicas do not
   decode; hybrid replicas decode only while their trainer is not training (memory is
   conserved) and only after a first wake-up and weight sync of ``h`` seconds.
 
 Writing ``SK(v, x)`` / ``SR(v, x)`` for the sum of the ``x`` smallest ``K`` / ``R`` among the
 first ``A(v)`` prompts, and ``train(j..k)`` for the least training time of steps ``j..k``
-(``(k - j + 1)(o + swap) + c K / g_T`` with ``K`` the larger of ``SK(v(k), (k - j + 1) q)``
+(``(k - j + 1)(o + swap) + c K`` with ``K`` the larger of ``SK(v(k), (k - j + 1) q)``
 and ``SK(v(k), k q)`` minus the ``(j - 1) q`` largest ``K`` of the first ``A(v(j - 1))``:
 steps ``1..k`` train ``k q`` of those prompts, steps ``< j`` at most the largest), a lower
 bound ``t_k`` on the start of step ``k``'s training is the largest of
@@ -208,13 +211,16 @@ class _Relaxation:
     ) -> None:
         self.steps, self.q = scenario.steps, cfg.required_samples
         self.t_sync = cfg.trigger_parameter_sync_step
-        self._rates(scenario, conf, cfg)
+        # every step trains q samples, each of at least the workload's fewest tokens
+        self._rates(scenario, conf, cfg, self.q * float(workload.group_tokens().min()))
         self._prompts(workload, cfg, scenario.engine.prefill_s_per_token)
         self.starts: list[float] = []  # t_k
         self.why: list[str] = []  # what set t_k
         self.opens = [0.0]  # O_w
 
-    def _rates(self, scenario: Scenario, conf: Configuration, cfg: DynamicScheduleConfig) -> None:
+    def _rates(
+        self, scenario: Scenario, conf: Configuration, cfg: DynamicScheduleConfig, k_min: float
+    ) -> None:
         """Pool throughputs ``P_s``, ``P_h``, sync ``y``, first wake-up ``h``, trainer
         costs, ``r_1`` and the sample slots ``C``."""
         eng, hw, llm, tr = scenario.engine, scenario.hardware, scenario.model, scenario.trainer
@@ -228,8 +234,8 @@ class _Relaxation:
         self.p_h = pool_throughput(eng, caps_s + caps_h, seqs) - self.p_s
         self.y = eng.broadcast_sync_s(hw, llm) if n_s else 0.0
         self.wake = eng.wake_s(hw, llm) + eng.local_sync_s(hw, llm)
-        self.per_step = tr.step_overhead_s + tr.state_swap_s(hw, llm, conf.trainer_gpus)
-        self.c_g = tr.gpu_s_per_token / conf.trainer_gpus
+        fixed, self.c_g = tr.linear_lower(conf.trainer_gpus, k_min)  # never above a step
+        self.per_step = fixed + tr.state_swap_s(hw, llm, conf.trainer_gpus)
         self.r1 = eng.per_seq_rate(1)
         # samples in flight: at most `slots` at any time (the cap never drops in a static
         # split; with hybrid replicas it drops at each deactivation while the samples

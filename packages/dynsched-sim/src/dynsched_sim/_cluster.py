@@ -32,11 +32,46 @@ class SimCluster:
     trainer: SimTrainer
     trainer_groups: list[str]
     staleness: StalenessLedger = attrs.Factory(StalenessLedger)
+    ledger: dict[str, int] = attrs.Factory(dict)
+    retired: list[SimReplica] = attrs.Factory(list)
 
     @property
     def replicas(self) -> dict[str, SimReplica]:
-        """All replicas by id (standalone first)."""
-        return {r.replica_id: r for r in (*self.standalone, *self.hybrid)}
+        """All replicas by id (standalone first; replicas a role move retired last)."""
+        return {r.replica_id: r for r in (*self.standalone, *self.hybrid, *self.retired)}
+
+    def make_replica(self, role: str, i: int, node: str, group: str | None = None) -> SimReplica:
+        """Replica ``i`` of ``role`` on the ``node`` server holding its first GPU, sharing
+        the run's ledgers and accountant (accounting group ``group``, default its id)."""
+        return _replica(
+            self.scenario, self.accountant, self.ledger, self.staleness, role, i, node, group
+        )
+
+
+def _replica(
+    scenario: Scenario,
+    acct: GroupAccountant,
+    ledger: dict[str, int],
+    staleness: StalenessLedger,
+    role: str,
+    i: int,
+    node: str,
+    group: str | None = None,
+) -> SimReplica:
+    """Replica ``i`` of ``role`` (see `SimCluster.make_replica`)."""
+    eng, hw = scenario.engine, scenario.hardware
+    g = eng.gpus_per_replica
+    return SimReplica(
+        f"{role}-{i}",
+        eng,
+        hw,
+        scenario.model,
+        role=role,
+        accountant=acct,
+        ledger=ledger,
+        options=SimReplicaOptions(group=group, node=f"{node}-node-{(i * g) // hw.gpus_per_node}"),
+        first_tokens=staleness.first_token,
+    )
 
 
 def _tokens_of(n: int) -> Callable[[RolloutSample], int]:
@@ -62,15 +97,13 @@ def build_cluster(
     ``config``: the run's schedule config, when already built (default: built here).
     """
     cfg = config if config is not None else scenario.schedule_config(conf)
-    eng, hw, llm = scenario.engine, scenario.hardware, scenario.model
+    eng = scenario.engine
     workload = scenario.workload.generate(
         admissible_prompts(scenario, conf, cfg),
         seed,
         run_samples=scenario.steps * cfg.required_samples,
     )
     acct = GroupAccountant(clock, events)
-    ledger: dict[str, int] = {}
-    staleness = StalenessLedger()
     g = eng.gpus_per_replica
     if conf.trainer_gpus % g == 0:
         trainer_groups = [f"trainer-{i}" for i in range(conf.trainer_gpus // g)]
@@ -79,30 +112,18 @@ def build_cluster(
     else:
         trainer_groups = ["trainer"]
         acct.add_group("trainer", conf.trainer_gpus, "trainer")
-
-    def replica(role: str, i: int, node: str, group: str | None = None) -> SimReplica:
-        """Replica ``i`` of ``role`` on the ``node`` server holding its first GPU."""
-        return SimReplica(
-            f"{role}-{i}",
-            eng,
-            hw,
-            llm,
-            role=role,
-            accountant=acct,
-            ledger=ledger,
-            options=SimReplicaOptions(
-                group=group, node=f"{node}-node-{(i * g) // hw.gpus_per_node}"
-            ),
-            first_tokens=staleness.first_token,
-        )
-
+    ledger: dict[str, int] = {}
+    staleness = StalenessLedger()
     standalone = []
     for i in range(conf.rollout_gpus // g):
         acct.add_group(f"standalone-{i}", g, "standalone")
-        standalone.append(replica("standalone", i, "rollout"))
+        standalone.append(_replica(scenario, acct, ledger, staleness, "standalone", i, "rollout"))
     hybrid = []
     if conf.hybrid:
-        hybrid = [replica("hybrid", i, "trainer", grp) for i, grp in enumerate(trainer_groups)]
+        hybrid = [
+            _replica(scenario, acct, ledger, staleness, "hybrid", i, "trainer", grp)
+            for i, grp in enumerate(trainer_groups)
+        ]
     trainer = SimTrainer(
         scenario.trainer,
         conf.trainer_gpus,
@@ -112,12 +133,22 @@ def build_cluster(
         accountant=acct,
         tokens_of=_tokens_of(scenario.workload.n),
         ledger=ledger,
-        hardware=hw,
-        llm=llm,
+        hardware=scenario.hardware,
+        llm=scenario.model,
     )
     trainer.set_sample_observer(staleness.consume)
     return SimCluster(
-        scenario, conf, cfg, workload, acct, standalone, hybrid, trainer, trainer_groups, staleness
+        scenario,
+        conf,
+        cfg,
+        workload,
+        acct,
+        standalone,
+        hybrid,
+        trainer,
+        trainer_groups,
+        staleness,
+        ledger,
     )
 
 

@@ -13,7 +13,7 @@ import math
 import attrs
 from dynsched_core import validators as v
 
-__all__ = ["EngineModel", "HardwareModel", "LLMModel", "TrainerModel"]
+__all__ = ["EngineModel", "HardwareModel", "LLMModel", "TrainerLinks", "TrainerModel"]
 
 _GIB = float(2**30)
 
@@ -39,7 +39,12 @@ class HardwareModel:
             (same device, CUDA IPC).
         gpus_per_node: GPUs per server; a hybrid replica's node is the trainer server
             its GPUs are on (published: the seed's 16 GPUs are "2 dedicated trainer
-            nodes"). Only labels replicas for per-node lending; no cost depends on it.
+            nodes"). Labels replicas for per-node lending, and decides whether a
+            trainer collective stays inside a server (`TrainerModel`).
+        intra_node_bandwidth_gib_s: Collective (bus) bandwidth per GPU between the GPUs
+            of one server (NVLink): the trainer's collectives inside a server.
+        inter_node_bandwidth_gib_s: Collective (bus) bandwidth per GPU between servers
+            (RDMA): the trainer's collectives that span servers.
     """
 
     gpu_memory_gib: float = attrs.field(default=80.0, validator=_pos)
@@ -48,6 +53,8 @@ class HardwareModel:
     network_latency_s: float = attrs.field(default=2.0, validator=_nonneg)
     local_sync_bandwidth_gib_s: float = attrs.field(default=100.0, validator=_pos)
     gpus_per_node: int = attrs.field(default=8, validator=_posint)
+    intra_node_bandwidth_gib_s: float = attrs.field(default=300.0, validator=_pos)
+    inter_node_bandwidth_gib_s: float = attrs.field(default=40.0, validator=_pos)
 
 
 @attrs.frozen(kw_only=True)
@@ -87,9 +94,13 @@ class EngineModel:
     """Continuous-batching inference engine (one replica).
 
     Decode: every engine iteration produces one token for every running sequence and
-    takes ``decode_base_s + decode_per_seq_s * n`` seconds with ``n`` sequences running,
-    so each sequence decodes at ``r(n) = 1 / (decode_base_s + decode_per_seq_s * n)``
-    tokens/s and the replica at ``n * r(n)``.
+    takes ``decode_base_s + decode_per_seq_s * n + decode_per_kv_token_s * L`` seconds
+    with ``n`` sequences running that hold ``L`` tokens of context between them (prompt,
+    re-prefilled partial output and the tokens decoded so far: attention reads every
+    sequence's KV cache once per iteration), so each sequence decodes at
+    ``1 / (decode_base_s + decode_per_seq_s * n + decode_per_kv_token_s * L)`` tokens/s.
+    ``r(n) = 1 / (decode_base_s + decode_per_seq_s * n)`` (`per_seq_rate`) is the rate
+    at zero context, the fastest a sequence ever decodes with ``n`` running.
 
     Memory: a replica of ``g`` GPUs with memory fraction ``f`` (the engine's
     ``gpu_memory_utilization``: weights plus KV pool) has ``free = g * gpu_memory * f -
@@ -101,12 +112,17 @@ class EngineModel:
     sleeps (`SimTrainer`).
 
     Prefill: ``prefill_s_per_token`` per prompt (and, after an abort, per re-prefilled
-    output) token, one request at a time, overlapped with decoding (chunked prefill).
+    output) token, one request at a time. Prefill and decode share the GPUs (chunked
+    prefill adds the prefill chunk's time to the decode iterations), so the replica's
+    running sequences make no decode progress while a prefill runs: a request resumed
+    after an abort costs the whole replica its re-prefill time.
 
     Attributes:
         gpus_per_replica: GPUs of one replica (tensor parallel size).
         decode_base_s: Fixed part of one decode iteration.
         decode_per_seq_s: Added per running sequence.
+        decode_per_kv_token_s: Added per token of context of the running sequences
+            (reading the KV cache; 0: decode speed independent of context length).
         prefill_s_per_token: Prefill cost per token.
         max_num_seqs: Engine cap on running sequences.
         kv_tokens_per_seq: KV reservation per running sequence (mean context).
@@ -121,6 +137,7 @@ class EngineModel:
     gpus_per_replica: int = attrs.field(default=8, validator=_posint)
     decode_base_s: float = attrs.field(default=0.02, validator=_pos)
     decode_per_seq_s: float = attrs.field(default=0.0002, validator=_nonneg)
+    decode_per_kv_token_s: float = attrs.field(default=0.0, validator=_nonneg)
     prefill_s_per_token: float = attrs.field(default=2e-6, validator=_nonneg)
     max_num_seqs: int = attrs.field(default=256, validator=_posint)
     kv_tokens_per_seq: float = attrs.field(default=16384.0, validator=_pos)
@@ -174,15 +191,63 @@ class EngineModel:
         return shard / (hw.local_sync_bandwidth_gib_s * _GIB)
 
 
+@attrs.frozen
+class TrainerLinks:
+    """What the trainer's communication costs read from the other models (bound by
+    `TrainerModel.bind`; a `Scenario` binds its trainer to its hardware and model).
+
+    Attributes:
+        params: Parameters of the trained model.
+        gpus_per_node: GPUs per server (`HardwareModel.gpus_per_node`).
+        intra_node_gib_s: Collective bandwidth per GPU inside a server.
+        inter_node_gib_s: Collective bandwidth per GPU across servers.
+    """
+
+    params: float
+    gpus_per_node: int
+    intra_node_gib_s: float
+    inter_node_gib_s: float
+
+    def bandwidth_b_s(self, gpus: float) -> float:
+        """Bytes/s per GPU of a collective over ``gpus`` GPUs (its slowest link)."""
+        bw = self.intra_node_gib_s if gpus <= self.gpus_per_node else self.inter_node_gib_s
+        return bw * _GIB
+
+
 @attrs.frozen(kw_only=True)
 class TrainerModel:
-    """The trainer (actor update + log-prob passes).
+    """The trainer (actor update + log-prob passes) as a function of its GPU count.
 
-    A micro-step over ``tokens`` tokens (prompt + response tokens of all responses of
-    its samples) on ``g`` trainer GPUs takes
-    ``step_overhead_s + gpu_s_per_token * tokens / g`` seconds of compute, plus, when
-    ``offload_state`` is set, the reload and offload of the trainer's state
-    (`state_swap_s`); the step is split into verl's timing keys by ``phase_shares``.
+    A micro-step (one optimizer step) over ``tokens`` tokens (prompt + response tokens of
+    all responses of its samples) on ``w`` trainer GPUs takes (`step_time_s`)::
+
+        step_overhead_s + compute + bubble + all_reduce + expert_traffic [+ state swap]
+
+    with ``m = min(model_parallel_gpus, w)`` GPUs holding one model copy (tensor x
+    pipeline parallel), ``d = w / m`` data-parallel copies and ``p = min(pipeline_stages,
+    m)`` pipeline stages:
+
+    - ``compute = gpu_s_per_token * tokens / w``: the work splits evenly;
+    - ``bubble = (p - 1) * gpu_s_per_token * min(tokens / w, micro_batch_tokens / m)``:
+      the 1F1B pipeline idles ``(p - 1)`` micro-batch times per step (Narayanan et al.,
+      SC'21, bubble fraction ``(p - 1) / micro-batches``). Micro-batches hold
+      ``micro_batch_tokens`` (dynamic batch size), so a data-parallel copy gets
+      ``tokens / (d micro_batch_tokens)`` of them: more GPUs, smaller per-GPU batch,
+      fewer micro-batches, a larger share of idle pipeline;
+    - ``all_reduce = 2 (d - 1) / d * params * grad_bytes_per_param / m / bw(w)``: the ring
+      all-reduce of the gradients across the data-parallel copies (each GPU holds ``1/m``
+      of them) over NVLink inside one server, the inter-node links beyond
+      (`TrainerLinks.bandwidth_b_s`);
+    - ``expert_traffic = tokens / w * moe_alltoall_bytes_per_token * (e - 1) / e /
+      bw(e)`` with ``e = min(expert_parallel_gpus, w)``: the MoE token dispatch and
+      combine all-to-alls (0 for a dense model, ``expert_parallel_gpus = 1``).
+
+    At ``w = 1`` (or with the defaults: one GPU per model copy, no pipeline, no experts,
+    and a single GPU) every term but ``compute`` is 0: ``step_overhead_s +
+    gpu_s_per_token * tokens``. The communication terms need the model's parameter count
+    and the links (`bind`); an unbound model has none. With ``offload_state`` the reload
+    and offload of the trainer's state is added (`state_swap_s`); the step is split into
+    verl's timing keys by ``phase_shares``.
 
     Attributes:
         gpu_s_per_token: GPU-seconds of training compute per token.
@@ -193,6 +258,17 @@ class TrainerModel:
             free between steps. When False the state stays resident and must fit next
             to an awake hybrid replica.
         phase_shares: Share of a step per timing key (sums to 1).
+        model_parallel_gpus: GPUs holding one copy of the model (tensor x pipeline
+            parallel size); the rest is data parallel.
+        pipeline_stages: Pipeline-parallel size.
+        micro_batch_tokens: Tokens per micro-batch (per data-parallel copy).
+        grad_bytes_per_param: Bytes per parameter the data-parallel gradient reduction
+            moves (4: fp32 gradients).
+        expert_parallel_gpus: Expert-parallel size (1: no expert parallelism).
+        moe_alltoall_bytes_per_token: Bytes one token sends through the expert
+            all-to-alls in one step (every MoE layer, dispatch and combine, forward and
+            backward passes).
+        links: The parameter count and links the communication terms read (`bind`).
     """
 
     gpu_s_per_token: float = attrs.field(default=0.002, validator=_pos)
@@ -205,10 +281,79 @@ class TrainerModel:
         ("adv", 0.01),
         ("update_actor", 0.64),
     )
+    model_parallel_gpus: int = attrs.field(default=1, validator=_posint)
+    pipeline_stages: int = attrs.field(default=1, validator=_posint)
+    micro_batch_tokens: float = attrs.field(default=16384.0, validator=_pos)
+    grad_bytes_per_param: float = attrs.field(default=4.0, validator=_nonneg)
+    expert_parallel_gpus: int = attrs.field(default=1, validator=_posint)
+    moe_alltoall_bytes_per_token: float = attrs.field(default=0.0, validator=_nonneg)
+    links: TrainerLinks | None = attrs.field(default=None, eq=False, repr=False)
+
+    def bind(self, hw: HardwareModel, llm: LLMModel) -> TrainerModel:
+        """A copy whose communication terms read ``llm``'s parameters and ``hw``'s links."""
+        links = TrainerLinks(
+            params=llm.params_b * 1e9,
+            gpus_per_node=hw.gpus_per_node,
+            intra_node_gib_s=hw.intra_node_bandwidth_gib_s,
+            inter_node_gib_s=hw.inter_node_bandwidth_gib_s,
+        )
+        return self if links == self.links else attrs.evolve(self, links=links)
+
+    def _split(self, gpus: float) -> tuple[float, float, float]:
+        """``(m, d, p)``: GPUs per model copy, data-parallel copies, pipeline stages."""
+        m = min(float(self.model_parallel_gpus), gpus)
+        return m, gpus / m, min(float(self.pipeline_stages), m)
+
+    def compute_s(self, gpus: float, tokens: float) -> float:
+        """``gpu_s_per_token * tokens / gpus``: the evenly split work."""
+        return self.gpu_s_per_token * tokens / gpus
+
+    def bubble_s(self, gpus: float, tokens: float) -> float:
+        """Idle pipeline time of one step (the per-GPU micro-batch effect, above)."""
+        m, _, p = self._split(gpus)
+        return (p - 1.0) * self.gpu_s_per_token * min(tokens / gpus, self.micro_batch_tokens / m)
+
+    def all_reduce_s(self, gpus: float) -> float:
+        """Ring all-reduce of the gradients over the data-parallel copies (0 unbound)."""
+        if self.links is None:
+            return 0.0
+        m, d, _ = self._split(gpus)
+        shard = self.links.params * self.grad_bytes_per_param / m
+        return 2.0 * (d - 1.0) / d * shard / self.links.bandwidth_b_s(gpus)
+
+    def expert_traffic_s(self, gpus: float, tokens: float) -> float:
+        """Expert-parallel all-to-all time of one step (0 dense or unbound)."""
+        e = min(float(self.expert_parallel_gpus), gpus)
+        if self.links is None or e <= 1.0:
+            return 0.0
+        sent = tokens / gpus * self.moe_alltoall_bytes_per_token * (e - 1.0) / e
+        return sent / self.links.bandwidth_b_s(e)
+
+    def step_time_s(self, gpus: float, tokens: float, swap_s: float = 0.0) -> float:
+        """Duration of one micro-step on ``gpus`` GPUs (``swap_s``: `state_swap_s`)."""
+        if gpus <= 0:
+            raise ValueError(f"TrainerModel.step_time_s: gpus must be > 0, got {gpus}")
+        return (
+            self.step_overhead_s
+            + self.compute_s(gpus, tokens)
+            + self.bubble_s(gpus, tokens)
+            + self.all_reduce_s(gpus)
+            + self.expert_traffic_s(gpus, tokens)
+            + swap_s
+        )
 
     def step_s(self, tokens: int, gpus: int, swap_s: float = 0.0) -> float:
-        """Duration of one micro-step (``swap_s``: `state_swap_s`, 0 without offload)."""
-        return self.step_overhead_s + self.gpu_s_per_token * tokens / gpus + swap_s
+        """`step_time_s` with the arguments in the older order (tokens first)."""
+        return self.step_time_s(gpus, tokens, swap_s)
+
+    def linear_lower(self, gpus: int, min_tokens: float = 0.0) -> tuple[float, float]:
+        """``(fixed_s, per_token_s)`` with ``step_time_s(gpus, K) >= fixed_s + per_token_s
+        * K`` for every ``K >= min_tokens`` (the lower bound's trainer; swap excluded). The
+        bubble grows with ``K`` (concave), so its value at ``min_tokens`` is in the fixed
+        part."""
+        fixed = self.step_overhead_s + self.all_reduce_s(gpus) + self.bubble_s(gpus, min_tokens)
+        per_token = self.compute_s(gpus, 1.0) + self.expert_traffic_s(gpus, 1.0)
+        return fixed, per_token
 
     def timings(self, tokens: int, gpus: int, swap_s: float = 0.0) -> dict[str, float]:
         """The step's duration split into verl's ``timing_raw`` keys."""

@@ -1,12 +1,28 @@
 """`SimReplica`: a simulated continuous-batching inference engine.
 
 Processor-sharing bookkeeping: all decoding sequences of a replica advance at the same
-per-sequence rate ``r(n)`` (see `EngineModel`), so the replica keeps one *virtual
-service clock* ``V`` (tokens each running sequence has produced since the replica
-started) and a heap of finish points ``V_start + tokens_to_generate``. An arrival or a
-departure changes ``n``; ``V`` is advanced lazily to "now" and the single departure timer
-is re-armed for the heap head. Each arrival, departure or abort therefore costs
-``O(log n)``; nothing iterates over the running sequences.
+per-sequence rate (see `EngineModel`), so the replica keeps one *virtual service clock*
+``V`` (tokens each running sequence has produced since the replica started) and a heap of
+finish points ``V_start + tokens_to_generate``. An arrival or a departure changes ``n``;
+``V`` is advanced lazily to "now" and the single departure timer is re-armed for the heap
+head. Each arrival, departure or abort therefore costs ``O(log n)``; nothing iterates over
+the running sequences.
+
+Context-dependent decode (``decode_per_kv_token_s = k > 0``): the running sequences hold
+``L(V) = n V + C`` tokens of context (``C``: the sum over them of their context at decode
+start minus their ``V_start``), so between two events an iteration takes ``a_n + k L(V)``
+(``a_n = decode_base_s + decode_per_seq_s n``) and ``dt/dV = a_n + k (n V + C)``: reaching
+``V + x`` takes ``x (b + k n x / 2)`` with ``b = a_n + k L(V)``, and ``t`` seconds advance
+``V`` by ``2 t / (b + sqrt(b^2 + 2 k n t))``. With ``k = 0`` the rate ``r(n)`` is used as
+before.
+
+Prefill and decode share the GPUs: while a prefill runs (the serial prefill stage is
+busy) ``V`` stands still, so a request resumed after an abort costs the replica its
+re-prefill (`EngineModel`).
+
+States (`state`): ``serving``, ``paused`` (awake, not accepting), ``falling_asleep``
+(its sleep runs: it still holds its memory), ``asleep`` (only once the sleep finished, and
+until a wake-up starts) and ``waking`` (its wake-up runs: memory held, not serving).
 """
 
 from __future__ import annotations
@@ -31,6 +47,8 @@ from dynsched_sim._models import EngineModel, HardwareModel, LLMModel
 __all__ = ["ReplicaNotServingError", "SimReplica", "SimReplicaOptions"]
 
 _WAITING, _PREFILL, _DECODE, _DONE = 0, 1, 2, 3
+#: States in which the engine does not serve (its weights are not, or not yet, loaded).
+_NOT_AWAKE = ("falling_asleep", "asleep", "waking")
 
 
 class ReplicaNotServingError(DynschedError, RuntimeError):
@@ -38,7 +56,7 @@ class ReplicaNotServingError(DynschedError, RuntimeError):
 
 
 class _Seq:
-    __slots__ = ("finish", "fut", "handle", "req", "state", "todo", "v_start")
+    __slots__ = ("ctx0", "finish", "fut", "handle", "req", "state", "todo", "v_start")
 
     def __init__(
         self, req: GenerateRequest, fut: asyncio.Future[GenerateResult], todo: int, finish: str
@@ -49,6 +67,7 @@ class _Seq:
         self.finish = finish
         self.state = _WAITING
         self.v_start = 0.0
+        self.ctx0 = float(req.prompt_len + req.partial_len)  # context at decode start
         self.handle: asyncio.TimerHandle | None = None
 
 
@@ -118,6 +137,12 @@ class SimReplica(ReplicaIdentity):
         self._caps = ReplicaCapabilities(role=role, num_gpus=engine.gpus_per_replica, node=node)  # type: ignore[arg-type]
         self.max_running = engine.max_running(role, hardware, llm)
         self._rate = [0.0] + [engine.per_seq_rate(n) for n in range(1, self.max_running + 1)]
+        self._iter = [1.0 / r if r else 0.0 for r in self._rate]  # a_n (context-free part)
+        self._kv = engine.decode_per_kv_token_s
+        self._ctx_c = 0.0  # C: sum of (context at decode start - V_start) over decoding seqs
+        self._prefilling = False
+        self._prefill_timer: asyncio.TimerHandle | None = None
+        self._switch_done: asyncio.Future[None] | None = None
         self._prefill_c = engine.prefill_s_per_token
         self._sync_s = (
             engine.local_sync_s(hardware, llm)
@@ -158,12 +183,15 @@ class SimReplica(ReplicaIdentity):
     # --- protocol (replica_id, capabilities and role come from ReplicaIdentity) -----
     @property
     def state(self) -> str:
-        """``serving``, ``paused`` (awake, not accepting) or ``asleep``."""
+        """``serving``, ``paused`` (awake, not accepting), ``falling_asleep``, ``asleep``
+        (its sleep finished, no wake-up started) or ``waking``."""
         return self._state
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        if self._state == "asleep":
-            raise ReplicaNotServingError(f"replica {self._id!r} is asleep, cannot generate")
+        if self._state in _NOT_AWAKE:
+            raise ReplicaNotServingError(
+                f"replica {self._id!r} is {self._state.replace('_', ' ')}, cannot generate"
+            )
         if self._state == "paused":
             # awake but not resumed: the engine queues the request until `resume`
             self.requests_while_paused += 1
@@ -214,21 +242,42 @@ class SimReplica(ReplicaIdentity):
         return len(seqs)
 
     async def sleep(self) -> None:
+        """Abort everything, then offload: ``falling_asleep`` for `EngineModel.sleep_s`,
+        ``asleep`` after (a sleep already under way is awaited, not repeated)."""
+        await self._settle()
         if self._state == "asleep":
             return
         await self.abort()
-        self._state = "asleep"
-        await self._switch(self._sleep_s)
+        self._state = "falling_asleep"
+        try:
+            await self._switch(self._sleep_s)
+        finally:
+            self._state = "asleep"
 
     async def wake_up(self) -> None:
+        """Reload: ``waking`` for `EngineModel.wake_s`, ``paused`` after (a wake-up already
+        under way is awaited, not repeated; interrupted, the replica stays asleep)."""
+        await self._settle()
         if self._state != "asleep":
             return
-        await self._switch(self._wake_s)
+        self._state = "waking"
+        try:
+            await self._switch(self._wake_s)
+        except BaseException:
+            self._state = "asleep"
+            raise
         self._state = "paused"
 
+    async def _settle(self) -> None:
+        """Wait for a sleep or wake-up under way to finish."""
+        while self._switch_done is not None:
+            await asyncio.shield(self._switch_done)
+
     async def resume(self) -> None:
-        if self._state == "asleep":
-            raise ReplicaNotServingError(f"replica {self._id!r} is asleep; wake_up before resume")
+        if self._state in _NOT_AWAKE:
+            raise ReplicaNotServingError(
+                f"replica {self._id!r} is {self._state.replace('_', ' ')}; wake_up before resume"
+            )
         self._state = "serving"
         if self._waiting:
             self._get_loop()
@@ -284,12 +333,16 @@ class SimReplica(ReplicaIdentity):
         return self._loop
 
     async def _switch(self, seconds: float) -> None:
+        done = self._get_loop().create_future()
+        self._switch_done = done
         self._switching = True
         self._activity()
         try:
             await asyncio.sleep(seconds)
         finally:
             self._switching = False
+            self._switch_done = None
+            done.set_result(None)
             self._activity()
 
     def _activity(self) -> None:
@@ -305,11 +358,28 @@ class SimReplica(ReplicaIdentity):
             act = "idle"
         self._acct.set_engine(self._group, act)
 
+    def _stalled(self) -> bool:
+        """No decode progress: a weight update or a prefill holds the GPUs."""
+        return bool(self._frozen) or self._prefilling
+
     def _advance(self) -> None:
         now = self._loop.time()  # type: ignore[union-attr]
-        if self._n and not self._frozen:
-            self._v += (now - self._vt) * self._rate[self._n]
+        if self._n and not self._stalled():
+            dt = now - self._vt
+            if not self._kv:
+                self._v += dt * self._rate[self._n]
+            else:
+                b = self._iter[self._n] + self._kv * (self._n * self._v + self._ctx_c)
+                self._v += 2.0 * dt / (b + math.sqrt(b * b + 2.0 * self._kv * self._n * dt))
         self._vt = now
+
+    def _time_to(self, target: float) -> float:
+        """Seconds of decoding until ``V`` reaches ``target`` (``n`` running, not stalled)."""
+        x = target - self._v
+        if not self._kv:
+            return x / self._rate[self._n]
+        b = self._iter[self._n] + self._kv * (self._n * self._v + self._ctx_c)
+        return x * (b + 0.5 * self._kv * self._n * x)
 
     def _admit(self) -> None:
         loop = self._loop
@@ -328,8 +398,25 @@ class SimReplica(ReplicaIdentity):
                 self._prefill_free_at = start + dur
                 seq.state = _PREFILL
                 seq.handle = loop.call_at(self._prefill_free_at, self._start_decode, seq)
+                self._prefill_busy(loop)
             else:
                 self._start_decode(seq)
+
+    def _prefill_busy(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stall decoding until the prefill stage is free (``_prefill_free_at``)."""
+        if not self._prefilling:
+            self._advance()
+            self._prefilling = True
+            self._reschedule()
+        if self._prefill_timer is not None:
+            self._prefill_timer.cancel()
+        self._prefill_timer = loop.call_at(self._prefill_free_at, self._prefill_end)
+
+    def _prefill_end(self) -> None:
+        self._prefill_timer = None
+        self._advance()
+        self._prefilling = False
+        self._reschedule()
 
     def _start_decode(self, seq: _Seq) -> None:
         seq.handle = None
@@ -338,7 +425,13 @@ class SimReplica(ReplicaIdentity):
         seq.v_start = self._v
         heapq.heappush(self._heap, (self._v + seq.todo, next(self._seqno), seq))
         self._n += 1
+        self._ctx_c += seq.ctx0 - seq.v_start
         self._reschedule()
+
+    def _left_decode(self, seq: _Seq) -> None:
+        """Drop ``seq``'s context from ``C`` (it stopped decoding)."""
+        self._n -= 1
+        self._ctx_c = self._ctx_c - (seq.ctx0 - seq.v_start) if self._n else 0.0
 
     def _note_first_token(self, seq: _Seq) -> None:
         """Record the version of ``seq``'s first token (once per request, over attempts).
@@ -360,10 +453,10 @@ class SimReplica(ReplicaIdentity):
         while heap and heap[0][2].state != _DECODE:
             heapq.heappop(heap)
             self._dead -= 1
-        if heap and self._n and not self._frozen:
+        if heap and self._n and not self._stalled():
             loop = self._loop
             assert loop is not None
-            dt = (heap[0][0] - self._v) / self._rate[self._n]
+            dt = self._time_to(heap[0][0])
             self._timer = loop.call_at(self._vt + max(0.0, dt), self._on_departure)
 
     def _on_departure(self) -> None:
@@ -382,7 +475,7 @@ class SimReplica(ReplicaIdentity):
                 self._dead -= 1
                 continue
             seq.state = _DONE
-            self._n -= 1
+            self._left_decode(seq)
             self._slots -= 1
             del self._seqs[seq.req.request_id]
             self.tokens_generated += seq.todo
@@ -413,7 +506,7 @@ class SimReplica(ReplicaIdentity):
         elif seq.state == _DECODE:
             self._advance()
             tokens = min(seq.todo, math.floor(self._v - seq.v_start + 1e-9))
-            self._n -= 1
+            self._left_decode(seq)
             self._slots -= 1
             self._dead += 1
         seq.state = _DONE

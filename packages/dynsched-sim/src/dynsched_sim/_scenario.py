@@ -28,6 +28,7 @@ __all__ = [
     "builtin_scenarios",
     "load_scenario",
     "scenario_from_dict",
+    "static_splits",
 ]
 
 PROVENANCE_LABELS = ("published", "public config", "judgement", "fitted")
@@ -115,6 +116,10 @@ class Scenario:
     seeds: int = 1
     provenance: Mapping[str, str] = attrs.field(factory=dict)
 
+    def __attrs_post_init__(self) -> None:
+        # the trainer's communication costs read this scenario's model and links
+        object.__setattr__(self, "trainer", self.trainer.bind(self.hardware, self.model))
+
     def configuration(self, name: str) -> Configuration:
         """The configuration called ``name``.
 
@@ -188,7 +193,7 @@ class Scenario:
         """Every parameter of the scenario (model sections, distributions, schedule, run)."""
         out = ["steps", "seed", "seeds"]
         for section, cls in _SECTIONS.items():
-            for f in attrs.fields(cls):
+            for f in _parameters(cls):
                 value = getattr(getattr(self, section), f.name)
                 if isinstance(value, LengthDistribution):
                     out += [
@@ -212,7 +217,7 @@ class Scenario:
 def _build(cls: type, data: Any, path: str) -> Any:
     if not isinstance(data, Mapping):
         raise ScenarioError(f"{path}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in attrs.fields(cls)}
+    fields = {f.name: f for f in _parameters(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ScenarioError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(fields)}")
@@ -230,6 +235,12 @@ def _build(cls: type, data: Any, path: str) -> Any:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ScenarioError(f"{path or cls.__name__}: {e}") from e
+
+
+def _parameters(cls: type) -> tuple[Any, ...]:
+    """The fields of a model section a scenario sets (not `TrainerModel.links`, which a
+    scenario derives from its hardware and model)."""
+    return tuple(f for f in attrs.fields(cls) if f.name != "links")
 
 
 _SECTIONS: dict[str, type] = {
@@ -368,6 +379,42 @@ def _check_fits_cluster(sc: Scenario, c: Configuration) -> None:
                 f"{sc.hardware.gpu_memory_gib} GiB; lower the fraction or set "
                 "trainer.offload_state: true"
             )
+
+
+def static_splits(scenario: Scenario, total_gpus: int | None = None) -> tuple[Configuration, ...]:
+    """Every static split of ``total_gpus`` GPUs (default: the scenario's largest
+    configuration): the standalone rollout pool in whole replicas (at least one), the rest
+    to the trainer (at least one GPU, its weights, gradients and optimizer state fitting its
+    GPUs during a step), each accepted by the core; named ``static-<trainer>-<rollout>``
+    (the scenario's own configuration where one has that split). "Best static split" in
+    the benchmarks is the best of these.
+
+    Raises:
+        ScenarioError: ``total_gpus`` holds no split.
+    """
+    total = total_gpus or max(c.total_gpus for c in scenario.configurations)
+    g = scenario.engine.gpus_per_replica
+    own = {(c.trainer_gpus, c.rollout_gpus): c for c in scenario.configurations if not c.hybrid}
+    mem = scenario.hardware.gpu_memory_gib * 2**30
+    out = []
+    for rollout in range(g, total, g):
+        trainer = total - rollout
+        if scenario.trainer.resident_bytes_per_gpu(scenario.model, trainer) > mem:
+            continue
+        conf = own.get((trainer, rollout)) or Configuration(
+            name=f"static-{trainer}-{rollout}", trainer_gpus=trainer, rollout_gpus=rollout
+        )
+        try:
+            scenario.schedule_config(conf)
+        except ScenarioError:
+            continue
+        out.append(conf)
+    if not out:
+        raise ScenarioError(
+            f"scenario {scenario.name!r}: {total} GPUs hold no static split of "
+            f"{g}-GPU replicas next to a trainer"
+        )
+    return tuple(out)
 
 
 def _check_count(name: str, value: Any, lo: int, hi: int) -> None:

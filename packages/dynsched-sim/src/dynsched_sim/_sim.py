@@ -17,10 +17,13 @@ from dynsched_core import (
     RolloutSample,
 )
 from dynsched_core.events import ReplicaModeEvent, TrainStepEvent, TransitionEvent
+from dynsched_core.planner import RolePlannerOptions
 from dynsched_metrics import CycleMetrics, MetricsAggregator
 
 from dynsched_sim._bound import LowerBound, lower_bound
 from dynsched_sim._cluster import SimCluster, build_cluster, prompt_source
+from dynsched_sim._mover import SimRoleMover
+from dynsched_sim._planner import PLANNER_SUFFIX, PlannerSpec, build_planner, resolve
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._trainer import SimTrainer
 from dynsched_sim._vloop import VirtualTimeEventLoop, deferred_interrupts, stop_quietly
@@ -130,6 +133,7 @@ class _Outcome:
     state_events: list[TransitionEvent]
     blocked: list[int]
     in_flight: list[int]
+    mover: SimRoleMover | None = None
 
 
 async def _run(
@@ -138,6 +142,7 @@ async def _run(
     cfg: DynamicScheduleConfig,
     seed: int,
     progress: ProgressFn | None,
+    spec: PlannerSpec | None = None,
 ) -> _Outcome:
     loop = asyncio.get_running_loop()
     bus = EventBus()
@@ -162,6 +167,7 @@ async def _run(
             progress(e.step, total, e.time)
 
         bus.subscribe(on_step, TrainStepEvent)
+    planner, mover = (None, None) if spec is None else build_planner(spec, scenario, cluster, cfg)
     floop = FullyAsyncLoop.build(
         cfg,
         pol,
@@ -172,7 +178,11 @@ async def _run(
         events=bus,
         wait_timeout_s=_FOREVER_S,
         max_tokens=scenario.workload.max_response_len,
+        planner=planner,
+        mover=mover,
     )
+    if mover is not None:
+        mover.bind(floop)
     cluster.trainer.set_reclaim(_reclaimer(floop, cfg, has_standalone=bool(cluster.standalone)))
     bus.subscribe(lambda e: in_flight.append(floop.rollouter.active), TrainStepEvent)
     sampler = loop.create_task(_sample_admission(floop, blocked))
@@ -187,7 +197,17 @@ async def _run(
     )
     bound = lower_bound(scenario, conf, cluster.workload, cfg)
     return _Outcome(
-        cluster, result, cycles, left, mode_events, bound, floop, state_events, blocked, in_flight
+        cluster,
+        result,
+        cycles,
+        left,
+        mode_events,
+        bound,
+        floop,
+        state_events,
+        blocked,
+        in_flight,
+        mover,
     )
 
 
@@ -251,6 +271,7 @@ def run_configuration(
     *,
     seed: int | None = None,
     progress: ProgressFn | None = None,
+    planner: PlannerSpec | RolePlannerOptions | bool | None = None,
 ) -> RunResult:
     """Simulate ``conf`` of ``scenario`` with ``policy`` on a fresh virtual-time loop.
 
@@ -261,6 +282,10 @@ def run_configuration(
             ``static_fully_async``).
         seed: Workload seed (default: the scenario's).
         progress: Called ``(step, total_steps, simulated_time)`` after each micro-step.
+        planner: Re-plan the split at run time with a role planner on top of the
+            policy (`dynsched_sim._planner`; True: the default settings; None: as the
+            enclosing `planner_enabled` block says, else no planner). The run's policy
+            name then ends with ``+planner`` and its summary counts the moves.
 
     Returns:
         The `RunResult`.
@@ -270,12 +295,21 @@ def run_configuration(
     seed = scenario.seed if seed is None else seed
     policy = policy_for(conf, policy)
     cfg = scenario.schedule_config(conf, policy)  # built and validated once per run
-    out, events = _simulate(scenario, conf, cfg, seed, progress)
+    spec = resolve(planner)
+    if spec is not None and conf.trainer_gpus % scenario.engine.gpus_per_replica:
+        logger.warning(
+            "%s: no role planner (trainer GPUs %d are not whole %d-GPU replicas)",
+            conf.name,
+            conf.trainer_gpus,
+            scenario.engine.gpus_per_replica,
+        )
+        spec = None
+    out, events = _simulate(scenario, conf, cfg, seed, progress, spec)
     res, wall = out.result, out.result.duration_s
     return RunResult(
         scenario=scenario.name,
         configuration=conf.name,
-        policy=policy,
+        policy=policy if spec is None else policy + PLANNER_SUFFIX,
         seed=seed,
         wall_clock_s=wall,
         lower_bound_s=out.bound.seconds,
@@ -303,6 +337,7 @@ def _simulate(
     cfg: DynamicScheduleConfig,
     seed: int,
     progress: ProgressFn | None,
+    spec: PlannerSpec | None = None,
 ) -> tuple[_Outcome, int]:
     """Run the loop on a fresh virtual-time event loop; the outcome and its callback count."""
     loop = VirtualTimeEventLoop()
@@ -311,7 +346,7 @@ def _simulate(
     with deferred_interrupts(loop):
         try:
             asyncio.set_event_loop(loop)
-            out = loop.run_until_complete(_run(scenario, conf, cfg, seed, progress))
+            out = loop.run_until_complete(_run(scenario, conf, cfg, seed, progress, spec))
             return out, loop.callbacks_scheduled
         except BaseException:
             # Ctrl-C mid-run: stop the run's tasks without printing their teardown errors.
@@ -398,6 +433,20 @@ def _summary(out: _Outcome) -> dict[str, Any]:
         "queue_capacity": cluster.config.max_queue_size,
         "staleness_bound_fraction": blocked[1] / blocked[0] if blocked[0] else 0.0,
         "concurrency_bound_fraction": blocked[2] / blocked[0] if blocked[0] else 0.0,
+        **_planner_summary(out),
+    }
+
+
+def _planner_summary(out: _Outcome) -> dict[str, Any]:
+    """The role moves of a planned run (nothing without a planner)."""
+    if out.mover is None:
+        return {}
+    split = out.mover.split()
+    return {
+        "role_moves": out.mover.moves,
+        "role_move_s": out.mover.seconds,
+        "final_trainer_gpus": split.trainer_gpus,
+        "final_standalone_replicas": split.standalone_replicas,
     }
 
 

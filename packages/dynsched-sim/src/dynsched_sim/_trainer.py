@@ -73,11 +73,8 @@ class SimTrainer:
         self._tokens_of = tokens_of
         if model.offload_state and (hardware is None or llm is None):
             raise ValueError("offload_state needs the hardware and llm models")
-        self._swap_s = (
-            model.state_swap_s(hardware, llm, gpus)
-            if hardware is not None and llm is not None
-            else 0.0
-        )
+        self._hw, self._llm = hardware, llm
+        self._swap_s = self._state_swap_s()
         self._reclaim: Callable[[], Awaitable[None]] | None = None
         self._observer: Callable[[int, Sequence[Any]], None] | None = None
         self.version = 0
@@ -90,6 +87,50 @@ class SimTrainer:
         self._ledger = ledger
         self.tokens_exact = True
         self.mismatched_responses = 0
+
+    def _state_swap_s(self) -> float:
+        if self._hw is None or self._llm is None:
+            return 0.0
+        return self.model.state_swap_s(self._hw, self._llm, self.gpus)
+
+    @property
+    def standalone(self) -> list[SimReplica]:
+        """The standalone replicas the weights are broadcast to."""
+        return list(self._standalone)
+
+    @property
+    def hybrid(self) -> list[SimReplica]:
+        """The hybrid replicas living on the trainer's GPUs."""
+        return list(self._hybrid)
+
+    @property
+    def groups(self) -> list[str]:
+        """The accounting groups of the trainer's GPUs."""
+        return list(self._groups)
+
+    def regroup(
+        self,
+        gpus: int,
+        *,
+        groups: Iterable[str],
+        standalone: Sequence[SimReplica],
+        hybrid: Sequence[SimReplica],
+    ) -> None:
+        """A role move changed the trainer (at a sync boundary): its data-parallel size
+        ``gpus`` (step times follow `TrainerModel` at the new size; global batch kept),
+        the accounting groups of its GPUs, the standalone replicas it broadcasts to and
+        the hybrid replicas living on its GPUs.
+
+        Raises:
+            ValueError: ``gpus < 1``.
+        """
+        if gpus < 1:
+            raise ValueError(f"SimTrainer.regroup: gpus must be >= 1, got {gpus}")
+        self.gpus = gpus
+        self._groups = list(groups)
+        self._standalone = list(standalone)
+        self._hybrid = list(hybrid)
+        self._swap_s = self._state_swap_s()
 
     def set_reclaim(self, reclaim: Callable[[], Awaitable[None]]) -> None:
         """Set the coroutine that puts awake hybrid engines to sleep before a step."""

@@ -43,8 +43,10 @@ __all__ = [
     "main",
     "mean_wall",
     "needed_value",
+    "refit_spread",
     "scenario_to_dict",
     "sensitivity",
+    "spread_of_refits",
 ]
 
 DECODE_RANGE = (1 / 50, 50.0)
@@ -52,6 +54,16 @@ DECODE_RANGE = (1 / 50, 50.0)
 TRAINER_RANGE = (1e-6, 1.0)
 """Search range of ``trainer.gpu_s_per_token`` (GPU-seconds per token)."""
 TOLERANCE = 1e-3
+START_POINTS: tuple[tuple[float, float], ...] = (
+    (1.0, 1.0),
+    (0.8, 1.25),
+    (1.25, 0.8),
+    (0.9, 0.9),
+    (1.1, 1.1),
+)
+"""Starting points of the refits (`refit_spread`): ``(decode factor, trainer factor)``
+multiplying the scenario's decode speed and ``trainer.gpu_s_per_token`` before fitting
+(judgement: 10-25 % either way, both directions of both rates)."""
 
 
 @attrs.frozen
@@ -248,6 +260,7 @@ def calibrate(
     policy: str = "default",
     rounds: int = 4,
     log: Callable[[str], None] = lambda s: None,
+    start: tuple[float, float] = (1.0, 1.0),
 ) -> tuple[Scenario, CalibrationReport]:
     """Fit the decode and trainer speeds to the two static runs; predict ``predicted``.
 
@@ -260,6 +273,8 @@ def calibrate(
         policy: Policy of the predicted configuration.
         rounds: Most alternations of the two fits.
         log: Progress messages.
+        start: ``(decode factor, trainer factor)`` applied to the scenario's decode
+            speed and trainer speed before fitting (the fit's starting point).
 
     Returns:
         The calibrated scenario and the report.
@@ -273,6 +288,16 @@ def calibrate(
             raise ValueError(f"scenario {scenario.name!r} has no published time for {name!r}")
     if seeds is None:
         seeds = range(scenario.seed, scenario.seed + scenario.seeds)
+    if start != (1.0, 1.0):
+        kd, kt = start
+        eng, tr = scenario.engine, scenario.trainer
+        scenario = scenario.with_values(
+            engine={
+                "decode_base_s": eng.decode_base_s * kd,
+                "decode_per_seq_s": eng.decode_per_seq_s * kd,
+            },
+            trainer={"gpu_s_per_token": tr.gpu_s_per_token * kt},
+        )
     fitting = _Fitting(scenario, tuple(seeds), static_rollout_bound, static_train_bound)
     fit_d = fit_t = None
     for rnd in range(rounds):
@@ -293,6 +318,52 @@ def calibrate(
             break
     assert fit_d is not None and fit_t is not None
     return fitting.sc, fitting.report((fit_d, fit_t), predicted, policy)
+
+
+def refit_spread(
+    scenario: Scenario,
+    *,
+    starts: Sequence[tuple[float, float]] = START_POINTS[:3],
+    seeds: Sequence[int] | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> list[CalibrationReport]:
+    """`calibrate` from each of ``starts`` (see `START_POINTS`): every fit ends within
+    0.1 % of the published static times, yet the fitted rates differ inside that
+    tolerance and so does the prediction; `spread_of_refits` summarises it."""
+    reports = []
+    for start in starts:
+        log(f"refit from decode x{start[0]:g}, trainer x{start[1]:g}")
+        reports.append(calibrate(scenario, seeds=seeds, log=log, start=start)[1])
+    return reports
+
+
+def spread_of_refits(reports: Sequence[CalibrationReport]) -> dict[str, Any]:
+    """The predicted configuration's spread over workload seeds (per refit: the standard
+    deviation over the seeds; its largest) and over refits (the per-refit means: their
+    range and standard deviation), in hours, and the relative spread of the fitted rates."""
+    if not reports:
+        raise ValueError("spread_of_refits: no calibration reports")
+    pred = reports[0].predicted
+    means = [r.wall_clock_s[pred] / 3600 for r in reports]
+    stds = [r.wall_clock_std_s[pred] / 3600 for r in reports]
+
+    def rel(xs: list[float]) -> float:
+        return (max(xs) - min(xs)) / statistics.fmean(xs)
+
+    return {
+        "predicted": pred,
+        "refits": len(reports),
+        "means_h": means,
+        "seed_std_h": stds,
+        "largest_seed_std_h": max(stds),
+        "refit_range_h": max(means) - min(means),
+        "refit_std_h": statistics.stdev(means) if len(means) > 1 else 0.0,
+        "fitted_rate_rel_range": {
+            "decode_base_s": rel([r.decode_base_s for r in reports]),
+            "gpu_s_per_token": rel([r.gpu_s_per_token for r in reports]),
+        },
+        "ratios": {k: [r.ratios[k] for r in reports] for k in reports[0].ratios},
+    }
 
 
 ASSUMPTIONS: tuple[tuple[str, dict[str, dict[str, Any]], bool], ...] = (
@@ -410,6 +481,7 @@ def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
     """A scenario as plain data (loadable by `dynsched_sim.scenario_from_dict`)."""
     d = attrs.asdict(sc, recurse=True)
     d["trainer"]["phase_shares"] = {k: v for k, v in sc.trainer.phase_shares}
+    d["trainer"].pop("links", None)  # derived from hardware and model when loaded
     for key in ("prompt_len", "response_len"):
         d["workload"][key]["values"] = list(d["workload"][key]["values"])
     for key in ("length_trajectory", "difficulty_trajectory"):
@@ -449,6 +521,37 @@ def format_report(rep: CalibrationReport, published: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def format_spread(spread: dict[str, Any]) -> str:
+    """`spread_of_refits` as printed by ``--refits``."""
+    means = ", ".join(f"{m:.3f}" for m in spread["means_h"])
+    rates = spread["fitted_rate_rel_range"]
+    return (
+        f"{spread['predicted']} over {spread['refits']} refits: means {means} h; range "
+        f"{spread['refit_range_h']:.3f} h (sd {spread['refit_std_h']:.3f} h) against a seed sd "
+        f"of at most {spread['largest_seed_std_h']:.3f} h; fitted rates differ by "
+        f"{rates['decode_base_s']:.2%} (decode) and {rates['gpu_s_per_token']:.2%} (trainer)"
+    )
+
+
+def _main_refits(
+    scenario: Scenario, refits: int, seeds: Sequence[int] | None, json_path: str | None
+) -> int:
+    """``--refits N``: refit from the first N starting points; print the spread."""
+    reps = refit_spread(
+        scenario, starts=START_POINTS[:refits], seeds=seeds, log=lambda s: print(s, file=sys.stderr)
+    )
+    for start, r in zip(START_POINTS, reps, strict=False):
+        print(f"start {start}:\n{format_report(r, dict(scenario.published))}")
+    spread = spread_of_refits(reps)
+    print(format_spread(spread))
+    if json_path:
+        import json
+
+        with open(json_path, "w") as f:
+            json.dump(spread, f, indent=1)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     ap = argparse.ArgumentParser(
@@ -459,6 +562,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", help="write the calibrated scenario (YAML) here")
     ap.add_argument(
+        "--start",
+        nargs=2,
+        type=float,
+        default=(1.0, 1.0),
+        metavar=("DECODE", "TRAINER"),
+        help="start the fit from the scenario's decode and trainer speeds times these factors",
+    )
+    ap.add_argument("--json", help="write the report (fits, walls, per-seed prediction) as JSON")
+    ap.add_argument(
+        "--refits",
+        type=int,
+        default=0,
+        help="instead of one fit: refit from the first N of START_POINTS (3..5) and print "
+        "the prediction's spread over seeds and over refits",
+    )
+    ap.add_argument(
         "--sensitivity",
         action="store_true",
         help="instead of fitting: predict the dynamic run of the (calibrated) scenario under "
@@ -468,6 +587,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     scenario = load_scenario(args.scenario)
     seeds = None if args.seeds is None else range(scenario.seed, scenario.seed + args.seeds)
+    if args.refits:
+        if not 1 <= args.refits <= len(START_POINTS):
+            ap.error(f"--refits must be 1..{len(START_POINTS)}, got {args.refits}")
+        return _main_refits(scenario, args.refits, seeds, args.json)
     if args.sensitivity:
         chosen = list(seeds or range(scenario.seed, scenario.seed + scenario.seeds))
         log = lambda s: print(s, file=sys.stderr)  # noqa: E731
@@ -484,10 +607,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{x:.0f} s (prediction {y / 3600:.3f} h)"
         )
         return 0
+    start = (float(args.start[0]), float(args.start[1]))
+    if not all(0 < k < math.inf for k in start):
+        ap.error(f"--start: factors must be positive and finite, got {list(start)}")
     sc, rep = calibrate(
-        scenario, seeds=seeds, rounds=args.rounds, log=lambda s: print(s, file=sys.stderr)
+        scenario,
+        seeds=seeds,
+        rounds=args.rounds,
+        log=lambda s: print(s, file=sys.stderr),
+        start=start,
     )
     print(format_report(rep, dict(scenario.published)))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"start": list(start), **attrs.asdict(rep)}, f, indent=1)
     if args.out:
         import yaml
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import textwrap
@@ -83,6 +84,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument(
+        "--planner",
+        action="store_true",
+        help="re-plan the split at run time with the role planner on top of each "
+        "configuration's policy (GPUs move both ways; policy names get '+planner')",
+    )
+    p.add_argument(
         "--list",
         action="store_true",
         help="list built-in scenarios and registered policies, then exit",
@@ -158,18 +165,20 @@ def _run_all(
 ) -> list[Any]:
     """Every run of the comparison; on Ctrl-C the finished ones are written (marked partial)
     before the interrupt goes on with a message saying where."""
+    from dynsched_sim._planner import planner_enabled
     from dynsched_sim._report import ProgressBar, compare
 
     runs: list[Any] = []
     try:
-        compare(
-            scenario,
-            args.policy,
-            seed=seeds[0],
-            seeds=len(seeds),
-            progress=None if args.quiet else ProgressBar(),
-            into=runs,
-        )
+        with planner_enabled() if args.planner else contextlib.nullcontext():
+            compare(
+                scenario,
+                args.policy,
+                seed=seeds[0],
+                seeds=len(seeds),
+                progress=None if args.quiet else ProgressBar(),
+                into=runs,
+            )
     except KeyboardInterrupt:
         if not runs:
             raise KeyboardInterrupt("no run finished; nothing written") from None

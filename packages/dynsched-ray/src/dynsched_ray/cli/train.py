@@ -164,6 +164,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--name", default="dynsched-train", help="run name (prefix of actor names)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray cluster")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
+    p.add_argument(
+        "--planner",
+        action="store_true",
+        help="re-plan the split at run time: a role planner moves GPUs between the trainer "
+        "and the standalone replicas (the trainer starts one replica's GPUs below its pool)",
+    )
     p.set_defaults(func=main)
 
 
@@ -219,6 +225,10 @@ def main(args: argparse.Namespace) -> int:
 
         check_local_capacity(config, address=args.address)
         check_device(args.device)
+        if getattr(args, "planner", False):
+            from dynsched_ray.runtime.mover import planner_trainer_workers
+
+            planner_trainer_workers(config)
         from dynsched_ray.training import TrainSettings
 
         settings = TrainSettings.from_verl(
@@ -268,6 +278,15 @@ def main(args: argparse.Namespace) -> int:
             lock.release()
 
 
+def _planner_options(config: Any) -> Any:
+    """`TrainRunnerOptions` with a core `RolePlanner` of ``config`` (``--planner``)."""
+    from dynsched_core.planner import RolePlanner
+
+    from dynsched_ray.training import TrainRunnerOptions
+
+    return TrainRunnerOptions(planner=RolePlanner(config=config))
+
+
 def _run(
     args: argparse.Namespace, config: Any, settings: Any, ray_plan: Any, *, done: int = 0
 ) -> int:
@@ -297,6 +316,7 @@ def _run(
             resume=bool(args.resume),
             progress=bar.note if bar is not None else None,
             on_step=bar.update if bar is not None else None,
+            runner_options=_planner_options(config) if getattr(args, "planner", False) else None,
         )
         if not ray.is_initialized():
             try:

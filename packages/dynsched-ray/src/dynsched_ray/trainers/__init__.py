@@ -6,7 +6,8 @@ the RL step, checkpoints and sleep/wake shared by every trainer). Another packag
 trainer by naming a `TrainerPlugin` in its entry points (see `dynsched_ray.plugins`);
 `load_trainer` finds any of them by name (an unknown one
 raises `TrainerLookupError` with the known names and the closest match). `RayTrainerGroup` runs one trainer per actor
-(`dynsched_ray.trainers.group`); `RayTrainerBackend` is the reference loop's stand-in
+(`dynsched_ray.trainers.group`) and resizes its data-parallel group at a sync boundary
+(`dynsched_ray.trainers.elastic`); `RayTrainerBackend` is the reference loop's stand-in
 (`dynsched_ray.trainers.standin`).
 
 The classes are imported on first access (the base needs torch).
@@ -21,6 +22,7 @@ from dynsched_ray.plugins import TRAINER_GROUP, TRAINERS, TrainerLookupError, Tr
 
 if TYPE_CHECKING:
     from dynsched_ray.trainers.base import RLTrainerBase, TrainerOptions
+    from dynsched_ray.trainers.elastic import TrainerResizeError
     from dynsched_ray.trainers.group import RayTrainerGroup, RayTrainerGroupBackend, RayTrainerSpec
     from dynsched_ray.trainers.standin import RayTrainerBackend
 
@@ -34,6 +36,7 @@ __all__ = [
     "TrainerLookupError",
     "TrainerOptions",
     "TrainerPlugin",
+    "TrainerResizeError",
     "load_trainer",
     "trainer_names",
 ]
@@ -51,5 +54,6 @@ __getattr__ = lazy_getattr(
         "RayTrainerGroupBackend": f"{__name__}.group",
         "RayTrainerSpec": f"{__name__}.group",
         "RayTrainerBackend": f"{__name__}.standin",
+        "TrainerResizeError": f"{__name__}.elastic",
     },
 )

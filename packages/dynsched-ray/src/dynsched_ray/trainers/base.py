@@ -348,6 +348,11 @@ class RLTrainerBase:
     #: True when `export_weights` and `state_dict` are collectives (sharded parameters):
     #: the trainer group then calls them on every rank and keeps rank 0's answer.
     collective_export: bool = False
+    #: True when the trainer is bound to the process group it was built in (sharded
+    #: parameters, Megatron's ``parallel_state``): after an elastic resize every rank
+    #: builds it again on the new group and loads rank 0's state
+    #: (`dynsched_ray.trainers.elastic`). False: it reads the group at each step.
+    rebuild_on_resize: bool = False
 
     # ------------------------------------------------------------------ subclass API
     def _params(self) -> list[torch.nn.Parameter]:
@@ -469,6 +474,13 @@ class RLTrainerBase:
         t, loss, clipped, ratio, kl = (float(x) for x in sums)
         return PolicyLossStats(t, loss, clipped, ratio, float(top[0]), kl)
 
+    def _rank_groups(self, batch: TrainBatch) -> list[Sequence[int]]:
+        """This rank's share of ``batch``: every ``world``-th prompt group (response
+        indices), starting at its rank. Over the ranks of one step the shares cover the
+        batch's groups exactly once, whatever the world size."""
+        rank, world = self._dp()
+        return list(batch.groups.values())[rank::world]
+
     def train_step(self, batch: TrainBatch) -> TrainMetrics:
         """One RL update: GRPO advantages, clipped ratio loss, one optimizer step.
 
@@ -487,8 +499,7 @@ class RLTrainerBase:
         obj = self.options.objective
         t0 = time.perf_counter()
         adv = batch_advantages(batch, obj)
-        rank, world = self._dp()
-        groups = list(batch.groups.values())[rank::world]
+        groups = self._rank_groups(batch)
         k = self.options.ppo_mini_batch_size or max(len(groups), 1)
         total = batch.num_response_tokens
         stats = PolicyLossStats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)

@@ -22,16 +22,17 @@ torch is imported inside the actors only; the driver needs none of it.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import ray
 from dynsched_core import ReplicaSet
+from dynsched_core.errors import HandOverError
 from dynsched_core.rollout import ReplicaPlacement
 from dynsched_core.trainer import (
     GpuHandOver,
@@ -46,6 +47,13 @@ from dynsched_ray.runtime.actors import placement_info, remote_class
 from dynsched_ray.runtime.errors import TrainerOffloadedError
 from dynsched_ray.runtime.placement import ResourcePools
 from dynsched_ray.runtime.remote import await_ref
+from dynsched_ray.trainers.elastic import (
+    TrainerResizeError,
+    broadcast_state,
+    join_process_group,
+    leave_process_group,
+    needs_rebuild,
+)
 from dynsched_ray.trainers.standin import push_weights
 
 __all__ = [
@@ -91,6 +99,8 @@ class TrainerActor:
         self.world_size = int(world_size)
         self._trainer: Any = None
         self._synced: tuple[int, bytes] | None = None
+        self._handoff: dict[str, Any] | None = None
+        self._rebuilt = False
 
     def rendezvous_address(self) -> tuple[str, int]:
         """An address and a free port of this node, for rank 0 to host the group."""
@@ -107,24 +117,57 @@ class TrainerActor:
             `describe`'s answer.
         """
         if self._trainer is None:
-            if self.world_size > 1:
-                import torch
-                import torch.distributed as dist
+            import torch.distributed as dist
 
-                if address is None:
-                    raise ValueError("setup needs the rank-0 address when world_size > 1")
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
-                if not dist.is_initialized():
-                    dist.init_process_group(
-                        backend,
-                        init_method=f"tcp://{address[0]}:{address[1]}",
-                        rank=self.rank,
-                        world_size=self.world_size,
-                        # a collective whose peer never comes fails instead of hanging
-                        timeout=datetime.timedelta(seconds=self.collective_timeout_s),
-                    )
+            if not (dist.is_available() and dist.is_initialized()):
+                join_process_group(self.rank, self.world_size, address, self.collective_timeout_s)
             self._trainer = self._factory(*self._args, **self._kwargs)
         return self.describe()
+
+    # ------------------------------------------------------------------ elastic resize
+    def snapshot(self, keep: bool) -> int:
+        """Take the trainer's checkpoint before a resize (a collective for a sharded
+        trainer: every old rank calls it); ``keep`` (rank 0) holds it for `receive_state`.
+
+        Returns:
+            Tensors held (0 when not kept).
+        """
+        state: dict[str, Any] = self._t().state_dict()
+        self._handoff = state if keep else None
+        return len(state.get("model", {})) if keep else 0
+
+    def leave(self) -> None:
+        """Leave the data-parallel group (the first step of a resize)."""
+        leave_process_group(self._trainer)
+
+    def rejoin(self, rank: int, world_size: int, address: tuple[str, int] | None) -> dict[str, Any]:
+        """Join the re-formed group as ``rank`` of ``world_size``; a trainer bound to its old
+        group (`needs_rebuild`) is built again (it gets its state in `receive_state`).
+
+        Returns:
+            `describe`'s answer.
+        """
+        join_process_group(rank, world_size, address, self.collective_timeout_s)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self._rebuilt = needs_rebuild(self._trainer)
+        if self._rebuilt:
+            self._trainer = None
+            self._trainer = self._factory(*self._args, **self._kwargs)
+        return self.describe()
+
+    def receive_state(self) -> int:
+        """Rank 0's snapshot on every rank of the new group (a collective); loaded where the
+        trainer does not hold it already (rank 0 keeps its own unless it was rebuilt).
+
+        Returns:
+            The trainer's version after it.
+        """
+        state = broadcast_state(self._handoff if self.rank == 0 else None)
+        self._handoff = None
+        if self.rank != 0 or self._rebuilt:
+            self._t().load_state_dict(state)
+        self._rebuilt = False
+        return int(self._t().version)
 
     def _t(self) -> Any:
         if self._trainer is None:
@@ -263,6 +306,7 @@ class RayTrainerGroup:
             checkpoint gather the shards, so `export_weights`, `state_dict` and
             `keep_synced` run on every rank and keep rank 0's answer; otherwise rank 0 alone
             answers them, all ranks holding the same weights).
+        bundles: Trainer-pool bundles: the most workers `resize` may grow to.
     """
 
     def __init__(
@@ -274,8 +318,16 @@ class RayTrainerGroup:
         call_timeout_s: float = 600.0,
         step_timeout_s: float = 3600.0,
         collective: bool = False,
+        spawn: Callable[[int, int, int], Any] | None = None,
+        bundles: int | None = None,
     ) -> None:
         self.workers = list(workers)
+        self._spawn = spawn
+        self.bundles = len(self.workers) if bundles is None else int(bundles)
+        #: True between a weight sync (`keep_synced`) or the launch and the next step:
+        #: where `resize` may run.
+        self.at_sync_boundary = True
+        self.resizes = 0
         self.collective = bool(collective)
         self.gpus = list(gpus)
         self.handover = handover
@@ -315,24 +367,11 @@ class RayTrainerGroup:
             )
         frac = spec.gpu_fraction if spec.gpu_fraction is not None else gpu_fraction
         handover = handover or GpuHandOver(allow_unreleased_sleep=spec.allow_unreleased_sleep)
+        spawn = _spawner(pools, spec, frac, name, namespace)
         handles: list[Any] = []
         try:
             for rank in range(n):
-                opts: dict[str, Any] = {
-                    "num_cpus": 0,
-                    "scheduling_strategy": pools.trainer_strategy(rank),
-                    "name": f"{name}-trainer-{rank}",
-                    "namespace": namespace,
-                }
-                if frac > 0:
-                    opts["num_gpus"] = frac
-                handles.append(
-                    remote_class(TrainerActor)
-                    .options(**opts)
-                    .remote(
-                        spec.factory, spec.args, dict(spec.kwargs), rank, n, spec.step_timeout_s
-                    )
-                )
+                handles.append(spawn(rank, n, 0))
             address = None
             if n > 1:
                 address = await await_ref(
@@ -365,6 +404,8 @@ class RayTrainerGroup:
             call_timeout_s=call_timeout_s,
             step_timeout_s=spec.step_timeout_s,
             collective=any(d.get("collective_export", False) for d in described),
+            spawn=spawn,
+            bundles=pools.trainer_gpus,
         )
 
     async def _all(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
@@ -393,6 +434,7 @@ class RayTrainerGroup:
             raise TrainerOffloadedError(
                 f"trainer worker(s) of GPU(s) {offloaded} are offloaded: call acquire() first"
             )
+        self.at_sync_boundary = False
         metrics = await self._all("train_step", batch, timeout_s=self.step_timeout_s)
         out: TrainMetrics = metrics[0]
         slowest = max(m.compute_s for m in metrics)
@@ -438,6 +480,126 @@ class RayTrainerGroup:
             self._offloaded[g] = method == "offload"
             self.reports.append((g, rep))
         return list(reports)
+
+    # ------------------------------------------------------------------ elastic resize
+    def check_resize(self, workers: int) -> None:
+        """Refuse a resize that cannot run now (see `resize`)."""
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise TypeError(f"RayTrainerGroup.resize: workers must be an int, got {workers!r}")
+        if not 1 <= workers <= self.bundles:
+            raise ValueError(
+                f"RayTrainerGroup.resize: workers must be in [1, {self.bundles}] (the trainer "
+                f"pool's bundles), got {workers}"
+            )
+        if not self.at_sync_boundary:
+            raise TrainerResizeError(
+                "RayTrainerGroup.resize runs at a sync boundary only: a train step ran (or "
+                "runs) since the last weight sync; resize after sync_weights/keep_synced"
+            )
+        offloaded = [g for g in self.gpus if self._offloaded[g]]
+        if offloaded:
+            raise TrainerOffloadedError(
+                f"RayTrainerGroup.resize: trainer worker(s) of GPU(s) {offloaded} are offloaded:"
+                " call acquire() first"
+            )
+        if workers > len(self.workers) and self._spawn is None:
+            raise TrainerResizeError(
+                "RayTrainerGroup.resize: this group cannot start workers (build it with launch)"
+            )
+        for g in range(len(self.workers), workers):
+            awake = self.handover.holders(g).awake
+            if awake:
+                raise HandOverError(
+                    f"RayTrainerGroup.resize: hybrid replica(s) {list(awake)} are awake on GPU "
+                    f"{g!r}; a trainer worker cannot start there (sleep them first)",
+                    g,
+                    awake,
+                )
+
+    async def _each(self, calls: Sequence[tuple[Any, str, tuple[Any, ...]]]) -> list[Any]:
+        """``handle.method.remote(*args)`` of every ``(handle, method, args)``, in parallel."""
+        return list(
+            await asyncio.gather(
+                *(
+                    await_ref(
+                        getattr(h, m).remote(*a),
+                        timeout_s=self.call_timeout_s,
+                        what=f"trainer.{m}",
+                    )
+                    for h, m, a in calls
+                )
+            )
+        )
+
+    async def resize(self, workers: int) -> float:
+        """Grow or shrink the data-parallel group to ``workers`` at a sync boundary.
+
+        Rank 0 snapshots the trainer (every old rank takes part for a `collective` one);
+        every worker leaves the process group; the workers of ranks ``>= workers`` stop;
+        new workers start on trainer bundles ``len(workers) ..`` (their GPU keys registered
+        resident in `handover`); the group re-forms with the new world size and rank 0's
+        model and optimizer state is broadcast to every rank (sharded state re-sharded).
+        The next `train_step` splits the same global batch over the new ranks (see
+        `dynsched_ray.trainers.elastic`). The GPUs of stopped workers are marked
+        offloaded in `handover` (free for whoever comes next). If it fails half-way the
+        group is broken: shut it down.
+
+        Returns:
+            Seconds it took (0 when the size does not change).
+
+        Raises:
+            ValueError: ``workers`` outside ``[1, bundles]``.
+            TrainerResizeError: not at a sync boundary (a step ran since the last
+                `keep_synced`), or the group cannot start workers.
+            TrainerOffloadedError: a worker is offloaded (call `acquire` first).
+            HandOverError: a hybrid replica is awake on a GPU a new worker needs.
+        """
+        self.check_resize(workers)
+        old = len(self.workers)
+        if workers == old:
+            return 0.0
+        t0 = time.perf_counter()
+        self.at_sync_boundary = False
+        self.resizes += 1
+        await self._each([(self.workers[r], "snapshot", (r == 0,)) for r in self._answering()])
+        await self._each([(w, "leave", ()) for w in self.workers])
+        for w in self.workers[workers:]:
+            _kill(w)
+        kept = self.workers[:workers]
+        spawn = self._spawn
+        spawned = (
+            [] if spawn is None else [spawn(r, workers, self.resizes) for r in range(old, workers)]
+        )
+        try:
+            address = None
+            if workers > 1:
+                address = (await self._each([(kept[0], "rendezvous_address", ())]))[0]
+            await self._each(
+                [(w, "rejoin", (r, workers, address)) for r, w in enumerate(kept)]
+                + [(w, "setup", (address,)) for w in spawned]
+            )
+            self.workers = kept + spawned
+            await self._each([(w, "receive_state", ()) for w in self.workers])
+        except BaseException:
+            for w in spawned:
+                _kill(w)
+            raise
+        self._regpus(workers)
+        self.at_sync_boundary = True
+        seconds = time.perf_counter() - t0
+        logger.info("trainer group resized %d -> %d worker(s) in %.3f s", old, workers, seconds)
+        return seconds
+
+    def _regpus(self, workers: int) -> None:
+        """GPU keys, hand-over and kept-copy records after a resize to ``workers``."""
+        for g in self.gpus[workers:]:
+            self.handover.trainer_offloaded(g)
+        new = list(range(len(self.gpus), workers))
+        for g in new:
+            self.handover.register_trainer(g, resident=True)
+        self.gpus = list(range(workers))
+        self._offloaded = dict.fromkeys(self.gpus, False)
+        self._kept_ranks = frozenset(r for r in self._kept_ranks if r < workers)
 
     def is_offloaded(self, gpu: Hashable) -> bool:
         """Whether the worker of ``gpu`` is offloaded."""
@@ -489,6 +651,7 @@ class RayTrainerGroup:
         )
         self._kept_ranks = frozenset(ranks)
         self.synced_version = version
+        self.at_sync_boundary = True
         data: bytes = outs[0]
         return data
 
@@ -605,6 +768,35 @@ class RayTrainerGroupBackend:
         replicas = [r for r in standalone_of(self.replicas) if not getattr(r, "is_dead", False)]
         await push_weights(replicas, version, weights)
         return weights
+
+
+def _spawner(
+    pools: ResourcePools, spec: RayTrainerSpec, frac: float, name: str, namespace: str | None
+) -> Callable[[int, int, int], Any]:
+    """``spawn(rank, world_size, generation)``: a `TrainerActor` (not set up yet) on trainer
+    bundle ``rank``, declaring ``frac`` of its GPU; named ``<name>-trainer-<rank>`` (with
+    ``-r<generation>`` when a resize starts it, so a name a stopped worker held is not
+    reused)."""
+
+    def spawn(rank: int, world_size: int, generation: int) -> Any:
+        suffix = f"-r{generation}" if generation else ""
+        opts: dict[str, Any] = {
+            "num_cpus": 0,
+            "scheduling_strategy": pools.trainer_strategy(rank),
+            "name": f"{name}-trainer-{rank}{suffix}",
+            "namespace": namespace,
+        }
+        if frac > 0:
+            opts["num_gpus"] = frac
+        return (
+            remote_class(TrainerActor)
+            .options(**opts)
+            .remote(
+                spec.factory, spec.args, dict(spec.kwargs), rank, world_size, spec.step_timeout_s
+            )
+        )
+
+    return spawn
 
 
 def standalone_of(replicas: Any) -> list[Any]:

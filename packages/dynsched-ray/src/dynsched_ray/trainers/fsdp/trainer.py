@@ -91,6 +91,7 @@ class FSDPTrainer(TorchTrainer):
     """
 
     collective_export = True
+    rebuild_on_resize = True  # the shards live on the old group's mesh
 
     def __init__(self, model: str | Path, options: TrainerOptions | None = None) -> None:
         options = options if options is not None else TrainerOptions()

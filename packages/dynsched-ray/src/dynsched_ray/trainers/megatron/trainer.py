@@ -309,6 +309,9 @@ class MegatronTrainer(RLTrainerBase):
         cpu_substitutes: The CPU-only substitutes in use (empty on GPU).
     """
 
+    #: ``parallel_state`` holds the groups of the world it was built in
+    rebuild_on_resize = True
+
     def __init__(
         self, model: str | Path, options: TrainerOptions | None = None, *, seed: int = 1234
     ) -> None:
@@ -398,6 +401,13 @@ class MegatronTrainer(RLTrainerBase):
         torch_opts = _MegatronGpuOffloader(ddp, self._megatron_opt, self.device)._torch_optimizers()
         self.optimizer = torch_opts[0]
         self._offloader = _MegatronGpuOffloader(ddp, self._megatron_opt, self.device)
+
+    def leave_group(self) -> None:
+        """Drop megatron-core's ``parallel_state`` groups (before an elastic resize leaves the
+        default group; the trainer is built again on the new one)."""
+        parallel_state, _rotary, _mrandom = _megatron_classes()
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
 
     # ------------------------------------------------------------------ base-class hooks
     def _params(self) -> list[torch.nn.Parameter]:

@@ -1,0 +1,242 @@
+"""A job on Ray: one actor per worker in a placement group of the scheduler's size.
+
+:class:`WorkerGroup` reserves a placement group with one bundle per worker (pinned to the
+nodes the scheduler chose where the nodes can be told apart, see :func:`node_labels`),
+starts a :class:`JobWorker` actor in each bundle, hands rank 0's address to the others
+(torch.distributed, gloo on CPU) and polls their events. A dead actor or node makes the
+group ``dead``; the service then restarts the job from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+from dynsched_optimus import JobPlacement
+from dynsched_optimus.jobs import ContextOptions, JobRunner, JobSpec
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+__all__ = ["JobWorker", "WorkerGroup", "cluster_nodes", "node_labels"]
+
+logger = logging.getLogger(__name__)
+
+#: seconds a poll, an address or a start may take before the group counts as dead
+#: (judgement: far above a healthy actor's answer on a loaded 2-core machine)
+CALL_TIMEOUT_S = 60.0
+#: the custom resource prefix that names a node (benchmarks start nodes with it)
+NODE_RESOURCE_PREFIX = "dynsched_node_"
+
+
+class JobWorker:
+    """One worker of a job (a threaded Ray actor wrapping a :class:`JobRunner`)."""
+
+    def __init__(self) -> None:
+        self._runner: JobRunner | None = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a free port (rank 0 hosts the job's group there)."""
+        host = ray.util.get_node_ip_address()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return host, int(s.getsockname()[1])
+
+    def start(
+        self, options: ContextOptions, script: str, rendezvous: tuple[str, int] | None
+    ) -> int:
+        """Start the job script; returns this process's id."""
+        import os
+
+        self._runner = JobRunner(options, script, rendezvous)
+        self._runner.start()
+        return os.getpid()
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Events since the last poll."""
+        return [] if self._runner is None else self._runner.poll()
+
+    def alive(self) -> bool:
+        """Liveness check (events stay queued)."""
+        return True
+
+    def request_stop(self) -> None:
+        """Ask the job to checkpoint and stop."""
+        if self._runner is not None:
+            self._runner.request_stop()
+
+
+_REMOTE_WORKER: Any = None
+
+
+def _remote_worker() -> Any:
+    global _REMOTE_WORKER
+    if _REMOTE_WORKER is None:
+        _REMOTE_WORKER = ray.remote(max_concurrency=4, max_restarts=0)(JobWorker)  # type: ignore[call-overload]
+    return _REMOTE_WORKER
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    """The alive Ray nodes, in a stable order (by node id), with their resources."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return sorted(nodes, key=lambda n: str(n["NodeID"]))
+
+
+def node_labels(nodes: Sequence[Mapping[str, Any]]) -> list[str | None]:
+    """A resource unique to each node, to pin bundles to it (None: nodes look alike).
+
+    A node started with a ``dynsched_node_<k>`` resource is named by it; otherwise Ray's
+    ``node:<ip>`` resource when every node has a different address.
+    """
+    labels: list[str | None] = []
+    for n in nodes:
+        own = sorted(k for k in n["Resources"] if k.startswith(NODE_RESOURCE_PREFIX))
+        labels.append(own[0] if own else None)
+    if all(labels) and len(set(labels)) == len(labels):
+        return labels
+    ips = [f"node:{n['NodeManagerAddress']}" for n in nodes]
+    return list(ips) if len(set(ips)) == len(ips) else [None] * len(nodes)
+
+
+def _bundles(
+    spec: JobSpec, placement: JobPlacement, labels: Sequence[str | None]
+) -> list[dict[str, float]]:
+    cpu, gpu = spec.resources
+    out = []
+    for node, workers in zip(placement.nodes, placement.workers_per_node, strict=True):
+        for _ in range(workers):
+            b = {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v > 0}
+            label = labels[node] if node < len(labels) else None
+            if label is not None:
+                b[label] = 0.001
+            out.append(b)
+    return out
+
+
+class WorkerGroup:
+    """The actors of one run of a job (until it finishes, fails, or is re-allocated).
+
+    Args:
+        spec: the job.
+        placement: where the scheduler put it.
+        labels: :func:`node_labels` of the nodes the placement indexes.
+        options: the context of rank 0 (the others differ by rank).
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        placement: JobPlacement,
+        labels: Sequence[str | None],
+        options: ContextOptions,
+    ) -> None:
+        self.spec = spec
+        self.placement = placement
+        self.options = options
+        bundles = _bundles(spec, placement, labels)
+        pinned = any(labels)
+        strategy = "STRICT_PACK" if placement.num_servers == 1 and not pinned else "PACK"
+        self.pg = placement_group(bundles, strategy=strategy)
+        self._ready = self.pg.ready()
+        self.actors: list[Any] = []
+        self.started_at: float | None = None
+        self.exits: dict[int, dict[str, Any]] = {}
+        self.dead: str | None = None
+        #: the step this run resumes from (its first report is start-up, not speed)
+        self.first_step = 0
+
+    @property
+    def workers(self) -> int:
+        """Workers of this run."""
+        return self.placement.workers
+
+    def _launch(self) -> None:
+        cpu, gpu = self.spec.resources
+        cls = _remote_worker()
+        self.actors = [
+            cls.options(
+                num_cpus=cpu,
+                num_gpus=gpu,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=i
+                ),
+            ).remote()
+            for i in range(self.workers)
+        ]
+        rdv = None
+        if self.workers > 1:
+            rdv = ray.get(self.actors[0].address.remote(), timeout=CALL_TIMEOUT_S)
+        refs = []
+        for rank, actor in enumerate(self.actors):
+            opts = ContextOptions(**{**_fields(self.options), "rank": rank})
+            refs.append(actor.start.remote(opts, self.spec.script, rdv))
+        ray.get(refs, timeout=CALL_TIMEOUT_S)
+        self.started_at = time.monotonic()
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Start the actors once the bundles are reserved; the events since the last poll.
+
+        A dead actor (or one that does not answer) sets :attr:`dead`.
+        """
+        if self.dead is not None:
+            return []
+        try:
+            if not self.actors:
+                ready, _ = ray.wait([self._ready], timeout=0)
+                if not ready:
+                    return []
+                self._launch()
+            batches = ray.get([a.poll.remote() for a in self.actors], timeout=CALL_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            self.dead = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return []
+        events = [e for batch in batches for e in batch]
+        for e in events:
+            if e["kind"] == "exit":
+                self.exits[int(e["rank"])] = e
+        if self.error is not None and not self.done:
+            self._check_alive()  # a rank's error may be its peer's death
+        return events
+
+    def _check_alive(self) -> None:
+        """Set :attr:`dead` when an actor of the group is gone."""
+        for a in self.actors:
+            try:
+                ray.get(a.alive.remote(), timeout=CALL_TIMEOUT_S)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                self.dead = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                return
+
+    @property
+    def done(self) -> bool:
+        """Every rank's script returned."""
+        return bool(self.actors) and len(self.exits) == len(self.actors)
+
+    @property
+    def error(self) -> str | None:
+        """The first error a rank's script ended with, or None."""
+        for rank in sorted(self.exits):
+            if "error" in self.exits[rank]:
+                return str(self.exits[rank]["error"])
+        return None
+
+    def request_stop(self) -> None:
+        """Ask every rank to checkpoint and stop (a re-allocation); a group not yet
+        started is simply released."""
+        for a in self.actors:
+            a.request_stop.remote()
+
+    def release(self) -> None:
+        """Kill the actors and free the placement group."""
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        remove_placement_group(self.pg)
+
+
+def _fields(options: ContextOptions) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(options, recurse=False)

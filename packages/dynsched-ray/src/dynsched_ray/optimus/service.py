@@ -1,0 +1,264 @@
+"""``dynsched optimus serve``: the Optimus scheduler running real jobs on a Ray cluster.
+
+Every ``interval_s`` the service builds one observation record per runnable job from what
+its workers reported (:meth:`JobStore.record` -> :func:`~dynsched_optimus.jobs.observe_record`,
+the record the simulator builds for its jobs), asks the scheduler
+(:func:`~dynsched_optimus.jobs.make_decider`: the Optimus family's
+``OptimusPolicy.schedule``, the simulator's code path) and applies the answer:
+
+* a queued job that got workers starts (a :class:`WorkerGroup` of that size, restored
+  from its last checkpoint);
+* a running job whose workers change is asked to checkpoint and stop, then restarts at
+  the new size (checkpoint-restart re-allocation, as in the paper);
+* between decisions the service polls the workers: reports, throughput and checkpoints go
+  to the store; a finished job frees its workers, a raising script fails its job with
+  one line, a dead worker or node restarts its job from its last checkpoint, a job that
+  reports nothing for ``report_timeout_s`` fails with a clear line. Other jobs go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+from dynsched_optimus import JobPlacement
+from dynsched_optimus.jobs import (
+    ContextOptions,
+    Decider,
+    JobSpec,
+    make_decider,
+    observe_record,
+    silent_error,
+)
+
+from dynsched_ray.optimus.executor import WorkerGroup, cluster_nodes, node_labels
+from dynsched_ray.optimus.store import ACTIVE_STATES, JobRow, JobStore
+
+__all__ = ["OptimusService", "ServiceOptions"]
+
+logger = logging.getLogger(__name__)
+
+#: reports needed in one poll before their mean step time counts as a throughput sample
+#: (judgement: fewer is mostly noise on a shared CPU)
+MIN_SPEED_REPORTS = 5
+
+
+@attrs.frozen(kw_only=True)
+class ServiceOptions:
+    """How the service schedules (plain data).
+
+    Attributes:
+        scheduler: one of :data:`dynsched_optimus.jobs.DECIDERS`.
+        interval_s: seconds between scheduling decisions.
+        restart_delay_s: what a re-allocation costs a job (the policy's penalty).
+        checkpoint_root: directory of the jobs' checkpoints (one folder per job).
+        poll_s: seconds between polls of the workers.
+    """
+
+    scheduler: str = "optimus+"
+    interval_s: float = 10.0
+    restart_delay_s: float = 5.0
+    checkpoint_root: str = "optimus-checkpoints"
+    poll_s: float = 0.5
+
+
+class OptimusService:
+    """Runs the jobs of a :class:`JobStore` on the connected Ray cluster.
+
+    Args:
+        store: the job table (jobs not done when the service starts are resumed).
+        options: scheduler, interval, checkpoint places.
+        on_line: where one-line notices go (job failed, restarted, finished).
+        decider: replaces ``options.scheduler``'s decision function (tests, experiments).
+        clock: the scheduler's clock (wall-clock seconds, like the submission times).
+    """
+
+    def __init__(
+        self,
+        store: JobStore,
+        options: ServiceOptions,
+        on_line: Callable[[str], None] = logger.warning,
+        *,
+        decider: Decider | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.options = options
+        self.decide = decider or make_decider(options.scheduler)
+        self.clock = clock
+        self.say = on_line
+        self.groups: dict[str, WorkerGroup] = {}
+        self._heard: dict[str, float] = {}
+        self._next_decision = 0.0
+        self._resized_at: dict[str, float] = {}
+        self.decisions = 0
+        #: re-allocations made, and the seconds from each stop request to the first
+        #: report at the new size (the re-allocation overhead the paper measures)
+        self.reallocations = 0
+        self.reallocation_s = 0.0
+        for row in store.jobs(("running", "stopping")):
+            store.update(row.name, state="queued", placement=None, restarts=row.restarts + 1)
+            self.say(f"job {row.name!r}: resumed from its last checkpoint after a service restart")
+
+    # -------------------------------------------------------------- the loop
+    def step(self) -> None:
+        """One poll of every job, the cancellations, and a decision when one is due."""
+        for name in list(self.groups):
+            self._poll(name)
+        self._cancel()
+        if time.monotonic() >= self._next_decision:
+            self._schedule()
+            self._next_decision = time.monotonic() + self.options.interval_s
+
+    def run(self, timeout_s: float | None = None, until_idle: bool = True) -> bool:
+        """Step until no job is active (``until_idle``) or ``timeout_s`` passes.
+
+        Returns:
+            Whether every job is done.
+        """
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            self.step()
+            idle = not self.store.jobs(ACTIVE_STATES)
+            if (idle and until_idle) or (end is not None and time.monotonic() >= end):
+                return idle
+            time.sleep(self.options.poll_s)
+
+    def shutdown(self) -> None:
+        """Release every worker (jobs stay in the store and resume on the next start)."""
+        for g in self.groups.values():
+            g.release()
+        self.groups.clear()
+
+    # -------------------------------------------------------------- polling
+    def _poll(self, name: str) -> None:
+        g = self.groups[name]
+        events = g.poll()
+        now = time.monotonic()
+        reports = [e for e in events if e["kind"] == "report"]
+        if reports:
+            self._heard[name] = now
+            if g.first_step > 0 and name in self._resized_at:
+                self.reallocation_s += now - self._resized_at.pop(name)
+            self.store.add_reports(name, reports)
+            self._speed(g, reports)
+        for e in events:
+            if e["kind"] == "checkpoint":
+                self.store.add_checkpoint(name, int(e["step"]), str(e["path"]), float(e["t"]))
+        if g.started_at is not None:
+            self._heard.setdefault(name, now)
+        row = self._row(name)
+        if g.dead is not None:
+            self._end_run(name, "queued", restarts=row.restarts + 1)
+            self.say(f"job {name!r}: a worker died ({g.dead}); restarting from its last checkpoint")
+        elif g.error is not None:
+            self._end_run(name, "failed", error=g.error, ended=time.time())
+            self.say(f"job {name!r} failed: {g.error}")
+        elif g.done:
+            finished = bool(g.exits[0].get("finished"))
+            self._end_run(
+                name, "finished" if finished else "queued", ended=time.time() if finished else None
+            )
+        elif g.started_at is not None and now - self._heard[name] > row.spec.report_timeout_s:
+            line = silent_error(row.spec)
+            self._end_run(name, "failed", error=line, ended=time.time())
+            self.say(line)
+
+    def _speed(self, g: WorkerGroup, reports: list[dict[str, Any]]) -> None:
+        steady = [float(e["dt"]) for e in reports if int(e["step"]) > g.first_step + 1]
+        if len(steady) >= MIN_SPEED_REPORTS and sum(steady) > 0:
+            pl = g.placement
+            speed = len(steady) / sum(steady)
+            self.store.add_speed(g.spec.name, pl.workers, pl.num_servers, g.spec.batch_size, speed)
+
+    def _end_run(self, name: str, state: str, **fields: object) -> None:
+        g = self.groups.pop(name)
+        g.release()
+        self._heard.pop(name, None)
+        self.store.update(name, state=state, placement=None, **fields)
+        self._next_decision = 0.0  # freed workers: decide again now
+
+    def _row(self, name: str) -> JobRow:
+        return next(r for r in self.store.jobs() if r.name == name)
+
+    def _cancel(self) -> None:
+        for row in self.store.jobs(ACTIVE_STATES):
+            if row.cancel:
+                if row.name in self.groups:
+                    self.groups.pop(row.name).release()
+                self.store.update(row.name, state="cancelled", placement=None, ended=time.time())
+                self.say(f"job {row.name!r} cancelled")
+
+    # -------------------------------------------------------------- deciding
+    def _capacity(self) -> tuple[np.ndarray, list[str | None]]:
+        nodes = cluster_nodes()
+        cap = np.array(
+            [[n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)] for n in nodes],
+            dtype=np.float64,
+        ).reshape(-1, 2)
+        for name, g in self.groups.items():  # a stopping job holds its workers until it exits
+            if self._row(name).state == "stopping":
+                for node, w in zip(g.placement.nodes, g.placement.workers_per_node, strict=True):
+                    if node < len(cap):
+                        cap[node] -= w * np.asarray(g.spec.resources)
+        return np.maximum(cap, 0.0), node_labels(nodes)
+
+    def _schedule(self) -> None:
+        rows = self.store.jobs(("queued", "running"))
+        if not rows:
+            return
+        cap, labels = self._capacity()
+        obs = [observe_record(rec) for rec in self.store.records(rows)]
+        dec = self.decide(self.clock(), obs, cap, self.options.restart_delay_s)
+        self.decisions += 1
+        self.store.set_remaining(dec.remaining)
+        for row in rows:
+            new = dec.placements.get(row.name)
+            if row.state == "running":
+                self._resize(row, new)
+            elif new is not None and new.workers > 0:
+                self._start(row, new, labels)
+
+    def _resize(self, row: JobRow, new: JobPlacement | None) -> None:
+        g = self.groups[row.name]
+        cur = g.placement
+        if new is not None and (new.nodes, new.workers_per_node) == (
+            cur.nodes,
+            cur.workers_per_node,
+        ):
+            return
+        if not g.actors:  # still waiting for its bundles: give them back
+            self._end_run(row.name, "queued")
+            return
+        g.request_stop()
+        self.store.update(row.name, state="stopping", restarts=row.restarts + 1)
+        self.reallocations += 1
+        if new is not None:
+            self._resized_at[row.name] = time.monotonic()
+        after = "wait" if new is None else f"{new.workers} worker(s)"
+        self.say(f"job {row.name!r}: re-allocated from {cur.workers} worker(s) to {after}")
+
+    def _start(self, row: JobRow, placement: JobPlacement, labels: list[str | None]) -> None:
+        ckpt = self.store.latest_checkpoint(row.name)
+        spec: JobSpec = row.spec
+        options = ContextOptions(
+            job_name=spec.name,
+            rank=0,
+            world_size=placement.workers,
+            batch_size=spec.batch_size,
+            completion=spec.completion,
+            checkpoint_every=spec.checkpoint_every,
+            checkpoint_dir=str(Path(self.options.checkpoint_root) / spec.name),
+            restore_path=None if ckpt is None else ckpt[1],
+            args=spec.args,
+        )
+        g = WorkerGroup(spec, placement, labels, options)
+        g.first_step = 0 if ckpt is None else ckpt[0]
+        self.groups[row.name] = g
+        started = row.started if row.started is not None else time.time()
+        self.store.update(row.name, state="running", placement=placement, started=started)

@@ -1,0 +1,25 @@
+"""The README's "Optimus on Ray" example runs as written (from a checkout's root)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_optimus_on_ray_example_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Optimus on Ray") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block, "the section has no python example"
+    monkeypatch.chdir(ROOT)
+    exec(compile(block.group(1), str(README), "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert re.search(r"\d+ steps, loss [\d.]+ -> [\d.]+, done: True", out)
