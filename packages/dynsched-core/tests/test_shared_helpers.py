@@ -189,3 +189,48 @@ def test_validators_examples_run() -> None:
     import doctest
 
     assert doctest.testmod(v).failed == 0
+
+
+def _followers(replicas: object) -> list[object]:
+    from dynsched_core import (
+        AsyncSampleQueue,
+        DynamicResourceController,
+        RetryingClient,
+        Rollouter,
+        RollouterOptions,
+    )
+
+    client = RetryingClient(replicas)  # type: ignore[arg-type]
+    return [
+        client,
+        DynamicResourceController(replicas),  # type: ignore[arg-type]
+        Rollouter([], client, replicas, AsyncSampleQueue(), RollouterOptions(required_samples=1)),  # type: ignore[arg-type]
+    ]
+
+
+def test_the_parts_that_follow_a_replica_set_share_one_base() -> None:
+    from dynsched_core import ReplicaSet
+    from dynsched_core._replicas import MembershipFollower
+
+    replicas = ReplicaSet()
+    parts = _followers(replicas)
+    assert all(isinstance(p, MembershipFollower) for p in parts)
+    assert all(p.replicas is replicas for p in parts)  # type: ignore[attr-defined]
+    assert len(replicas._listeners) == len(parts)  # each subscribed once
+    for wrong in ({}, None):
+        with pytest.raises(TypeError, match=r"^replicas must be a ReplicaSet, got "):
+            _followers(wrong)
+
+
+async def test_followers_hear_routable_changes_once_built() -> None:
+    from dynsched_core import ReplicaSet
+    from dynsched_core.testing import InMemoryReplica
+
+    replicas = ReplicaSet(standalone=[InMemoryReplica("s0", tokens_per_s=1e5)])
+    client, _controller, rollouter = _followers(replicas)
+    await replicas.route(["s0"])
+    assert client._routable_version == 1  # type: ignore[attr-defined]
+    assert rollouter.capacity > 0  # type: ignore[attr-defined]
+    await replicas.unroute(["s0"])
+    assert client._routable_version == 2  # type: ignore[attr-defined]
+    assert rollouter.capacity == 0  # type: ignore[attr-defined]

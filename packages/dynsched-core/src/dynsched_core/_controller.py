@@ -42,11 +42,11 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from dynsched_core import validators as v
-from dynsched_core._clock import Clock, LoopClock
+from dynsched_core._clock import Clock
 from dynsched_core._errors import SwitchError
 from dynsched_core._events import EventBus, SwitchEvent, TransitionEvent
 from dynsched_core._protocols import RolloutReplica
-from dynsched_core._replicas import MembershipEvent, ReplicaSet
+from dynsched_core._replicas import MembershipEvent, MembershipFollower, ReplicaSet
 from dynsched_core._state import HybridState, HybridStateMachine, Transition
 
 __all__ = ["ControllerOptions", "DynamicResourceController", "RebalanceReport", "SwitchStep"]
@@ -126,7 +126,7 @@ class ControllerOptions:
     sleep_attempts: int = attrs.field(default=3, validator=v.int_ge(1))
 
 
-class DynamicResourceController:
+class DynamicResourceController(MembershipFollower):
     """Activates and deactivates the hybrid members of a `ReplicaSet`.
 
     Args:
@@ -162,11 +162,8 @@ class DynamicResourceController:
         clock: Clock | None = None,
         events: EventBus | None = None,
     ) -> None:
-        v.expect_instance("replicas", replicas, ReplicaSet, by_type=True)
+        super().__init__(replicas, clock)
         self.options = v.options_or_default(options, ControllerOptions)
-        self._replicas = replicas
-        self._router = replicas.router
-        self._clock: Clock = clock if clock is not None else LoopClock()
         self._events = events
         self._sm = state_machine if state_machine is not None else HybridStateMachine(self._clock)
         self._sm.add_listener(self._on_transition)
@@ -181,7 +178,7 @@ class DynamicResourceController:
         self.last_deactivate_duration_s = 0.0
         self.last_rebalance: RebalanceReport | None = None
         self.last_error: SwitchError | None = None
-        replicas.subscribe(self._on_membership)
+        self._follow()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -198,11 +195,6 @@ class DynamicResourceController:
     def is_hybrid_active(self) -> bool:
         """True in ``HYBRID_ACTIVE`` (hybrid replicas routable and generating)."""
         return self._sm.is_hybrid_active
-
-    @property
-    def replicas(self) -> ReplicaSet:
-        """The replicas this controller switches (its hybrid members)."""
-        return self._replicas
 
     @property
     def hybrid_ids(self) -> tuple[str, ...]:
@@ -407,7 +399,7 @@ class DynamicResourceController:
         async with self._lock:
             await self._recover_transitional()
             self._drop_if_all_lost()
-            routable = set(await self._bounded(self._router.routable()))
+            routable = set(await self._bounded(self._replicas.router.routable()))
             dead = [m.replica_id for m in self._replicas.members() if not m.alive]
             stale = [rid for rid in dead if rid in routable]
             if stale:
@@ -459,8 +451,8 @@ class DynamicResourceController:
     async def _rebalance_steps(self) -> RebalanceReport:
         start = self._clock.now()
         try:
-            counts = dict(await self._bounded(self._router.in_flight_counts()))
-            await self._bounded(self._router.clear_sticky())
+            counts = dict(await self._bounded(self._replicas.router.in_flight_counts()))
+            await self._bounded(self._replicas.router.clear_sticky())
         except Exception as exc:
             raise _StepFailed("rebalance", None, exc) from exc
         total = sum(counts.values())
@@ -492,8 +484,8 @@ class DynamicResourceController:
             logger.warning("rebalance: replica %s is routable but unknown; skipped", replica_id)
             return 0
         ids: list[str] | None = None
-        if isinstance(self._router, _ListsRequests):
-            ids = sorted(self._router.requests_on(replica_id))[-excess:]
+        if isinstance(self._replicas.router, _ListsRequests):
+            ids = sorted(self._replicas.router.requests_on(replica_id))[-excess:]
         try:
             aborted = await self._bounded(replica.abort(ids))
         except Exception as exc:
