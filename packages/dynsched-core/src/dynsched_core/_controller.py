@@ -265,13 +265,7 @@ class DynamicResourceController(MembershipFollower):
         async with self._lock:
             await self._recover_transitional()
             if self._sm.state is _S.HYBRID_ACTIVE:
-                if self._hybrid_version == version:
-                    return False
-                await self._timed(
-                    "hybrid_weight_sync",
-                    self._refresh_weights(self.active_hybrid_ids, version, weights),
-                )
-                return True
+                return await self._sync_active(version, weights)
             ids = self._chosen(replica_ids)
             self._active = tuple(ids)
             start = self._clock.now()
@@ -357,13 +351,19 @@ class DynamicResourceController(MembershipFollower):
             return False
         async with self._lock:
             await self._recover_transitional()
-            if self._sm.state is not _S.HYBRID_ACTIVE or self._hybrid_version == version:
+            if self._sm.state is not _S.HYBRID_ACTIVE:
                 return False
-            await self._timed(
-                "hybrid_weight_sync",
-                self._refresh_weights(self.active_hybrid_ids, version, weights),
-            )
-            return True
+            return await self._sync_active(version, weights)
+
+    async def _sync_active(self, version: int, weights: Any) -> bool:
+        """In ``HYBRID_ACTIVE``, under the lock: push ``version`` to the lent replicas
+        unless they hold it already (True when weights were pushed)."""
+        if self._hybrid_version == version:
+            return False
+        await self._timed(
+            "hybrid_weight_sync", self._refresh_weights(self.active_hybrid_ids, version, weights)
+        )
+        return True
 
     async def rebalance(self) -> RebalanceReport:
         """Clear sticky sessions and abort the excess in-flight requests of overloaded replicas.
