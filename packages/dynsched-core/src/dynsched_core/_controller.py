@@ -34,9 +34,10 @@ request order) by one lock. Every awaited replica/router call is bounded by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -262,8 +263,7 @@ class DynamicResourceController(MembershipFollower):
         """
         if not self.has_hybrid_replicas:
             return False
-        async with self._lock:
-            await self._recover_transitional()
+        async with self._settled():
             if self._sm.state is _S.HYBRID_ACTIVE:
                 return await self._sync_active(version, weights)
             ids = self._chosen(replica_ids)
@@ -317,8 +317,7 @@ class DynamicResourceController(MembershipFollower):
         """
         if not self.has_hybrid_replicas:
             return False
-        async with self._lock:
-            await self._recover_transitional()
+        async with self._settled():
             if self._sm.state is not _S.HYBRID_ACTIVE:
                 return False
             ids = self.active_hybrid_ids
@@ -349,8 +348,7 @@ class DynamicResourceController(MembershipFollower):
         """
         if not self.has_hybrid_replicas:
             return False
-        async with self._lock:
-            await self._recover_transitional()
+        async with self._settled():
             if self._sm.state is not _S.HYBRID_ACTIVE:
                 return False
             return await self._sync_active(version, weights)
@@ -396,8 +394,7 @@ class DynamicResourceController(MembershipFollower):
         router's own routable set is read, so a router that lost or kept routes behind
         the `ReplicaSet`'s back (a reused router actor) is brought back in line.
         """
-        async with self._lock:
-            await self._recover_transitional()
+        async with self._settled():
             self._drop_if_all_lost()
             routable = set(await self._bounded(self._replicas.router.routable()))
             dead = [m.replica_id for m in self._replicas.members() if not m.alive]
@@ -602,6 +599,13 @@ class DynamicResourceController(MembershipFollower):
             error,
         )
         self._replicas.mark_dead(rid)
+
+    @contextlib.asynccontextmanager
+    async def _settled(self) -> AsyncIterator[None]:
+        """Hold the switch lock, with a transition an error interrupted recovered first."""
+        async with self._lock:
+            await self._recover_transitional()
+            yield
 
     async def _recover_transitional(self) -> None:
         if self._sm.state in (_S.ACTIVATING, _S.DEACTIVATING):
