@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 from dynsched_core import DynamicScheduleConfig, DynamicSchedulePolicyBase, GuardRails
 from dynsched_core._decide import (
@@ -17,6 +18,7 @@ from dynsched_core._decide import (
     Deactivate,
     Done,
     DriverCore,
+    DriverState,
     InitialActivation,
     Observation,
     Observe,
@@ -25,9 +27,10 @@ from dynsched_core._decide import (
     Switched,
     Waited,
     WaitForSamples,
+    check_driver_state,
 )
 from dynsched_core._errors import SwitchError
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -301,3 +304,49 @@ class CoreMachine(RuleBasedStateMachine):
 
 TestCoreMachine = CoreMachine.TestCase
 TestCoreMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+
+
+_CHECKPOINTED_STATE = st.builds(
+    DriverState,
+    # every int counter of the record (the mid-cycle count is not checkpointed)
+    **{f.name: st.integers(0, 10**6) for f in attrs.fields(DriverState) if f.type == "int"},
+    wait_times=st.lists(st.floats(0.0, 1e6), max_size=4),
+    wait_samples=st.lists(st.integers(0, 10**6), max_size=4),
+    cycle_activate_s=st.floats(0.0, 1e6),
+    cycle_deactivate_s=st.floats(0.0, 1e6),
+)
+
+
+@given(_CHECKPOINTED_STATE)
+def test_checkpoint_round_trip_restores_every_saved_field(state: DriverState) -> None:
+    saved = DriverCore(Scripted(), config(), state).state_dict()
+    assert list(saved)[:2] == ["format", "policy"]
+    restored = DriverCore(Scripted(), config())
+    restored.load_state_dict(saved)
+    assert restored.state == attrs.evolve(state, mid_cycle_activations=0)
+    assert restored.state.wait_times is not state.wait_times  # copied, not shared
+
+
+@pytest.mark.parametrize(
+    ("key", "bad", "wanted"),
+    [
+        ("cycles", 1.0, "an int"),
+        ("failovers", True, "an int"),
+        ("cycle_activate_s", "1", "a number"),
+        ("wait_times", [1.0, None], "a list of numbers"),
+        ("wait_samples", [1.5], "a list of numbers"),
+    ],
+)
+def test_a_malformed_saved_field_is_named(key: str, bad: Any, wanted: str) -> None:
+    saved = DriverCore(Scripted(), config()).state_dict()
+    saved[key] = bad
+    with pytest.raises(ValueError, match=rf"^ScheduleDriver state key '{key}' must be {wanted}$"):
+        check_driver_state(saved)
+
+
+def test_a_checkpoint_without_failovers_loads_as_zero() -> None:
+    core = DriverCore(Scripted(), config(), DriverState(failovers=5))
+    saved = core.state_dict()
+    del saved["failovers"]
+    core.load_state_dict(saved)
+    assert core.state.failovers == 0

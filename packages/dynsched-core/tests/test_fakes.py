@@ -396,3 +396,24 @@ def test_the_lifecycle_state_machine_keeps_the_former_flags_behaviour(
             assert f", {old.state}, " in repr(r)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"abort_delay_s": -1.0},
+            r"^InMemoryReplicaOptions\.abort_delay_s must be a finite number",
+        ),
+        ({"resume_delay_s": "1"}, r"^InMemoryReplicaOptions\.resume_delay_s must be a number"),
+        ({"weights_version": True}, r"^InMemoryReplicaOptions\.weights_version must be an int"),
+    ],
+)
+def test_options_errors_share_the_validators_format(
+    changes: dict[str, object], message: str
+) -> None:
+    from dynsched_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as info:
+        InMemoryReplicaOptions(**changes)  # type: ignore[arg-type]
+    assert info.value.key == next(iter(changes))

@@ -150,3 +150,87 @@ def test_runtime_classes_refuse_wrong_arguments_by_name() -> None:
         DynamicResourceController({})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"^options must be a ControllerOptions, got 1$"):
         DynamicResourceController(ReplicaSet(), 1)  # type: ignore[arg-type]
+
+
+@given(
+    message=st.sampled_from(["must be even, got 3", "[2] must be >= 0, got -1"]),
+    wrong_type=st.booleans(),
+)
+def test_field_error_names_the_class_and_field(message: str, wrong_type: bool) -> None:
+    def check(inst: object, attr: attrs.Attribute[object], value: object) -> None:
+        raise v.field_error(inst, attr, message, wrong_type=wrong_type)
+
+    @attrs.frozen
+    class Pair:
+        size: int = attrs.field(validator=check)
+
+    with pytest.raises(ConfigError) as info:
+        Pair(3)
+    sep = "" if message.startswith("[") else " "
+    assert str(info.value) == f"Pair.size{sep}{message}"
+    assert info.value.key == "size"
+    assert isinstance(info.value, TypeError) is wrong_type
+
+
+def test_trainer_validators_keep_the_field_format() -> None:
+    from dynsched_core.trainer import TrainResponse
+
+    with pytest.raises(ConfigError, match=r"^TrainResponse\.reward must be a finite number"):
+        TrainResponse(prompt_ids=[1], response_ids=[], logprobs=[], reward=float("nan"), group_id=0)
+    with pytest.raises(ConfigError, match=r"^TrainResponse\.logprobs\[1\] must be a finite log-"):
+        TrainResponse(
+            prompt_ids=[1], response_ids=[2, 3], logprobs=[-1.0, 0.5], reward=0, group_id=0
+        )
+    with pytest.raises(ConfigError, match=r"^TrainResponse\.group_id must be an int or a str"):
+        TrainResponse(prompt_ids=[1], response_ids=[], logprobs=[], reward=0, group_id=1.5)
+
+
+def test_validators_examples_run() -> None:
+    import doctest
+
+    assert doctest.testmod(v).failed == 0
+
+
+def _followers(replicas: object) -> list[object]:
+    from dynsched_core import (
+        AsyncSampleQueue,
+        DynamicResourceController,
+        RetryingClient,
+        Rollouter,
+        RollouterOptions,
+    )
+
+    client = RetryingClient(replicas)  # type: ignore[arg-type]
+    return [
+        client,
+        DynamicResourceController(replicas),  # type: ignore[arg-type]
+        Rollouter([], client, replicas, AsyncSampleQueue(), RollouterOptions(required_samples=1)),  # type: ignore[arg-type]
+    ]
+
+
+def test_the_parts_that_follow_a_replica_set_share_one_base() -> None:
+    from dynsched_core import ReplicaSet
+    from dynsched_core._replicas import MembershipFollower
+
+    replicas = ReplicaSet()
+    parts = _followers(replicas)
+    assert all(isinstance(p, MembershipFollower) for p in parts)
+    assert all(p.replicas is replicas for p in parts)  # type: ignore[attr-defined]
+    assert len(replicas._listeners) == len(parts)  # each subscribed once
+    for wrong in ({}, None):
+        with pytest.raises(TypeError, match=r"^replicas must be a ReplicaSet, got "):
+            _followers(wrong)
+
+
+async def test_followers_hear_routable_changes_once_built() -> None:
+    from dynsched_core import ReplicaSet
+    from dynsched_core.testing import InMemoryReplica
+
+    replicas = ReplicaSet(standalone=[InMemoryReplica("s0", tokens_per_s=1e5)])
+    client, _controller, rollouter = _followers(replicas)
+    await replicas.route(["s0"])
+    assert client._routable_version == 1  # type: ignore[attr-defined]
+    assert rollouter.capacity > 0  # type: ignore[attr-defined]
+    await replicas.unroute(["s0"])
+    assert client._routable_version == 2  # type: ignore[attr-defined]
+    assert rollouter.capacity == 0  # type: ignore[attr-defined]

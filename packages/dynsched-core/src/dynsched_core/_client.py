@@ -29,10 +29,10 @@ from typing import Any
 import attrs
 
 from dynsched_core import validators as v
-from dynsched_core._clock import Clock, LoopClock
+from dynsched_core._clock import Clock
 from dynsched_core._errors import NoRoutableReplicaError, RequestFailedError
 from dynsched_core._protocols import FinishReason, GenerateRequest, GenerateResult, TokenSegment
-from dynsched_core._replicas import MembershipEvent, ReplicaSet
+from dynsched_core._replicas import MembershipEvent, MembershipFollower, ReplicaSet
 
 __all__ = ["ClientOptions", "ReplicaFailureCallback", "RetryingClient", "RolloutOutcome"]
 
@@ -161,7 +161,7 @@ class ClientOptions:
         return cls(**{"partial_rollout": config.partial_rollout, **overrides})
 
 
-class RetryingClient:
+class RetryingClient(MembershipFollower):
     """Retrying, partial-rollout-aware generation client over a `ReplicaSet`.
 
     Requests are placed by the set's router and sent to the replicas it holds; a routed
@@ -183,18 +183,15 @@ class RetryingClient:
         on_replica_failure: ReplicaFailureCallback | None = None,
         clock: Clock | None = None,
     ) -> None:
-        v.expect_instance("replicas", replicas, ReplicaSet, by_type=True)
+        super().__init__(replicas, clock)
         self.options = v.options_or_default(options, ClientOptions)
-        self._replicas = replicas
-        self._router = replicas.router
         self._on_replica_failure = on_replica_failure
-        self._clock: Clock = clock if clock is not None else LoopClock()
         # Woken whenever the set's routable replicas change.
         self._routable_version = 0
         # insertion-ordered (a dict, not a set): waiters wake in arrival order, so runs
         # on a virtual-time loop are reproducible bit for bit
         self._waiters: dict[asyncio.Future[None], None] = {}
-        replicas.subscribe(self._on_membership)
+        self._follow()
         # Counters over every request.
         self._in_flight = 0
         self._completed = 0
@@ -208,11 +205,6 @@ class RetryingClient:
     def partial_rollout(self) -> bool:
         """Resume aborted requests elsewhere (`ClientOptions.partial_rollout`)."""
         return self.options.partial_rollout
-
-    @property
-    def replicas(self) -> ReplicaSet:
-        """The replicas this client sends to."""
-        return self._replicas
 
     # ----------------------------------------------------------------------- API
     async def generate(self, request: GenerateRequest) -> RolloutOutcome:
@@ -253,7 +245,7 @@ class RetryingClient:
                 else:
                     error = None
                 finally:
-                    await self._router.release(request.request_id, replica_id)
+                    await self._replicas.router.release(request.request_id, replica_id)
 
                 if error is not None:
                     await self._on_failure(request, replica_id, error, p, excluded)
@@ -449,13 +441,15 @@ class RetryingClient:
             # the router may not have caught up with a death yet: never pick a dead member
             dead = self._replicas.dead_ids
             try:
-                return await self._router.acquire(
+                return await self._replicas.router.acquire(
                     request_id, exclude=sorted(excluded.union(dead)) if dead else sorted(excluded)
                 )
             except NoRoutableReplicaError:
                 if excluded:
                     try:
-                        chosen = await self._router.acquire(request_id, exclude=sorted(dead))
+                        chosen = await self._replicas.router.acquire(
+                            request_id, exclude=sorted(dead)
+                        )
                     except NoRoutableReplicaError:
                         pass
                     else:

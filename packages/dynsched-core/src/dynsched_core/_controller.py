@@ -34,19 +34,20 @@ request order) by one lock. Every awaited replica/router call is bounded by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
 from dynsched_core import validators as v
-from dynsched_core._clock import Clock, LoopClock
+from dynsched_core._clock import Clock
 from dynsched_core._errors import SwitchError
 from dynsched_core._events import EventBus, SwitchEvent, TransitionEvent
 from dynsched_core._protocols import RolloutReplica
-from dynsched_core._replicas import MembershipEvent, ReplicaSet
+from dynsched_core._replicas import MembershipEvent, MembershipFollower, ReplicaSet
 from dynsched_core._state import HybridState, HybridStateMachine, Transition
 
 __all__ = ["ControllerOptions", "DynamicResourceController", "RebalanceReport", "SwitchStep"]
@@ -126,7 +127,7 @@ class ControllerOptions:
     sleep_attempts: int = attrs.field(default=3, validator=v.int_ge(1))
 
 
-class DynamicResourceController:
+class DynamicResourceController(MembershipFollower):
     """Activates and deactivates the hybrid members of a `ReplicaSet`.
 
     Args:
@@ -162,11 +163,8 @@ class DynamicResourceController:
         clock: Clock | None = None,
         events: EventBus | None = None,
     ) -> None:
-        v.expect_instance("replicas", replicas, ReplicaSet, by_type=True)
+        super().__init__(replicas, clock)
         self.options = v.options_or_default(options, ControllerOptions)
-        self._replicas = replicas
-        self._router = replicas.router
-        self._clock: Clock = clock if clock is not None else LoopClock()
         self._events = events
         self._sm = state_machine if state_machine is not None else HybridStateMachine(self._clock)
         self._sm.add_listener(self._on_transition)
@@ -181,7 +179,7 @@ class DynamicResourceController:
         self.last_deactivate_duration_s = 0.0
         self.last_rebalance: RebalanceReport | None = None
         self.last_error: SwitchError | None = None
-        replicas.subscribe(self._on_membership)
+        self._follow()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -198,11 +196,6 @@ class DynamicResourceController:
     def is_hybrid_active(self) -> bool:
         """True in ``HYBRID_ACTIVE`` (hybrid replicas routable and generating)."""
         return self._sm.is_hybrid_active
-
-    @property
-    def replicas(self) -> ReplicaSet:
-        """The replicas this controller switches (its hybrid members)."""
-        return self._replicas
 
     @property
     def hybrid_ids(self) -> tuple[str, ...]:
@@ -270,16 +263,9 @@ class DynamicResourceController:
         """
         if not self.has_hybrid_replicas:
             return False
-        async with self._lock:
-            await self._recover_transitional()
+        async with self._settled():
             if self._sm.state is _S.HYBRID_ACTIVE:
-                if self._hybrid_version == version:
-                    return False
-                await self._timed(
-                    "hybrid_weight_sync",
-                    self._refresh_weights(self.active_hybrid_ids, version, weights),
-                )
-                return True
+                return await self._sync_active(version, weights)
             ids = self._chosen(replica_ids)
             self._active = tuple(ids)
             start = self._clock.now()
@@ -331,8 +317,7 @@ class DynamicResourceController:
         """
         if not self.has_hybrid_replicas:
             return False
-        async with self._lock:
-            await self._recover_transitional()
+        async with self._settled():
             if self._sm.state is not _S.HYBRID_ACTIVE:
                 return False
             ids = self.active_hybrid_ids
@@ -363,15 +348,20 @@ class DynamicResourceController:
         """
         if not self.has_hybrid_replicas:
             return False
-        async with self._lock:
-            await self._recover_transitional()
-            if self._sm.state is not _S.HYBRID_ACTIVE or self._hybrid_version == version:
+        async with self._settled():
+            if self._sm.state is not _S.HYBRID_ACTIVE:
                 return False
-            await self._timed(
-                "hybrid_weight_sync",
-                self._refresh_weights(self.active_hybrid_ids, version, weights),
-            )
-            return True
+            return await self._sync_active(version, weights)
+
+    async def _sync_active(self, version: int, weights: Any) -> bool:
+        """In ``HYBRID_ACTIVE``, under the lock: push ``version`` to the lent replicas
+        unless they hold it already (True when weights were pushed)."""
+        if self._hybrid_version == version:
+            return False
+        await self._timed(
+            "hybrid_weight_sync", self._refresh_weights(self.active_hybrid_ids, version, weights)
+        )
+        return True
 
     async def rebalance(self) -> RebalanceReport:
         """Clear sticky sessions and abort the excess in-flight requests of overloaded replicas.
@@ -404,10 +394,9 @@ class DynamicResourceController:
         router's own routable set is read, so a router that lost or kept routes behind
         the `ReplicaSet`'s back (a reused router actor) is brought back in line.
         """
-        async with self._lock:
-            await self._recover_transitional()
+        async with self._settled():
             self._drop_if_all_lost()
-            routable = set(await self._bounded(self._router.routable()))
+            routable = set(await self._bounded(self._replicas.router.routable()))
             dead = [m.replica_id for m in self._replicas.members() if not m.alive]
             stale = [rid for rid in dead if rid in routable]
             if stale:
@@ -459,8 +448,8 @@ class DynamicResourceController:
     async def _rebalance_steps(self) -> RebalanceReport:
         start = self._clock.now()
         try:
-            counts = dict(await self._bounded(self._router.in_flight_counts()))
-            await self._bounded(self._router.clear_sticky())
+            counts = dict(await self._bounded(self._replicas.router.in_flight_counts()))
+            await self._bounded(self._replicas.router.clear_sticky())
         except Exception as exc:
             raise _StepFailed("rebalance", None, exc) from exc
         total = sum(counts.values())
@@ -492,8 +481,8 @@ class DynamicResourceController:
             logger.warning("rebalance: replica %s is routable but unknown; skipped", replica_id)
             return 0
         ids: list[str] | None = None
-        if isinstance(self._router, _ListsRequests):
-            ids = sorted(self._router.requests_on(replica_id))[-excess:]
+        if isinstance(self._replicas.router, _ListsRequests):
+            ids = sorted(self._replicas.router.requests_on(replica_id))[-excess:]
         try:
             aborted = await self._bounded(replica.abort(ids))
         except Exception as exc:
@@ -610,6 +599,13 @@ class DynamicResourceController:
             error,
         )
         self._replicas.mark_dead(rid)
+
+    @contextlib.asynccontextmanager
+    async def _settled(self) -> AsyncIterator[None]:
+        """Hold the switch lock, with a transition an error interrupted recovered first."""
+        async with self._lock:
+            await self._recover_transitional()
+            yield
 
     async def _recover_transitional(self) -> None:
         if self._sm.state in (_S.ACTIVATING, _S.DEACTIVATING):

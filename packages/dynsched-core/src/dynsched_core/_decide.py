@@ -67,8 +67,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _STATE_FORMAT = 1
-#: State keys added after format 1 (absent from older checkpoints).
-_OPTIONAL_STATE = frozenset({"failovers"})
 #: The checkpointed counters.
 _COUNTERS = (
     "requested_samples",
@@ -79,16 +77,61 @@ _COUNTERS = (
     "skipped_hybrid_syncs",
     "switch_errors",
 )
-_INT_STATE = (*_COUNTERS, "cycle_requested", "failovers")
-_STATE_KEYS = (
-    "format",
-    "policy",
-    *_INT_STATE,
-    "wait_times",
-    "wait_samples",
-    "cycle_activate_s",
-    "cycle_deactivate_s",
+
+
+@attrs.frozen
+class _Saved:
+    """How one `DriverState` field is checkpointed: a number of ``kind`` or a list of them.
+
+    ``optional``: added after format 1, absent from older checkpoints (then 0).
+    """
+
+    key: str
+    kind: type[int] | type[float]
+    many: bool = False
+    optional: bool = False
+
+    def dump(self, value: Any) -> Any:
+        """The field's value as plain data (a list copied)."""
+        return list(value) if self.many else value
+
+    def load(self, state: Mapping[str, Any]) -> Any:
+        """The field's value read back from a checked state."""
+        value = state.get(self.key, 0) if self.optional else state[self.key]
+        return [self.kind(x) for x in value] if self.many else self.kind(value)
+
+    def problem(self, state: Mapping[str, Any]) -> str | None:
+        """Why the state's value of this field is malformed (None when it is not)."""
+        if self.key not in state:
+            return None
+        value, accepted = state[self.key], (int,) if self.kind is int else (int, float)
+
+        def ok(x: Any) -> bool:
+            return isinstance(x, accepted) and not isinstance(x, bool)
+
+        if self.many:
+            if isinstance(value, list | tuple) and all(ok(x) for x in value):
+                return None
+            return "a list of numbers"
+        if ok(value):
+            return None
+        return "an int" if self.kind is int else "a number"
+
+
+#: Every checkpointed field of `DriverState`, in the order of `DriverCore.state_dict`.
+_SAVED = (
+    *(_Saved(key, int) for key in _COUNTERS),
+    _Saved("wait_times", float, many=True),
+    _Saved("wait_samples", int, many=True),
+    _Saved("cycle_activate_s", float),
+    _Saved("cycle_deactivate_s", float),
+    _Saved("cycle_requested", int),
+    _Saved("failovers", int, optional=True),
 )
+#: State keys added after format 1 (absent from older checkpoints).
+_OPTIONAL_STATE = frozenset(s.key for s in _SAVED if s.optional)
+_INT_STATE = tuple(s.key for s in _SAVED if s.kind is int and not s.many)
+_STATE_KEYS = ("format", "policy", *(s.key for s in _SAVED))
 
 
 # ---------------------------------------------------------------------------- results
@@ -376,19 +419,10 @@ def check_driver_state(state: Any) -> None:
         raise ValueError(f"ScheduleDriver state lacks keys {sorted(missing)}")
     if not isinstance(state["policy"], Mapping):
         raise ValueError("ScheduleDriver state key 'policy' must be a mapping")
-    for key in _INT_STATE:
-        if key in state and (isinstance(state[key], bool) or not isinstance(state[key], int)):
-            raise ValueError(f"ScheduleDriver state key {key!r} must be an int")
-    for key in ("cycle_activate_s", "cycle_deactivate_s"):
-        value = state[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"ScheduleDriver state key {key!r} must be a number")
-    for key, kind in (("wait_times", (int, float)), ("wait_samples", (int,))):
-        items = state[key]
-        if not isinstance(items, list | tuple) or not all(
-            isinstance(x, kind) and not isinstance(x, bool) for x in items
-        ):
-            raise ValueError(f"ScheduleDriver state key {key!r} must be a list of numbers")
+    for saved in _SAVED:
+        wanted = saved.problem(state)
+        if wanted is not None:
+            raise ValueError(f"ScheduleDriver state key {saved.key!r} must be {wanted}")
 
 
 # ---------------------------------------------------------------------------- the core
@@ -739,30 +773,15 @@ class DriverCore:
         """Policy state plus the counters, as plain data."""
         st = self.state
         out: dict[str, Any] = {"format": _STATE_FORMAT, "policy": dict(self.policy.state_dict())}
-        out.update({key: getattr(st, key) for key in _COUNTERS})
-        out.update(
-            wait_times=list(st.wait_times),
-            wait_samples=list(st.wait_samples),
-            cycle_activate_s=st.cycle_activate_s,
-            cycle_deactivate_s=st.cycle_deactivate_s,
-            cycle_requested=st.cycle_requested,
-            failovers=st.failovers,
-        )
+        out.update({s.key: s.dump(getattr(st, s.key)) for s in _SAVED})
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what `state_dict` returned (checked with `check_driver_state`)."""
         check_driver_state(state)
         self.policy.load_state_dict(state["policy"])
-        st = self.state
-        for key in _COUNTERS:
-            setattr(st, key, int(state[key]))
-        st.wait_times = [float(x) for x in state["wait_times"]]
-        st.wait_samples = [int(x) for x in state["wait_samples"]]
-        st.cycle_activate_s = float(state["cycle_activate_s"])
-        st.cycle_deactivate_s = float(state["cycle_deactivate_s"])
-        st.cycle_requested = int(state["cycle_requested"])
-        st.failovers = int(state.get("failovers", 0))
+        for saved in _SAVED:
+            setattr(self.state, saved.key, saved.load(state))
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from dynsched_core import validators as v
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._lifecycle import (
     ReplicaDeadError,
@@ -71,16 +72,9 @@ _ABORT = "abort"
 _DEAD = "dead"
 
 
-def _delay(inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not (
-        isinstance(value, int | float) and math.isfinite(value) and value >= 0
-    ):
-        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
-
-
 def _version(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{attribute.name} must be an int, got {value!r}")
+        raise v.field_error(inst, attribute, f"must be an int, got {value!r}", wrong_type=True)
 
 
 @attrs.frozen
@@ -97,11 +91,11 @@ class InMemoryReplicaOptions:
         token_fn: Token id function (default: `position_token`).
     """
 
-    sleep_delay_s: float = attrs.field(default=0.0, validator=_delay)
-    wake_delay_s: float = attrs.field(default=0.0, validator=_delay)
-    resume_delay_s: float = attrs.field(default=0.0, validator=_delay)
-    update_delay_s: float = attrs.field(default=0.0, validator=_delay)
-    abort_delay_s: float = attrs.field(default=0.0, validator=_delay)
+    sleep_delay_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
+    wake_delay_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
+    resume_delay_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
+    update_delay_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
+    abort_delay_s: float = attrs.field(default=0.0, validator=v.float_ge(0.0))
     weights_version: int = attrs.field(default=0, validator=_version)
     token_fn: TokenFn = position_token
 

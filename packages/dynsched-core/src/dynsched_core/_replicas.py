@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import attrs
 
+from dynsched_core import validators as v
 from dynsched_core._clock import Clock, LoopClock
 from dynsched_core._events import EventBus
 from dynsched_core._protocols import ReplicaRole, RolloutReplica, Router
@@ -39,6 +40,7 @@ from dynsched_core._routing import LoadBalancer
 
 __all__ = [
     "MembershipEvent",
+    "MembershipFollower",
     "MembershipKind",
     "ReplicaMember",
     "ReplicaPlacement",
@@ -605,3 +607,31 @@ class ReplicaSet(Mapping[str, RolloutReplica]):
             f"ReplicaSet(standalone={self.standalone_ids}, hybrid={self.hybrid_ids},"
             f" routable={self.routable_ids}, dead={self._deaths})"
         )
+
+
+class MembershipFollower:
+    """Base of the parts that follow a `ReplicaSet` (the client, the controller, the
+    rollouter): it checks and keeps the set and the clock, and subscribes the part's
+    ``_on_membership`` when the part calls `_follow` at the end of its constructor.
+
+    Args:
+        replicas: The set followed (a `TypeError` naming ``replicas`` otherwise).
+        clock: Time source (default: the running loop).
+    """
+
+    def __init__(self, replicas: ReplicaSet, clock: Clock | None) -> None:
+        self._replicas = v.expect_instance("replicas", replicas, ReplicaSet, by_type=True)
+        self._clock: Clock = clock if clock is not None else LoopClock()
+
+    @property
+    def replicas(self) -> ReplicaSet:
+        """The `ReplicaSet` this part follows (its router is ``replicas.router``)."""
+        return self._replicas
+
+    def _follow(self) -> None:
+        """Subscribe `_on_membership` (once the part's own state is built)."""
+        self._replicas.subscribe(self._on_membership)
+
+    def _on_membership(self, event: MembershipEvent) -> None:
+        """React to one membership change (each part its own way)."""
+        raise NotImplementedError

@@ -40,7 +40,7 @@ import attrs
 from dynsched_core import derived
 from dynsched_core import validators as v
 from dynsched_core._client import RolloutOutcome
-from dynsched_core._clock import Clock, LoopClock
+from dynsched_core._clock import Clock
 from dynsched_core._events import (
     EventBus,
     RolloutEvent,
@@ -50,7 +50,7 @@ from dynsched_core._events import (
     sample_key,
 )
 from dynsched_core._protocols import GenerateRequest, SampleQueue
-from dynsched_core._replicas import MembershipEvent, ReplicaSet
+from dynsched_core._replicas import MembershipEvent, MembershipFollower, ReplicaSet
 
 __all__ = [
     "STALENESS_RULES",
@@ -220,7 +220,7 @@ class RollouterOptions:
         return cls(**values)
 
 
-class Rollouter:
+class Rollouter(MembershipFollower):
     """Produces samples into a `SampleQueue` under staleness admission and a concurrency cap.
 
     Args:
@@ -260,15 +260,13 @@ class Rollouter:
         clock: Clock | None = None,
         events: EventBus | None = None,
     ) -> None:
-        v.expect_instance("replicas", replicas, ReplicaSet, by_type=True)
+        super().__init__(replicas, clock)
         v.expect_instance("options", options, RollouterOptions)
         self._source = source
         self._client = client
-        self._replicas = replicas
         self._queue = queue
         self.options = options
         self.max_required_samples = options.max_required_samples
-        self._clock: Clock = clock if clock is not None else LoopClock()
         self._events = events
         # Explicit counters: in flight = dispatched - finished.
         self._dispatched = 0
@@ -289,7 +287,7 @@ class Rollouter:
         self._done = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._run_task: asyncio.Task[None] | None = None
-        replicas.subscribe(self._on_membership)
+        self._follow()
 
     @classmethod
     def from_config(
@@ -317,11 +315,6 @@ class Rollouter:
     def queue(self) -> SampleQueue:
         """The queue finished samples go to."""
         return self._queue
-
-    @property
-    def replicas(self) -> ReplicaSet:
-        """The replicas whose routable count sizes the concurrency cap."""
-        return self._replicas
 
     # ------------------------------------------------------------------ properties
     @property

@@ -48,28 +48,19 @@ def _floats(value: Any) -> tuple[float, ...]:
 
 def _finite(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(
-            f"{type(inst).__name__}.{attr.name} must be a finite number, got {value!r}",
-            key=attr.name,
-        )
+        raise v.field_error(inst, attr, f"must be a finite number, got {value!r}")
 
 
 def _group_id(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ConfigError(
-            f"{type(inst).__name__}.{attr.name} must be an int or a str (the prompt's id), "
-            f"got {value!r}",
-            key=attr.name,
-        )
+        raise v.field_error(inst, attr, f"must be an int or a str (the prompt's id), got {value!r}")
 
 
 def _logprobs(inst: Any, attr: attrs.Attribute[Any], value: tuple[float, ...]) -> None:
     for i, x in enumerate(value):
         if not math.isfinite(x) or x > 0.0:
-            raise ConfigError(
-                f"{type(inst).__name__}.{attr.name}[{i}] must be a finite log-probability "
-                f"(<= 0), got {x!r}",
-                key=attr.name,
+            raise v.field_error(
+                inst, attr, f"[{i}] must be a finite log-probability (<= 0), got {x!r}"
             )
 
 

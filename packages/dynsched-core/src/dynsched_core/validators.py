@@ -5,7 +5,8 @@ validates through these (the sibling packages' options classes too), so one mess
 format holds everywhere: ``"<Class>.<field> must be <allowed>, got <value>"``. Range
 errors are `dynsched_core.ConfigError` (a ``ValueError``), type errors
 `dynsched_core.errors.ConfigTypeError` (also a ``TypeError``); both carry the field
-name in ``key``. `expect_instance` and `options_or_default` check the constructor
+name in ``key``. A validator of its own builds its error with `field_error`, so it keeps
+that format. `expect_instance` and `options_or_default` check the constructor
 arguments of the runtime classes (a plain `TypeError` naming the argument).
 
 Example:
@@ -33,6 +34,7 @@ from dynsched_core._errors import ConfigError, ConfigTypeError
 __all__ = [
     "Validator",
     "bool_",
+    "field_error",
     "float_ge",
     "float_gt",
     "float_in",
@@ -46,9 +48,32 @@ __all__ = [
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 
-def _bad(
+def field_error(
     inst: Any, attr: attrs.Attribute[Any], message: str, *, wrong_type: bool = False
 ) -> ConfigError:
+    """The error of an attrs validator: ``"<Class>.<field> <message>"`` keyed by the field.
+
+    Args:
+        inst: The instance being validated.
+        attr: The attribute being validated.
+        message: What is wrong, starting with ``"must be ..."`` (or with ``"[i] must be ..."``
+            for item ``i`` of a tuple field).
+        wrong_type: A `ConfigTypeError` (the value has the wrong type) instead of a
+            `ConfigError` (a value out of range).
+
+    Example:
+        >>> import attrs
+        >>> def even(inst, attr, value):
+        ...     if value % 2:
+        ...         raise field_error(inst, attr, f"must be even, got {value!r}")
+        >>> @attrs.frozen
+        ... class Pair:
+        ...     size: int = attrs.field(validator=even)
+        >>> Pair(3)
+        Traceback (most recent call last):
+        ...
+        dynsched_core._errors.ConfigError: Pair.size must be even, got 3
+    """
     cls = ConfigTypeError if wrong_type else ConfigError
     sep = "" if message.startswith("[") else " "  # "field[3] must ..." for tuple items
     return cls(f"{type(inst).__name__}.{attr.name}{sep}{message}", key=attr.name)
@@ -71,11 +96,11 @@ def int_ge(minimum: int, *, maximum: int | None = None, optional: bool = False) 
         if optional and value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _bad(inst, attr, f"must be {what}, got {_show(value)}", wrong_type=True)
+            raise field_error(inst, attr, f"must be {what}, got {_show(value)}", wrong_type=True)
         if value < minimum:
-            raise _bad(inst, attr, f"must be >= {minimum}, got {_show(value)}")
+            raise field_error(inst, attr, f"must be >= {minimum}, got {_show(value)}")
         if maximum is not None and value > maximum:
-            raise _bad(inst, attr, f"must be <= {maximum:,} ({what}), got {_show(value)}")
+            raise field_error(inst, attr, f"must be <= {maximum:,} ({what}), got {_show(value)}")
 
     return check
 
@@ -98,9 +123,13 @@ def float_ge(minimum: float) -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not _is_number(value):
-            raise _bad(inst, attr, f"must be a number >= {minimum}, got {value!r}", wrong_type=True)
+            raise field_error(
+                inst, attr, f"must be a number >= {minimum}, got {value!r}", wrong_type=True
+            )
         if not _finite(value) or value < minimum:
-            raise _bad(inst, attr, f"must be a finite number >= {minimum}, got {_show(value)}")
+            raise field_error(
+                inst, attr, f"must be a finite number >= {minimum}, got {_show(value)}"
+            )
 
     return check
 
@@ -113,9 +142,11 @@ def float_gt(minimum: float, *, optional: bool = False) -> Validator:
         if optional and value is None:
             return
         if not _is_number(value):
-            raise _bad(inst, attr, f"must be {what}, got {value!r}", wrong_type=True)
+            raise field_error(inst, attr, f"must be {what}, got {value!r}", wrong_type=True)
         if not _finite(value) or value <= minimum:
-            raise _bad(inst, attr, f"must be a finite number > {minimum:g}, got {_show(value)}")
+            raise field_error(
+                inst, attr, f"must be a finite number > {minimum:g}, got {_show(value)}"
+            )
 
     return check
 
@@ -126,10 +157,12 @@ def float_in(lo: float, hi: float = math.inf, *, lo_open: bool = False) -> Valid
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not _is_number(value):
-            raise _bad(inst, attr, f"must be a number in {rng}, got {value!r}", wrong_type=True)
+            raise field_error(
+                inst, attr, f"must be a number in {rng}, got {value!r}", wrong_type=True
+            )
         below = value <= lo if lo_open else value < lo
         if not _finite(value) or below or value > hi:
-            raise _bad(inst, attr, f"must be a number in {rng}, got {_show(value)}")
+            raise field_error(inst, attr, f"must be a number in {rng}, got {_show(value)}")
 
     return check
 
@@ -139,7 +172,9 @@ def bool_() -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, bool):
-            raise _bad(inst, attr, f"must be a bool (true/false), got {value!r}", wrong_type=True)
+            raise field_error(
+                inst, attr, f"must be a bool (true/false), got {value!r}", wrong_type=True
+            )
 
     return check
 
@@ -149,7 +184,7 @@ def non_empty_str(what: str = "a non-empty string") -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, str) or not value.strip():
-            raise _bad(
+            raise field_error(
                 inst, attr, f"must be {what}, got {value!r}", wrong_type=not isinstance(value, str)
             )
 
@@ -162,7 +197,7 @@ def one_of(choices: Iterable[str]) -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if value not in allowed:
-            raise _bad(inst, attr, f"must be one of {list(allowed)}, got {value!r}")
+            raise field_error(inst, attr, f"must be one of {list(allowed)}, got {value!r}")
 
     return check
 
@@ -190,7 +225,7 @@ def _tuple_of(items: str, ok: Callable[[Any], bool], element: str) -> Validator:
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if not isinstance(value, tuple):
-            raise _bad(
+            raise field_error(
                 inst,
                 attr,
                 f"must be a tuple of {items}, got {type(value).__name__}",
@@ -198,7 +233,7 @@ def _tuple_of(items: str, ok: Callable[[Any], bool], element: str) -> Validator:
             )
         for i, x in enumerate(value):
             if not ok(x):
-                raise _bad(inst, attr, f"[{i}] must be {element}, got {x!r}")
+                raise field_error(inst, attr, f"[{i}] must be {element}, got {x!r}")
 
     return check
 
