@@ -75,6 +75,7 @@ from dynsched_optimus._observation import CompletionRule, JobObservation, Prerun
 from dynsched_optimus._online_speed import fit_allreduce_speed, predict_allreduce_time
 from dynsched_optimus._placement import JobPlacement, PlacementRequest, place
 from dynsched_optimus._speed import PSSpeedModel, fit_speed, plan_sampling
+from dynsched_optimus._types import FloatArray
 
 __all__ = [
     "BATCH_FIXED_SHARE",
@@ -148,8 +149,6 @@ MIN_LOSS_POINTS = 3
 MIN_PS_CONFIGS = 5
 #: all-reduce configurations needed before the online speed form is trusted
 MIN_ALLREDUCE_CONFIGS = 3
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @attrs.frozen
