@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from dynsched_core.errors import ReplicaDeadError, ReplicaNotReadyError
-from dynsched_ray.engines.lifecycle import TRANSITIONS, Phase, ReplicaLifecycle
+from dynsched_ray.engines.lifecycle import TRANSITIONS, Phase, ReplicaLifecycle, mark_aborted
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -133,3 +133,21 @@ def test_a_bad_identity_is_named(replica_id: object, role: object, match: str) -
     with pytest.raises(ValueError, match=match):
         check_replica_identity(replica_id, role)
     check_replica_identity("r", "hybrid")
+
+
+_IDS = st.sampled_from(["a", "b", "c", "d"])
+
+
+@given(
+    st.dictionaries(_IDS, st.booleans()),
+    st.none() | st.lists(_IDS, max_size=6),
+)
+def test_mark_aborted_flags_exactly_the_tracked_targets(
+    flags: dict[str, bool], request_ids: list[str] | None
+) -> None:
+    before = dict(flags)
+    targets = list(before) if request_ids is None else [r for r in request_ids if r in before]
+    assert mark_aborted(flags, request_ids) == len(targets)
+    assert set(flags) == set(before)  # an untracked id is never added
+    for rid, flag in flags.items():
+        assert flag is (True if rid in targets else before[rid])

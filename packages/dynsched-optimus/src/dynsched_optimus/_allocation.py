@@ -60,6 +60,7 @@ import numpy.typing as npt
 from dynsched_optimus._errors import OptimusError
 from dynsched_optimus._placement import JobPlacement, PlacementRequest, PlacementResult, place
 from dynsched_optimus._speed import PSSpeedModel
+from dynsched_optimus._types import FloatArray
 
 __all__ = [
     "JOB_KINDS",
@@ -78,7 +79,6 @@ logger = logging.getLogger(__name__)
 #: default resource names, in the order of demand and capacity vectors
 RESOURCES: tuple[str, ...] = ("cpu", "memory", "gpu", "bandwidth")
 
-FloatArray = npt.NDArray[np.float64]
 SpeedFn = Callable[[int, int], float]
 _TOL = 1e-9
 _Entry = tuple[float, int, int, int, int]

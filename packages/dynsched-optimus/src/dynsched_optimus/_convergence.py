@@ -26,6 +26,7 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from dynsched_optimus._errors import InsufficientDataError, OptimusError
+from dynsched_optimus._types import FloatArray
 from dynsched_optimus._validators import int_at_least, optional_positive, positive
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FloatArray = npt.NDArray[np.float64]
 
 MIN_FIT_POINTS = 3
 

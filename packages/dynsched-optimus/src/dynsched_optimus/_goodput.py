@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import attrs
 import numpy as np
-import numpy.typing as npt
 
 from dynsched_optimus._errors import OptimusError
+from dynsched_optimus._types import FloatArray
 
 __all__ = [
     "BATCH_CANDIDATES",
@@ -36,7 +36,6 @@ __all__ = [
     "micro_steps",
 ]
 
-FloatArray = npt.NDArray[np.float64]
 
 #: global batch sizes tried per GPU count, spaced geometrically between the smallest and
 #: the largest allowed (Pollux samples 50; 32 keep the step between candidates under

@@ -19,14 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import numpy.typing as npt
 from scipy.optimize import nnls
 
 from dynsched_optimus._goodput import micro_steps
+from dynsched_optimus._types import FloatArray
 
 __all__ = ["fit_allreduce_speed", "predict_allreduce_time"]
-
-FloatArray = npt.NDArray[np.float64]
 
 
 def _features(n: FloatArray, k: FloatArray, batch: FloatArray, micro: FloatArray) -> FloatArray:

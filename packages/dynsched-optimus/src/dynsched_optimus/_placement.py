@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dynsched_optimus._errors import OptimusError
+from dynsched_optimus._types import FloatArray
 
 __all__ = [
     "STRATEGIES",
@@ -56,7 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FloatArray = npt.NDArray[np.float64]
 _TOL = 1e-9
 _IDX_BITS = 22  # up to ~4 million nodes
 

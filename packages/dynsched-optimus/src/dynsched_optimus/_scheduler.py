@@ -73,8 +73,9 @@ from dynsched_optimus._errors import OptimusError
 from dynsched_optimus._goodput import AdaptiveBatch, best_goodput, micro_steps
 from dynsched_optimus._observation import CompletionRule, JobObservation, PrerunRequest
 from dynsched_optimus._online_speed import fit_allreduce_speed, predict_allreduce_time
-from dynsched_optimus._placement import JobPlacement, PlacementRequest, place
+from dynsched_optimus._placement import JobPlacement, PlacementRequest, PlacementResult, place
 from dynsched_optimus._speed import PSSpeedModel, fit_speed, plan_sampling
+from dynsched_optimus._types import FloatArray
 
 __all__ = [
     "BATCH_FIXED_SHARE",
@@ -148,8 +149,6 @@ MIN_LOSS_POINTS = 3
 MIN_PS_CONFIGS = 5
 #: all-reduce configurations needed before the online speed form is trusted
 MIN_ALLREDUCE_CONFIGS = 3
-
-FloatArray = npt.NDArray[np.float64]
 
 
 @attrs.frozen
@@ -870,6 +869,17 @@ class _PlaceThrough:
         """The keywords of the call."""
         raise NotImplementedError
 
+    def result(
+        self, rnd: Round, tasks: Mapping[str, tuple[int, int]], restarts: RestartPlanner
+    ) -> PlacementResult:
+        """The call's whole result (the placements and the capacity left free)."""
+        return place(
+            _requests(rnd, tasks),
+            rnd.node_capacity,
+            previous=restarts.previous(rnd),
+            **self.options(tasks),
+        )
+
     def place(
         self,
         rnd: Round,
@@ -877,13 +887,7 @@ class _PlaceThrough:
         est: Estimator,
         restarts: RestartPlanner,
     ) -> dict[str, JobPlacement]:
-        res = place(
-            _requests(rnd, tasks),
-            rnd.node_capacity,
-            previous=restarts.previous(rnd),
-            **self.options(tasks),
-        )
-        return dict(res.placements)
+        return dict(self.result(rnd, tasks, restarts).placements)
 
 
 @attrs.frozen
@@ -929,7 +933,7 @@ class SpeedAwarePlacement:
         cap = rnd.node_capacity
         prev = restarts.previous(rnd)
         ps_tasks = {k: v for k, v in tasks.items() if rnd.jobs[k].kind == "ps"}
-        res = place(_requests(rnd, ps_tasks), cap, previous=prev, shrink=True, fill=True)
+        res = FewestServersPlacement().result(rnd, ps_tasks, restarts)
         out = dict(res.placements)
         free = res.free.copy()
         gpu = {k: v[1] for k, v in tasks.items() if rnd.jobs[k].kind == "allreduce" and v[1]}

@@ -29,6 +29,7 @@ import numpy.typing as npt
 from scipy.optimize import least_squares, nnls
 
 from dynsched_optimus._errors import InsufficientDataError, OptimusError
+from dynsched_optimus._types import FloatArray
 from dynsched_optimus._validators import non_negative, positive
 
 __all__ = [
@@ -44,7 +45,6 @@ logger = logging.getLogger(__name__)
 
 Mode = Literal["async", "sync"]
 ArrayLike = float | int | npt.ArrayLike
-FloatArray = npt.NDArray[np.float64]
 
 #: minimum number of distinct measurements for each parameter-server form
 MIN_POINTS: dict[str, int] = {"async": 4, "sync": 5}

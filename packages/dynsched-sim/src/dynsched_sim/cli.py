@@ -302,25 +302,17 @@ def _plan_handler(args: argparse.Namespace) -> int:
 
     try:
         scenario = load_scenario(args.scenario)
-        shortlist = None if args.exact else args.shortlist
-        check_plan_inputs(
-            scenario,
-            gpus=args.gpus,
-            staleness_bound=args.staleness_bound,
-            seeds=args.seeds,
-            shortlist=shortlist,
-            flags=True,
-        )
+        # the planner's inputs, checked (named as flags) before anything runs, then planned
+        inputs: dict[str, Any] = {
+            "gpus": args.gpus,
+            "staleness_bound": args.staleness_bound,
+            "seeds": args.seeds,
+            "shortlist": None if args.exact else args.shortlist,
+        }
+        check_plan_inputs(scenario, **inputs, flags=True)
         _check_out(args.out)
         note = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-        result = plan(
-            scenario,
-            gpus=args.gpus,
-            staleness_bound=args.staleness_bound,
-            seeds=args.seeds,
-            shortlist=shortlist,
-            progress=note,
-        )
+        result = plan(scenario, **inputs, progress=note)
     except (ScenarioError, PlanError) as e:
         raise UsageError(str(e)) from None
     paths = write_plan(result, args.out, plot=not args.no_plot)

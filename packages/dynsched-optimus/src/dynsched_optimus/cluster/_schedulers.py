@@ -61,6 +61,13 @@ def _demand(job: SimJob, w: int, p: int) -> np.ndarray:
     return w * job.worker_demand + p * job.ps_demand
 
 
+def _requested_remaining(job: SimJob, num_nodes: int) -> float:
+    """True seconds left with the requested tasks all on the first server (the oracle
+    remaining time SRTF orders by and Tetris weighs)."""
+    w, p = _req(job)
+    return job.true_remaining_time(Placement.of(num_nodes, {0: w}, {0: p}))
+
+
 def place_jobs(
     requests: dict[str, tuple[int, int]],
     jobs: Sequence[SimJob],
@@ -128,25 +135,32 @@ class _Base:
         raise NotImplementedError
 
 
-class FIFOScheduler(_Base):
-    """First come, first served; gang of the requested tasks; no preemption, no backfill."""
+class _OrderedGang(_Base):
+    """Jobs admitted with their requested gang in the order of :meth:`key` (see `_gang`)."""
 
-    name = "fifo"
+    #: Stop at the first job that does not fit (no backfill) instead of skipping it.
+    strict = False
+
+    def key(self, job: SimJob, num_nodes: int) -> tuple[float | str, ...]:
+        """The sort key of ``job`` on a cluster of ``num_nodes`` servers."""
+        raise NotImplementedError
 
     def schedule(
         self, now: float, jobs: Sequence[SimJob], cluster: ClusterState
     ) -> dict[str, Placement]:
-        order = sorted(jobs, key=lambda j: (j.submit_time, j.name))
-        requests = _admit(order, cluster, strict=True)
-        placed = place_jobs(requests, jobs, cluster.capacity, order=[j.name for j in order])
-        # strict FIFO: stop at the first job that could not be placed
-        out = {}
-        for job in order:
-            if job.name in placed:
-                out[job.name] = placed[job.name]
-            elif job.name in requests:
-                break
-        return out
+        n = len(cluster.capacity)
+        order = sorted(jobs, key=lambda j: self.key(j, n))
+        return _gang(order, cluster, strict=self.strict)
+
+
+class FIFOScheduler(_OrderedGang):
+    """First come, first served; gang of the requested tasks; no preemption, no backfill."""
+
+    name = "fifo"
+    strict = True
+
+    def key(self, job: SimJob, num_nodes: int) -> tuple[float | str, ...]:
+        return (job.submit_time, job.name)
 
 
 class DRFScheduler(_Base):
@@ -261,11 +275,7 @@ class TetrisScheduler(_Base):
                 out[job.name] = job.placement
                 free -= job.placement.usage(job.worker_demand, job.ps_demand)
         waiting = [j for j in jobs if j.placement is None]
-        rem = {}
-        for j in waiting:
-            w, p = _req(j)
-            pl = Placement([w] + [0] * (len(cap) - 1), [p] + [0] * (len(cap) - 1))
-            rem[j.name] = j.true_remaining_time(pl)
+        rem = {j.name: _requested_remaining(j, len(cap)) for j in waiting}
         while waiting:
             fsum = free.sum(axis=0) / tot
             scores = []
@@ -299,23 +309,13 @@ class TetrisScheduler(_Base):
         return out
 
 
-class SRTFScheduler(_Base):
+class SRTFScheduler(_OrderedGang):
     """Preemptive shortest remaining time first (true remaining time), requested gangs."""
 
     name = "srtf"
 
-    def schedule(
-        self, now: float, jobs: Sequence[SimJob], cluster: ClusterState
-    ) -> dict[str, Placement]:
-        n = len(cluster.capacity)
-
-        def key(j: SimJob) -> tuple[float, float, str]:
-            w, p = _req(j)
-            pl = Placement([w] + [0] * (n - 1), [p] + [0] * (n - 1))
-            return (j.true_remaining_time(pl), j.submit_time, j.name)
-
-        order = sorted(jobs, key=key)
-        return _gang(order, cluster)
+    def key(self, job: SimJob, num_nodes: int) -> tuple[float | str, ...]:
+        return (_requested_remaining(job, num_nodes), job.submit_time, job.name)
 
 
 def _admit(
@@ -339,10 +339,25 @@ def _admit(
     return requests
 
 
-def _gang(order: Sequence[SimJob], cluster: ClusterState) -> dict[str, Placement]:
-    """Admit jobs in ``order`` with their requested tasks while they fit (skip others)."""
-    requests = _admit(order, cluster)
-    return place_jobs(requests, order, cluster.capacity, order=[j.name for j in order])
+def _gang(
+    order: Sequence[SimJob], cluster: ClusterState, *, strict: bool = False
+) -> dict[str, Placement]:
+    """Admit jobs in ``order`` with their requested tasks while they fit (skip others).
+
+    With ``strict`` (FIFO) the first job that does not fit, or that is admitted but could
+    not be placed, ends the admission.
+    """
+    requests = _admit(order, cluster, strict=strict)
+    placed = place_jobs(requests, order, cluster.capacity, order=[j.name for j in order])
+    if not strict:
+        return placed
+    out = {}
+    for job in order:
+        if job.name in placed:
+            out[job.name] = placed[job.name]
+        elif job.name in requests:
+            break
+    return out
 
 
 class TiresiasScheduler(_Base):

@@ -20,6 +20,8 @@ from dynsched_core import GenerateRequest, GenerateResult
 from dynsched_core._protocols import FinishReason, QueueStats, TokenSegment
 from dynsched_core.errors import NoRoutableReplicaError
 
+from dynsched_ray.engines.lifecycle import mark_aborted
+
 __all__ = [
     "QueueActor",
     "ReplicaActor",
@@ -333,26 +335,16 @@ class ReplicaActor:
         finally:
             self._streams.pop(rid, None)
 
-    def _mark_streams(self, request_ids: Sequence[str] | None) -> int:
-        targets = (
-            list(self._streams)
-            if request_ids is None
-            else [i for i in request_ids if i in self._streams]
-        )
-        for rid in targets:
-            self._streams[rid] = True
-        return len(targets)
-
     async def abort(self, request_ids: Sequence[str] | None = None) -> int:
         """Abort in-flight requests (all when ``None``), streamed ones included."""
         ids = None if request_ids is None else list(request_ids)
-        marked = self._mark_streams(ids)
+        marked = mark_aborted(self._streams, ids)
         hosted = await (await self._ready()).abort(ids)
         return max(int(hosted), marked)
 
     async def sleep(self) -> None:
         """Release memory (see `RolloutReplica.sleep`); streamed requests end aborted."""
-        self._mark_streams(None)
+        mark_aborted(self._streams, None)
         await (await self._ready()).sleep()
 
     async def wake_up(self) -> None:
@@ -386,7 +378,7 @@ class ReplicaActor:
         """Stop the hosted replica (its ``shutdown()``, when it has one); idempotent."""
         if self._replica is None:
             return
-        self._mark_streams(None)
+        mark_aborted(self._streams, None)
         stop = getattr(self._replica, "shutdown", None)
         if stop is not None:
             out = stop()

@@ -734,7 +734,7 @@ class RayRunner:
         self.consumed_samples: list[Any] = []
         #: Weight version trained on for each of `consumed_samples` (``keep_samples``).
         self.consumed_versions: list[int] = []
-        self.options = options if options is not None else RayRunOptions()
+        self.options = v.options_or_default(options, RayRunOptions)
         self.policy = policy if policy is not None else config.build_policy()
         self._prompts = prompts
         self._progress = progress

@@ -120,7 +120,7 @@ class ReplicaSupervisor:
     ) -> None:
         self.fleet = fleet
         self.replicas = replicas
-        self.options = options if options is not None else RestartOptions()
+        self.options = v.options_or_default(options, RestartOptions)
         self._weights = weights
         self._on_death = on_death
         self._wrap_hybrid = wrap_hybrid

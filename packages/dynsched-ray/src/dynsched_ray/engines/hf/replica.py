@@ -27,7 +27,7 @@ import attrs
 from dynsched_core import GenerateRequest, GenerateResult, ReplicaCapabilities
 from dynsched_core.rollout import ReplicaIdentity
 
-from dynsched_ray.engines.lifecycle import ReplicaLifecycle
+from dynsched_ray.engines.lifecycle import ReplicaLifecycle, mark_aborted
 
 __all__ = ["HFReplica"]
 
@@ -206,14 +206,7 @@ class HFReplica(ReplicaIdentity):
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> int:
         """Abort running requests (all when None); return how many."""
-        ids = (
-            list(self._abort)
-            if request_ids is None
-            else [r for r in request_ids if r in self._abort]
-        )
-        for r in ids:
-            self._abort[r] = True
-        return len(ids)
+        return mark_aborted(self._abort, request_ids)
 
     async def sleep(self) -> None:
         """Abort what runs and stop serving (no memory is given back)."""
