@@ -150,7 +150,7 @@ def test_resized_two_three_two_equals_one_process_on_the_same_global_batches(
     batches = [make_rl_batch(tiny_model_dir, groups=GROUPS, seed=s) for s in range(3)]
     (tmp_path / "batches.pkl").write_bytes(pickle.dumps(batches))
     _run_roles(tiny_model_dir, tmp_path, kind)
-    r0, r1, r2 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(3))
+    r0, r1, r2 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(3))
 
     # the unsharded reference of its kind, in one process (Megatron's kernels differ from
     # transformers' by float rounding, so Megatron is compared with Megatron)

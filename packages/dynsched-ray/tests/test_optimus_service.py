@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch  # noqa: F401  (the test environment installs it: never skip)
 from dynsched_optimus import JobPlacement
 from dynsched_optimus.jobs import Decision, JobSpec, load_job_file, silent_error
 from dynsched_optimus.scheduler import CompletionRule
 
-pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "optimus_jobs"

@@ -153,8 +153,8 @@ def add_ray_arguments(p: argparse.ArgumentParser, *, address_help: str) -> None:
     p.add_argument(
         "--node-ip-address",
         default=None,
-        help="address of this node for Ray (default: Ray's choice, or 127.0.0.1 only when "
-        "RAY_AUTH_MODE=disabled turns token authentication off)",
+        help="address of this node for Ray (default: Ray's choice; 127.0.0.1 keeps every "
+        "listener on this machine)",
     )
     p.add_argument("--namespace", default=None, help="Ray namespace of the named actors")
 

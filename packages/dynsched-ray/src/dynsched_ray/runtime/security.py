@@ -4,10 +4,9 @@ Ray runs code sent to any of its listeners (the GCS, every raylet, every worker 
 driver). With token authentication on (Ray's default for a new local cluster, and what
 this module asks for explicitly) a client must present the cluster's token, kept in
 ``~/.ray/auth_token`` (or ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``), or it is
-refused. A user who turns authentication off (``RAY_AUTH_MODE=disabled``) gets a local
-cluster whose every listener binds to ``127.0.0.1``, unless they name the address to
-listen on (``--node-ip-address``) or join a cluster of their own (``--address``); the
-command says so in one line.
+refused. dynsched never runs Ray with authentication off: any ``RAY_AUTH_MODE`` but
+``token`` (or none) is refused in one line before Ray starts, because Ray reads every other
+value as "off" and then listens, without a token, on every interface.
 
 Both commands call `plan_ray_start` while they check their flags (bad values are a
 `UsageError`, before Ray starts) and `init_ray` to start or join the cluster.
@@ -19,8 +18,7 @@ import ipaddress
 import logging
 import os
 import socket
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -55,31 +53,23 @@ class RayStartPlan:
         address: the cluster to join (``--address``); None starts a new local one.
         node_ip_address: the address Ray's listeners advertise (and, for ``127.0.0.1``,
             bind to); None lets Ray choose.
-        token_auth: whether Ray token authentication is on.
-        loopback: every listener of the new local cluster binds to ``127.0.0.1``.
-        note: the one line the command prints about it, or None.
+        loopback: every listener of the new local cluster binds to ``127.0.0.1``
+            (``--node-ip-address 127.0.0.1``).
     """
 
     address: str | None
     node_ip_address: str | None
-    token_auth: bool
     loopback: bool
-    note: str | None
 
 
-def _auth_mode(environ: Mapping[str, str]) -> str | None:
-    """``RAY_AUTH_MODE`` normalised to ``token``/``disabled``, or None when unset."""
+def _check_auth_mode(environ: Mapping[str, str]) -> None:
+    """Refuse any ``RAY_AUTH_MODE`` but ``token`` (unset is fine: token is Ray's default)."""
     raw = environ.get(AUTH_MODE_ENV)
-    if raw is None:
-        return None
-    mode = raw.strip().lower()
-    if mode not in ("token", "disabled") or raw != raw.strip():
-        # Ray reads any other value (an empty one, a typo) as "disabled", silently.
+    if raw is not None and raw != "token":
         raise UsageError(
-            f"{AUTH_MODE_ENV} must be 'token' (also when unset; keep it) or Ray's exact "
-            f"off value, got {raw!r}"
+            f"{AUTH_MODE_ENV} must be 'token' or unset: dynsched runs Ray only with token "
+            f"authentication on (Ray reads any other value as off), got {raw!r}"
         )
-    return mode
 
 
 def _check_node_ip(value: str) -> str:
@@ -120,47 +110,17 @@ def plan_ray_start(
         The plan `init_ray` follows.
 
     Raises:
-        UsageError: a ``RAY_AUTH_MODE`` Ray would silently read as "disabled", or a
-            ``--node-ip-address`` that is not an address of this machine.
+        UsageError: a ``RAY_AUTH_MODE`` other than ``token``, or a ``--node-ip-address``
+            that is not an address of this machine.
     """
-    env = os.environ if environ is None else environ
-    mode = _auth_mode(env)
+    _check_auth_mode(os.environ if environ is None else environ)
     ip = _check_node_ip(node_ip_address) if node_ip_address is not None else None
-    token_auth = mode != "disabled"
     loopback = ip is not None and ipaddress.ip_address(ip).is_loopback
-    note = None
-    if not token_auth:
-        if address:
-            note = (
-                f"Ray token authentication is off ({AUTH_MODE_ENV}=disabled): joining the "
-                f"cluster at {address} without a token"
-            )
-        elif ip is None or loopback:
-            loopback = True
-            note = (
-                f"Ray token authentication is off ({AUTH_MODE_ENV}=disabled): the local Ray "
-                f"cluster listens on {LOOPBACK} only (--node-ip-address ADDR would open it "
-                "to the network without a token)"
-            )
-        else:
-            note = (
-                f"Ray token authentication is off ({AUTH_MODE_ENV}=disabled) and the local "
-                f"Ray cluster listens on every interface (--node-ip-address {ip}): anyone "
-                "who reaches this machine can run code as you"
-            )
-    if loopback:
-        ip = LOOPBACK
     return RayStartPlan(
         address=address or None,
         node_ip_address=ip,
-        token_auth=token_auth,
         loopback=loopback and not address,
-        note=note,
     )
-
-
-def _say_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _set_auth_mode(mode: str) -> None:
@@ -206,7 +166,6 @@ def init_ray(
     *,
     namespace: str | None,
     prog: str,
-    say: Callable[[str], None] = _say_stderr,
     **local: Any,
 ) -> None:
     """Start a new local Ray cluster, or join ``plan.address``, as the plan says.
@@ -215,18 +174,14 @@ def init_ray(
         ray: the ``ray`` module.
         plan: from `plan_ray_start`.
         namespace: Ray namespace of the named actors.
-        prog: the command's name, prefix of its one line (e.g. ``"dynsched run"``).
-        say: prints the plan's one line.
+        prog: the command's name (e.g. ``"dynsched run"``), in the log line.
         **local: ``ray.init`` arguments of a new local cluster (``num_cpus``, ...).
 
     Raises:
         ConnectionError: Ray could not join the cluster, or a loopback-only cluster did
             not come up on 127.0.0.1; one line, with what to do about a token.
     """
-    if plan.note:
-        say(f"{prog}: {plan.note}")
-    if plan.token_auth:
-        _set_auth_mode("token")  # also when joining: an explicit address would not
+    _set_auth_mode("token")  # also when joining: an explicit address would not
     if plan.address:
         kwargs: dict[str, Any] = {}
         if plan.node_ip_address is not None:
@@ -236,12 +191,7 @@ def init_ray(
         except ray.exceptions.AuthenticationError:
             raise ConnectionError(f"no Ray auth token on this machine: {TOKEN_HINT}") from None
         except ConnectionError as exc:
-            hint = (
-                f" (a cluster with token authentication refuses a missing or wrong token: "
-                f"{TOKEN_HINT})"
-                if plan.token_auth
-                else ""
-            )
+            hint = f" (a cluster with token authentication refuses a missing or wrong token: {TOKEN_HINT})"
             raise ConnectionError(f"{str(exc).splitlines()[0]}{hint}") from None
         return
     if plan.loopback:
@@ -257,14 +207,12 @@ def init_ray(
         log_to_driver=False,
         **kwargs,
     )
-    if plan.token_auth:
-        _keep_token_private()
+    _keep_token_private()
     if plan.loopback:
         got = context.address_info.get("node_ip_address")
         if got != LOOPBACK:  # fail closed: never a cluster without a token on the network
             ray.shutdown()
             raise ConnectionError(
-                f"Ray did not bind to {LOOPBACK} (node address {got!r}) with token "
-                f"authentication off; unset {AUTH_MODE_ENV} to use a token"
+                f"Ray did not bind to {LOOPBACK} (node address {got!r}) as --node-ip-address asked"
             )
-    logger.debug("Ray started: %s", plan)
+    logger.debug("%s: Ray started: %s", prog, plan)
