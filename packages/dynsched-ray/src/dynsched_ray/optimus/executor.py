@@ -147,6 +147,8 @@ class WorkerGroup:
         self.dead: str | None = None
         #: the step this run resumes from (its first report is start-up, not speed)
         self.first_step = 0
+        #: steady step times reported since the last throughput sample
+        self.step_times: list[float] = []
 
     @property
     def workers(self) -> int:

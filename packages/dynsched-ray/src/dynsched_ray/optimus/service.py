@@ -43,7 +43,7 @@ __all__ = ["OptimusService", "ServiceOptions"]
 
 logger = logging.getLogger(__name__)
 
-#: reports needed in one poll before their mean step time counts as a throughput sample
+#: steady reports (over any number of polls) whose mean step time makes one throughput sample
 #: (judgement: fewer is mostly noise on a shared CPU)
 MIN_SPEED_REPORTS = 5
 
@@ -170,11 +170,19 @@ class OptimusService:
             self.say(line)
 
     def _speed(self, g: WorkerGroup, reports: list[dict[str, Any]]) -> None:
-        steady = [float(e["dt"]) for e in reports if int(e["step"]) > g.first_step + 1]
-        if len(steady) >= MIN_SPEED_REPORTS and sum(steady) > 0:
-            pl = g.placement
-            speed = len(steady) / sum(steady)
-            self.store.add_speed(g.spec.name, pl.workers, pl.num_servers, g.spec.batch_size, speed)
+        """Add the run's steady step times (its first step is start-up); every
+        :data:`MIN_SPEED_REPORTS` of them make one throughput sample, however many polls
+        they took to arrive (a slow machine may deliver one report per poll)."""
+        g.step_times.extend(float(e["dt"]) for e in reports if int(e["step"]) > g.first_step + 1)
+        pl = g.placement
+        while len(g.step_times) >= MIN_SPEED_REPORTS:
+            block = g.step_times[:MIN_SPEED_REPORTS]
+            del g.step_times[:MIN_SPEED_REPORTS]
+            if sum(block) > 0:
+                speed = MIN_SPEED_REPORTS / sum(block)
+                self.store.add_speed(
+                    g.spec.name, pl.workers, pl.num_servers, g.spec.batch_size, speed
+                )
 
     def _end_run(self, name: str, state: str, **fields: object) -> None:
         g = self.groups.pop(name)

@@ -469,21 +469,39 @@ class RayFleet:
             raise KeyError(f"replica {replica_id!r} has no placement or spec record")
         old = self.replicas[replica_id]
         _kill(old.handle)  # a hung (not dead) actor must not hold the name and bundle
-        limit = self.spec.start_timeout_s if timeout_s is None else timeout_s
         plan = ReplicaPlan(
             replica_id=replica_id, role=record.role, placement=record.placement, spec=record.spec
         )
-        spec = attrs.evolve(self.spec, start_timeout_s=limit)
-        handle = await _spawn_replica(spec, self.pools, plan, self._handles)
-        try:
-            proxy = await _connect(spec, handle, on_death, limit)
-        except BaseException:
-            _kill(handle)
-            raise
+        proxy = await self.start_replica(plan, on_death=on_death, timeout_s=timeout_s)
         if old.handle in self._handles:
             self._handles.remove(old.handle)
         self.retired.append(old)
         return proxy
+
+    async def start_replica(
+        self,
+        plan: ReplicaPlan,
+        *,
+        on_death: DeathCallback | None = None,
+        timeout_s: float | None = None,
+    ) -> RayReplica:
+        """Start the actor of ``plan`` on its bundle and connect to it.
+
+        The replica is not a member of the `ReplicaSet` yet: the caller adds it (with the
+        placement the proxy reports), loads weights and routes it (see `RayRoleMover`).
+
+        Raises:
+            RemoteCallTimeoutError: the actor did not come up within ``timeout_s``
+                (default: the fleet's ``start_timeout_s``); the actor is killed.
+        """
+        limit = self.spec.start_timeout_s if timeout_s is None else timeout_s
+        spec = attrs.evolve(self.spec, start_timeout_s=limit)
+        handle = await _spawn_replica(spec, self.pools, plan, self._handles)
+        try:
+            return await _connect(spec, handle, on_death, limit)
+        except BaseException:
+            _kill(handle)
+            raise
 
     async def respawn_queue(self) -> Any:
         """Start a fresh, empty queue actor under the queue's name; return its handle.

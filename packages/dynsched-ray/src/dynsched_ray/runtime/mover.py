@@ -34,7 +34,7 @@ import attrs
 from dynsched_core import FullyAsyncLoop, ReplicaSet
 from dynsched_core.planner import RoleMove, RoleSplit
 
-from dynsched_ray.runtime.fleet import RayFleet, ReplicaPlan, _connect, _spawn_replica
+from dynsched_ray.runtime.fleet import RayFleet, ReplicaPlan
 from dynsched_ray.runtime.proxies import DeathCallback
 
 __all__ = [
@@ -210,8 +210,7 @@ class RayRoleMover:
             placement=attrs.evolve(record.placement, node=""),
             spec=record.spec,
         )
-        handle = await _spawn_replica(fleet.spec, fleet.pools, plan, fleet._handles)
-        proxy = await _connect(fleet.spec, handle, self._on_death, fleet.spec.start_timeout_s)
+        proxy = await fleet.start_replica(plan, on_death=self._on_death)
         placement = attrs.evolve(plan.placement, node=proxy.capabilities.node or "")
         # a member first, so a weight sync from now on reaches it; then the current weights
         # (a move runs inside the loop's sync step: no newer sync can come meanwhile)
