@@ -286,9 +286,7 @@ def _adaptive(value: object, batch_size: object) -> AdaptiveBatch:
     """``adaptive_batch: {init_batch, max_batch, min_local, max_local}`` (``max_batch``
     required; ``init_batch`` defaults to the job's ``batch_size``)."""
     if not isinstance(value, Mapping):
-        raise ValueError(
-            f"field 'adaptive_batch' must be a mapping of {list(ADAPTIVE_BATCH_KEYS)}"
-        )
+        raise ValueError(f"field 'adaptive_batch' must be a mapping of {list(ADAPTIVE_BATCH_KEYS)}")
     unknown = sorted(str(k) for k in set(value) - set(ADAPTIVE_BATCH_KEYS))
     if unknown:
         raise ValueError(
