@@ -413,7 +413,7 @@ def _record(
     )
 
 
-def _bucketed(points: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+def _bucketed(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
     """At most :data:`LOSS_POINTS` ``(mean step, mean loss)`` points, in step order."""
     if not points:
         return ()
