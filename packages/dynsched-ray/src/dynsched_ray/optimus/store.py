@@ -270,11 +270,16 @@ class JobStore:
 
     def samples(self, name: str) -> list[tuple[int, int]]:
         """``(step, samples)`` of every report of a job, in order."""
+        return [(s, int(n)) for s, n in self._by_step(name, "samples")]
+
+    def _by_step(self, name: str, column: str) -> list[tuple[int, Any]]:
+        """``(step, column)`` of every report of a job, in order (``column``: a name
+        this module passes)."""
         with self._tx() as db:
             rows = db.execute(
-                "SELECT step, samples FROM reports WHERE name = ? ORDER BY rowid", (name,)
+                f"SELECT step, {column} FROM reports WHERE name = ? ORDER BY rowid", (name,)
             ).fetchall()
-        return [(int(s), int(n)) for s, n in rows]
+        return [(int(s), v) for s, v in rows]
 
     def add_speed(self, name: str, workers: int, nodes: int, batch: float, speed: float) -> None:
         """Append one throughput sample (steps/s) of a configuration."""
@@ -324,11 +329,7 @@ class JobStore:
 
     def losses(self, name: str) -> list[tuple[int, float]]:
         """All ``(step, loss)`` reports of a job, in order."""
-        with self._tx() as db:
-            rows = db.execute(
-                "SELECT step, loss FROM reports WHERE name = ? ORDER BY rowid", (name,)
-            ).fetchall()
-        return [(int(s), float(v)) for s, v in rows]
+        return [(s, float(v)) for s, v in self._by_step(name, "loss")]
 
     def record(self, row: JobRow) -> JobRecord:
         """The job's measurements as the scheduler's input (:class:`JobRecord`)."""
