@@ -5,13 +5,14 @@ re-allocation are recorded instead of run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
 import pytest
-from dynsched_optimus import JobPlacement
+from dynsched_optimus import JobPlacement, OptimusError
 from dynsched_optimus.cluster import make_scheduler
 from dynsched_optimus.jobs import JobSpec
 from dynsched_optimus.scheduler import AdaptiveBatch, CompletionRule, JobObservation
@@ -334,3 +335,67 @@ def _same_goodput_decisions(folder: Path, jobs: list[dict[str, Any]]) -> int:
             current[name] = expected if expected is not None and expected.workers else None
     store.close()
     return changed
+
+
+def test_the_store_keeps_batches_statistics_and_progress(tmp_path: Path) -> None:
+    """A goodput job's record: its current batch, its smoothed statistics and a progress
+    that counts the steps up to the checkpoint it will resume from."""
+    store = JobStore(tmp_path / "jobs.sqlite")
+    job = {"name": "g", "workers": 1, "target": 0.1, "batch": 64}
+    store.submit(_goodput_spec(job), now=1.0)
+    assert store.jobs()[0].batch == BATCH  # the spec's until the service changes it
+    ckpt = tmp_path / "step-4.ckpt"
+    ckpt.write_bytes(b"x")
+    store.add_checkpoint("g", 4, str(ckpt), 0.0)
+    store.add_reports(
+        "g",
+        [
+            {"t": 0.0, "step": s, "loss": 1.0 / s, "samples": 64, "batch": 64}
+            | ({"grad_sqr": 1.0, "grad_var": 3.0 * BATCH} if s > 2 else {})
+            for s in range(1, 7)
+        ],
+    )
+    store.update("g", batch=64, state="queued")
+    store.add_batch_change("g", 0, BATCH, 64, "start")
+    rec = store.record(store.jobs()[0])
+    assert rec.batch_size == 64 and rec.grad_stats == (1.0, 3.0 * BATCH)
+    gain = (3.0 + 1.0) / (3.0 / 2 + 1.0)  # batch 64 = 2x the initial, noise 3 x 32
+    assert rec.iterations_done == 4 and rec.progress == pytest.approx(2 * 2.0 + 2 * gain)
+    assert [p for p, _ in rec.progress_points][-1] == pytest.approx(4.0 + 4 * gain)
+    assert store.batch_changes("g") == [(0, BATCH, 64, "start")]
+    assert [n for _, n in store.samples("g")] == [64] * 6
+    with pytest.raises(OptimusError, match=r"how='later': allowed values are \['in_place'"):
+        store.add_batch_change("g", 0, 1, 2, "later")
+    store.close()
+
+
+def test_a_table_of_the_first_release_gains_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE jobs (name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL,
+            submitted REAL NOT NULL, started REAL, ended REAL, error TEXT,
+            restarts INTEGER NOT NULL DEFAULT 0, cancel INTEGER NOT NULL DEFAULT 0,
+            placement TEXT, remaining REAL);
+        CREATE TABLE reports (name TEXT NOT NULL, t REAL NOT NULL, step INTEGER NOT NULL,
+            loss REAL NOT NULL, samples INTEGER NOT NULL);
+        """
+    )
+    spec = _spec({"name": "old", "workers": 1, "max_workers": 1, "target": 0.1})
+    old = {k: v for k, v in spec.to_dict().items() if k != "batch_change"}
+    db.execute(
+        "INSERT INTO jobs (name, spec, state, submitted) VALUES ('old', ?, 'queued', 1.0)",
+        (json.dumps(old),),
+    )
+    db.execute("INSERT INTO reports VALUES ('old', 0.0, 1, 0.5, 32)")
+    db.commit()
+    db.close()
+    store = JobStore(path)
+    [row] = store.jobs()
+    assert row.batch == BATCH and row.spec == spec
+    store.add_reports("old", [{"t": 0.0, "step": 2, "loss": 0.4, "samples": 32}])
+    assert store.record(row).loss_points == ((1.0, 0.5), (2.0, 0.4))
+    store.close()
