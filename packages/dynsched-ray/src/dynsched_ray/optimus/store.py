@@ -427,9 +427,19 @@ def _bucketed(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, float
     return tuple(out)
 
 
+def _work_rate(store: JobStore, row: JobRow) -> float | None:
+    """The job's latest speed in the units of its remaining work: steps/s, or progress/s
+    for a goodput job (steps/s times its mean progress per step)."""
+    speed = store.last_speed(row.name)
+    if speed is None or row.spec.adaptive_batch is None:
+        return speed
+    rec = store.record(row)
+    return speed * rec.progress / rec.iterations_done if rec.iterations_done else speed
+
+
 def status_lines(store: JobStore) -> list[str]:
-    """The ``status`` table: job, state, workers, batch, step, loss, restarts, remaining,
-    ETA."""
+    """The ``status`` table: job, state, workers, batch, step, loss, restarts, remaining
+    work (steps; progress units for a goodput job), ETA."""
     rows = store.jobs()
     head = (
         f"{'job':<16} {'state':<10} {'workers':>7} {'batch':>6} {'step':>7} {'loss':>9} "
@@ -443,7 +453,7 @@ def status_lines(store: JobStore) -> list[str]:
         step, loss = last if last is not None else (0, float("nan"))
         workers = r.placement.workers if r.placement is not None else 0
         left = r.remaining
-        speed = store.last_speed(r.name)
+        speed = _work_rate(store, r)
         eta = "-"
         if left is not None and speed and r.state == "running":
             eta = time.strftime("%H:%M:%S", time.localtime(time.time() + left / speed))
