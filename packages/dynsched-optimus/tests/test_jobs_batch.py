@@ -23,6 +23,7 @@ from dynsched_optimus.jobs import (
     make_decider,
     observe_record,
     progress_by_step,
+    run_local,
 )
 from dynsched_optimus.scheduler import AdaptiveBatch, CompletionRule, make_optimus
 from hypothesis import given
@@ -301,3 +302,17 @@ def test_optimus_plus_returns_a_goodput_batch_for_a_real_job(scheduler: str) -> 
     assert quiet.batch_sizes.get("g", 32) < batch  # little noise: a smaller batch
     fixed = make_decider("optimus")(0.0, [observe_record(_goodput_record(3200.0))], cap, 5.0)
     assert fixed.batch_sizes == {}  # optimus keeps every batch (the paper's setting)
+
+
+def test_the_adaptive_example_reaches_its_target_with_statistics(tmp_path: Path) -> None:
+    import torch  # noqa: F401  (the test environment installs it: never skip)
+
+    spec = load_job_file(EXAMPLES / "adaptive.yaml")
+    assert spec.adaptive_batch is not None and spec.batch_change == "in_place"
+    res = run_local(spec, str(tmp_path))
+    losses = [e["loss"] for e in res.reports]
+    assert res.finished and np.mean(losses[-5:]) <= spec.completion.value < np.mean(losses[:5])
+    assert all(e["grad_sqr"] >= 0 and e["grad_var"] > 0 for e in res.reports)
+    early = np.mean([e["grad_var"] / max(e["grad_sqr"], 1e-12) for e in res.reports[:20]])
+    late = np.mean([e["grad_var"] / max(e["grad_sqr"], 1e-12) for e in res.reports[-20:]])
+    assert late > early  # the gradient noise scale grows as the loss falls
