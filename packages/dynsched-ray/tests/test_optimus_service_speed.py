@@ -37,7 +37,8 @@ def test_speed_samples_are_the_same_however_the_polls_cut_the_reports(
         spec=spec,
         placement=JobPlacement("j", (0,), (0,), (2,)),
         first_step=first,
-        step_times=[],
+        batch=16,
+        step_times={},
     )
     # the run's first report (start-up) never counts; then the steady ones, sliced by `cuts`
     reports = [{"kind": "report", "step": first + 1, "dt": 99.0}, *_reports(first + 1, dts)]
@@ -53,5 +54,5 @@ def test_speed_samples_are_the_same_however_the_polls_cut_the_reports(
         for k in range(whole)
     ]
     assert samples == pytest.approx(expected)
-    assert len(group.step_times) == len(dts) - whole * MIN_SPEED_REPORTS
+    assert len(group.step_times.get(16, [])) == len(dts) - whole * MIN_SPEED_REPORTS
     store.close()

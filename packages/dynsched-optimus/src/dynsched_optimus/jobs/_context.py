@@ -17,6 +17,13 @@ asked and stops when told::
 loss is averaged over the ranks and the stop flag is agreed, so every rank checkpoints
 and stops at the same step. Checkpoints are written by rank 0 (torch's format when torch
 is installed, else pickle) and read by every rank.
+
+A job whose file says ``batch_change: in_place`` may get a new global batch while it runs
+(the service asks every rank through :meth:`Control.requested_batch`): the same collective
+carries each rank's requested batch, and the batch switches after the step in which every
+rank asked for the same one, from the next step on, on every rank at once. Rank 0 emits a
+``batch`` event naming the last step of the old batch. A script that reads
+``ctx.batch_size``/``ctx.local_batch_size`` every step follows it.
 """
 
 from __future__ import annotations
@@ -36,10 +43,12 @@ from dynsched_optimus._errors import OptimusError
 from dynsched_optimus._observation import CompletionRule
 
 __all__ = [
+    "BatchControl",
     "ContextOptions",
     "Control",
     "JobContext",
     "JobContractError",
+    "agreed_batch",
     "context",
     "load_checkpoint",
     "save_checkpoint",
@@ -62,7 +71,15 @@ class Control(Protocol):
         ...
 
     def emit(self, event: dict[str, Any]) -> None:
-        """Hand one event (``report``, ``checkpoint``) to the host."""
+        """Hand one event (``report``, ``checkpoint``, ``batch``) to the host."""
+        ...
+
+
+class BatchControl(Control, Protocol):
+    """A host that may change a running job's batch (``batch_change: in_place``)."""
+
+    def requested_batch(self) -> int | None:
+        """The global batch the host asks this rank to train with (None: keep it)."""
         ...
 
 
@@ -80,6 +97,8 @@ class ContextOptions:
         checkpoint_dir: where rank 0 writes checkpoints.
         restore_path: the checkpoint to resume from (None: a fresh start).
         args: the job file's ``args``.
+        batch_change: the job file's ``batch_change`` (``in_place``: the batch may change
+            while the job runs, agreed in :meth:`JobContext.report`).
     """
 
     job_name: str
@@ -91,6 +110,7 @@ class ContextOptions:
     checkpoint_dir: str = "."
     restore_path: str | None = None
     args: Mapping[str, Any] = attrs.field(factory=dict)
+    batch_change: str = "restart"
 
 
 def save_checkpoint(obj: Any, path: str) -> None:
@@ -157,6 +177,10 @@ class JobContext:
         self._last_t = time.monotonic()
         self.start_step = 0
         self.reports = 0
+        self._batch = int(options.batch_size)
+        asks = getattr(control, "requested_batch", None)
+        in_place = options.batch_change == "in_place"
+        self._asks: Callable[[], int | None] | None = asks if in_place else None
 
     @property
     def rank(self) -> int:
@@ -170,13 +194,14 @@ class JobContext:
 
     @property
     def batch_size(self) -> int:
-        """The global batch size."""
-        return self.options.batch_size
+        """The global batch size of the next step (it changes in place only between steps,
+        on every rank at once)."""
+        return self._batch
 
     @property
     def local_batch_size(self) -> int:
         """This worker's share of the global batch (at least 1)."""
-        return max(self.options.batch_size // self.options.world_size, 1)
+        return max(self._batch // self.options.world_size, 1)
 
     @property
     def args(self) -> Mapping[str, Any]:
@@ -228,21 +253,42 @@ class JobContext:
                 f"job {self.options.job_name!r}: step {step} reported after step {self._step}"
             )
         stop = 1.0 if self._control.stop_requested() else 0.0
+        ask = self._asked()
         if self.world_size > 1:
-            total, stop = self._reduce([loss, stop])
+            sent = [loss, stop] if self._asks is None else [loss, stop, ask, ask * ask]
+            total, stop, *asked = self._reduce(sent)
             loss = total / self.world_size
+            ask = agreed_batch(asked, self.world_size, self._batch)
         self._step, self.reports = int(step), self.reports + 1
         self._stop = self._stop or stop > 0
         self._losses.append(loss)
         if self.rank == 0:
             now = time.monotonic()
             event = {"kind": "report", "step": self._step, "loss": loss, "dt": now - self._last_t}
-            event["samples"] = self.batch_size if samples is None else int(samples)
+            event["samples"] = self._batch if samples is None else int(samples)
+            event["batch"] = self._batch
             if grad_sqr is not None and grad_var is not None:
                 event.update(grad_sqr=float(grad_sqr), grad_var=float(grad_var))
             self._last_t = now
             self._control.emit(event)
+        if ask != self._batch:
+            self._switch(int(ask))
         return loss
+
+    def _asked(self) -> float:
+        """The batch this rank is asked to train with (its own when nothing is asked)."""
+        if self._asks is None:
+            return float(self._batch)
+        want = self._asks()
+        if want is None or isinstance(want, bool) or int(want) < 1:
+            return float(self._batch)
+        return float(int(want))
+
+    def _switch(self, batch: int) -> None:
+        """Train with ``batch`` from the next step (every rank at the same step)."""
+        old, self._batch = self._batch, batch
+        if self.rank == 0:
+            self._control.emit({"kind": "batch", "step": self._step, "batch": batch, "old": old})
 
     def should_checkpoint(self) -> bool:
         """Whether to :meth:`save` now (periodically, and before a requested stop)."""
@@ -271,6 +317,22 @@ class JobContext:
     def stopped_early(self) -> bool:
         """Whether the job ends because the host asked (not because it is done)."""
         return self._stop and not self.finished
+
+
+def agreed_batch(asked: list[float], world_size: int, current: int) -> int:
+    """The batch every rank switches to after a step: ``asked`` holds the sums over the
+    ranks of each rank's requested batch and of its square (empty: nothing to agree).
+
+    All ranks asked for the same batch exactly when ``world_size * sum(b**2) ==
+    sum(b)**2`` (Cauchy-Schwarz); then it is ``sum(b) / world_size``, else the batch stays.
+    Every rank computes this from the same reduced sums, so the ranks never disagree.
+    """
+    if len(asked) != 2:
+        return current
+    total, squares = (round(x) for x in asked)  # integers below 2**26: exact in float64
+    if total <= 0 or world_size * squares != total * total or total % world_size:
+        return current
+    return total // world_size
 
 
 _CURRENT: JobContext | None = None

@@ -7,27 +7,47 @@ simulator would run under that name: the Optimus family is
 :meth:`~dynsched_optimus.scheduler.OptimusPolicy.schedule` itself; ``fifo`` and ``drf``
 are the simulator's baselines restated on observation records (same order, same caps,
 same :func:`~dynsched_optimus.place` calls).
+
+A job whose file has ``adaptive_batch`` gets the simulator's goodput record as well
+(:class:`~dynsched_optimus.scheduler.AdaptiveBatch`: its range, its gradient statistics
+and its progress, :func:`progress_by_step`), so ``optimus+`` chooses its batch as it does
+for a simulated job; the :class:`Decision` carries the chosen batches.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
 from dynsched_optimus._errors import OptimusError
+from dynsched_optimus._goodput import AdaptiveBatch, efficiency_gain
 from dynsched_optimus._observation import JobObservation
 from dynsched_optimus._placement import JobPlacement, PlacementRequest, place
 from dynsched_optimus._scheduler import make_optimus, optimus_variants
 from dynsched_optimus.jobs._spec import JobSpec
 
-__all__ = ["DECIDERS", "Decider", "Decision", "JobRecord", "make_decider", "observe_record"]
+__all__ = [
+    "DECIDERS",
+    "GRAD_WINDOW",
+    "Decider",
+    "Decision",
+    "JobRecord",
+    "make_decider",
+    "observe_record",
+    "progress_by_step",
+]
 
 #: ``(workers, ps, nodes, batch) -> iterations/s samples``
 Throughput = Mapping[tuple[float, ...], tuple[float, ...]]
+#: steps whose gradient statistics are averaged into a job's current ones (judgement: one
+#: step's estimate from a few micro-batches is noisy; 20 steps follow a tiny job's
+#: training closely; Pollux smooths its estimates too, with its own constants)
+GRAD_WINDOW = 20
 
 
 @attrs.frozen
@@ -42,6 +62,12 @@ class JobRecord:
         throughput: measured steps/s per configuration run.
         restarts: re-allocations and recoveries so far.
         placement: where the job runs now (None: waiting).
+        batch_size: the global batch the job trains with now (0: the spec's).
+        grad_stats: ``(grad_sqr, grad_var)`` as the job reports them (squared norm of the
+            gradient; variance of one example's gradient), smoothed (None: none reported).
+        progress: progress so far in initial-batch iterations weighted by efficiency
+            (:func:`progress_by_step`; a job with ``adaptive_batch`` only).
+        progress_points: ``(progress, loss)`` points, as ``loss_points``.
     """
 
     spec: JobSpec
@@ -51,10 +77,68 @@ class JobRecord:
     throughput: Throughput = attrs.field(factory=dict)
     restarts: int = 0
     placement: JobPlacement | None = None
+    batch_size: int = 0
+    grad_stats: tuple[float, float] | None = None
+    progress: float = 0.0
+    progress_points: tuple[tuple[float, float], ...] = ()
+
+
+def progress_by_step(
+    reports: Iterable[tuple[int, float, float | None, float | None]], init_batch: float
+) -> tuple[dict[int, float], tuple[float, float] | None]:
+    """A goodput job's progress after each step, and its current gradient statistics.
+
+    Args:
+        reports: ``(step, global batch, grad_sqr, grad_var)`` in the order reported (a
+            step reported again after a restart replaces the earlier report); ``grad_var``
+            is the variance of one example's gradient (the report's convention).
+        init_batch: the job's ``adaptive_batch.init_batch``.
+
+    Returns:
+        ``step -> progress`` (cumulative: one step at batch ``M`` adds
+        :func:`~dynsched_optimus.scheduler.efficiency_gain` with the statistics known then,
+        ``grad_var / init_batch`` being the variance at the initial batch; ``M /
+        init_batch`` before any are known, as :class:`AdaptiveBatch` takes it) and the
+        mean statistics of the last :data:`GRAD_WINDOW` steps that reported them.
+    """
+    last: dict[int, tuple[float, float | None, float | None]] = {}
+    for step, batch, sqr, var in reports:
+        last[int(step)] = (float(batch), sqr, var)
+    window: collections.deque[tuple[float, float]] = collections.deque(maxlen=GRAD_WINDOW)
+    total, out = 0.0, {}
+    stats: tuple[float, float] | None = None
+    for step in sorted(last):
+        batch, sqr, var = last[step]
+        if sqr is not None and var is not None:
+            window.append((float(sqr), float(var)))
+            stats = (
+                sum(w[0] for w in window) / len(window),
+                sum(w[1] for w in window) / len(window),
+            )
+        sqr_, var_ = (0.0, 0.0) if stats is None else (stats[0], stats[1] / init_batch)
+        total += float(efficiency_gain(batch, init_batch, sqr_, var_))
+        out[step] = total
+    return out, stats
+
+
+def _adaptive(record: JobRecord) -> AdaptiveBatch | None:
+    """The spec's batch range with the record's statistics and progress."""
+    ab = record.spec.adaptive_batch
+    if ab is None:
+        return None
+    stats = record.grad_stats
+    return attrs.evolve(
+        ab,
+        grad_sqr=None if stats is None else stats[0],
+        grad_var=None if stats is None else stats[1] / ab.init_batch,
+        progress=record.progress,
+        progress_points=record.progress_points,
+    )
 
 
 def observe_record(record: JobRecord) -> JobObservation:
-    """The observation record of a real job (an all-reduce job: workers, no PS)."""
+    """The observation record of a real job (an all-reduce job: workers, no PS); a job with
+    ``adaptive_batch`` carries its :class:`AdaptiveBatch` (range, statistics, progress)."""
     spec = record.spec
     return JobObservation(
         job_id=spec.name,
@@ -69,21 +153,26 @@ def observe_record(record: JobRecord) -> JobObservation:
         completion=spec.completion,
         restarts=record.restarts,
         placement=record.placement,
-        batch_size=float(spec.batch_size),
+        batch_size=float(record.batch_size or spec.batch_size),
+        adaptive_batch=_adaptive(record),
     )
 
 
 @attrs.frozen
 class Decision:
-    """One round's answer: where each job runs, and its predicted remaining steps.
+    """One round's answer: where each job runs, its predicted remaining work, its batch.
 
     Attributes:
         placements: ``job_id -> JobPlacement`` (absent: the job waits).
-        remaining: ``job_id -> remaining steps`` where the policy estimates them.
+        remaining: ``job_id -> remaining steps`` where the policy estimates them (progress
+            units for a job estimated on goodput).
+        batch_sizes: ``job_id -> global batch`` for the jobs whose batch changes (the
+            policy's ``ScheduleDecision.batch_sizes``; the others keep theirs).
     """
 
     placements: Mapping[str, JobPlacement]
     remaining: Mapping[str, float] = attrs.field(factory=dict)
+    batch_sizes: Mapping[str, int] = attrs.field(factory=dict)
 
 
 #: ``decide(now, observations, node_capacity, restart_delay_s) -> Decision``
@@ -97,7 +186,8 @@ def _optimus(name: str) -> Decider:
         now: float, obs: Sequence[JobObservation], cap: npt.ArrayLike, restart_delay_s: float
     ) -> Decision:
         dec = policy.schedule(now, obs, cap, restart_delay_s=restart_delay_s)
-        return Decision(dec.placements, {k: r.estimate for k, r in dec.remaining.items()})
+        remaining = {k: r.estimate for k, r in dec.remaining.items()}
+        return Decision(dec.placements, remaining, dict(dec.batch_sizes))
 
     return decide
 

@@ -64,12 +64,17 @@ class JobRunner:
         self.rendezvous = rendezvous
         self._events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._batch: int | None = None
         self._thread: threading.Thread | None = None
 
     # Control protocol (the context's side)
     def stop_requested(self) -> bool:
         """Whether a stop was requested."""
         return self._stop.is_set()
+
+    def requested_batch(self) -> int | None:
+        """The global batch the host asked for (None: none asked)."""
+        return self._batch
 
     def emit(self, event: dict[str, Any]) -> None:
         """Queue one event with this worker's rank and a wall-clock time."""
@@ -85,8 +90,20 @@ class JobRunner:
         """Ask the job to checkpoint and stop at its next step."""
         self._stop.set()
 
+    def request_batch(self, batch: int) -> None:
+        """Ask the job to train with global ``batch`` from a step all its ranks agree on
+        (a job with ``batch_change: in_place``; others ignore it).
+
+        Raises:
+            JobContractError: ``batch`` is not an integer >= 1.
+        """
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise JobContractError(f"batch must be an integer >= 1, got {batch!r}")
+        self._batch = batch
+
     def poll(self) -> list[dict[str, Any]]:
-        """The events queued since the last poll (``report``, ``checkpoint``, ``exit``)."""
+        """The events queued since the last poll (``report``, ``checkpoint``, ``batch``,
+        ``exit``)."""
         out = []
         while True:
             try:
@@ -185,6 +202,7 @@ def _local_options(spec: JobSpec, checkpoint_dir: str, restore: str | None) -> C
         checkpoint_dir=checkpoint_dir,
         restore_path=restore,
         args=spec.args,
+        batch_change=spec.batch_change,
     )
 
 

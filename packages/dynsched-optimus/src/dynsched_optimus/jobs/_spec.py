@@ -12,6 +12,20 @@ A job file is YAML, JSON or TOML (read through dynsched-core's guarded loader)::
     checkpoint_every: 50            # steps between periodic checkpoints
     report_timeout_s: 120           # a job silent this long fails with a clear error
     args: {hidden: 64}              # free-form, handed to the script as ``ctx.args``
+    adaptive_batch: {max_batch: 512, max_local: 128}  # optional: the scheduler picks the batch
+    batch_change: in_place          # how a new batch applies: restart (default) or in_place
+
+``adaptive_batch`` (the names of :class:`~dynsched_optimus.scheduler.AdaptiveBatch`) lets
+``optimus+`` choose the job's global batch between ``init_batch`` (default: ``batch_size``)
+and ``max_batch``, at least ``min_local`` (default 1) per worker, micro-batches of at most
+``max_local`` per worker (default: no limit); the job then reports gradient statistics
+(``ctx.report(grad_sqr=, grad_var=)``) and must end at a ``target_loss`` (a job of N steps
+is counted in steps whatever its batch, so its batch stays fixed, as in the simulator).
+Such a job may get up to ``max_batch // min_local`` workers (Pollux's limit), so
+``max_workers`` defaults to that and may not be below it. ``batch_change: in_place``
+says the script reads ``ctx.batch_size`` every step: a new batch on the same placement
+then applies at a step boundary without a restart; ``restart`` (the default) restarts
+the job from its last checkpoint with the new batch.
 """
 
 from __future__ import annotations
@@ -24,15 +38,28 @@ from typing import Any
 
 import attrs
 
+from dynsched_optimus._goodput import AdaptiveBatch
 from dynsched_optimus._io import InputFileError
 from dynsched_optimus._observation import CompletionRule
 
-__all__ = ["COMPLETION_KEYS", "RESOURCE_NAMES", "JobSpec", "load_job_file", "parse_job"]
+__all__ = [
+    "ADAPTIVE_BATCH_KEYS",
+    "BATCH_CHANGES",
+    "COMPLETION_KEYS",
+    "RESOURCE_NAMES",
+    "JobSpec",
+    "load_job_file",
+    "parse_job",
+]
 
 #: the resources a worker may ask for, in the order of the scheduler's demand vectors
 RESOURCE_NAMES: tuple[str, ...] = ("CPU", "GPU")
 #: the keys of a job file's ``completion`` mapping and the rule each becomes
 COMPLETION_KEYS: dict[str, str] = {"target_loss": "target_metric", "steps": "steps"}
+#: how a new batch chosen by the scheduler reaches a running job (first: the default)
+BATCH_CHANGES: tuple[str, ...] = ("restart", "in_place")
+#: the keys of a job file's ``adaptive_batch`` mapping (:class:`AdaptiveBatch`'s names)
+ADAPTIVE_BATCH_KEYS: tuple[str, ...] = ("init_batch", "max_batch", "min_local", "max_local")
 _FIELDS = (
     "name",
     "script",
@@ -44,6 +71,8 @@ _FIELDS = (
     "checkpoint_every",
     "report_timeout_s",
     "args",
+    "adaptive_batch",
+    "batch_change",
 )
 
 
@@ -70,6 +99,9 @@ class JobSpec:
         checkpoint_every: steps between periodic checkpoints.
         report_timeout_s: seconds without a report after which the job fails.
         args: free-form arguments of the script.
+        adaptive_batch: the batch range the scheduler may choose from (no gradient
+            statistics, no progress: those come from the job's reports); None: fixed.
+        batch_change: one of :data:`BATCH_CHANGES`.
     """
 
     name: str
@@ -82,6 +114,8 @@ class JobSpec:
     checkpoint_every: int = attrs.field(default=50, validator=_positive_int("checkpoint_every"))
     report_timeout_s: float = 120.0
     args: Mapping[str, Any] = attrs.field(factory=dict)
+    adaptive_batch: AdaptiveBatch | None = None
+    batch_change: str = BATCH_CHANGES[0]
 
     def __attrs_post_init__(self) -> None:
         ok = self.name and all(c.isalnum() or c in "-_." for c in self.name)
@@ -89,6 +123,13 @@ class JobSpec:
             raise ValueError(
                 f"field 'name' must be non-empty letters, digits, '-', '_' or '.', got {self.name!r}"
             )
+        if self.batch_change not in BATCH_CHANGES:
+            raise ValueError(
+                f"field 'batch_change' must be one of {list(BATCH_CHANGES)}, "
+                f"got {self.batch_change!r}"
+            )
+        if self.adaptive_batch is not None:
+            self._check_adaptive(self.adaptive_batch)
         if self.max_workers == 0:
             object.__setattr__(self, "max_workers", self.workers)
         if self.max_workers < self.workers:
@@ -102,6 +143,35 @@ class JobSpec:
             )
         if not (math.isfinite(self.report_timeout_s) and self.report_timeout_s > 0):
             raise ValueError(f"field 'report_timeout_s' must be > 0, got {self.report_timeout_s}")
+
+    def _check_adaptive(self, ab: AdaptiveBatch) -> None:
+        """The batch range against the rest of the job (``max_workers`` set from it)."""
+        if not isinstance(ab, AdaptiveBatch):
+            raise ValueError("field 'adaptive_batch' must be an AdaptiveBatch or None")
+        if ab.has_stats or ab.progress or ab.progress_points:
+            raise ValueError(
+                "field 'adaptive_batch' is the batch range only: gradient statistics and "
+                "progress come from the job's reports"
+            )
+        if not ab.init_batch <= self.batch_size <= ab.max_batch:
+            raise ValueError(
+                f"field 'batch_size' ({self.batch_size}) must lie in adaptive_batch's "
+                f"[init_batch, max_batch] = [{ab.init_batch:g}, {ab.max_batch:g}]"
+            )
+        if self.completion.kind != "target_metric":
+            raise ValueError(
+                "field 'adaptive_batch' needs completion {target_loss: X}: a job of N steps "
+                "is counted in steps whatever its batch, so the scheduler keeps its batch"
+            )
+        top = max(ab.max_workers, self.workers)
+        if self.max_workers == 0:
+            object.__setattr__(self, "max_workers", top)
+        if self.max_workers < ab.max_workers:
+            raise ValueError(
+                f"field 'max_workers' ({self.max_workers}) must be >= adaptive_batch's "
+                f"max_batch // min_local ({ab.max_workers}), the workers a goodput job may "
+                "get: raise adaptive_batch.min_local or leave max_workers out"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (the inverse of :func:`parse_job` with ``base=None``)."""
@@ -117,7 +187,17 @@ class JobSpec:
             "checkpoint_every": self.checkpoint_every,
             "report_timeout_s": self.report_timeout_s,
             "args": dict(self.args),
+            **({} if self.adaptive_batch is None else {"adaptive_batch": self._range()}),
+            "batch_change": self.batch_change,
         }
+
+    def _range(self) -> dict[str, float]:
+        ab = self.adaptive_batch
+        assert ab is not None
+        out = {"init_batch": ab.init_batch, "max_batch": ab.max_batch, "min_local": ab.min_local}
+        if ab.max_local is not None:
+            out["max_local"] = ab.max_local
+        return out
 
 
 def _completion(value: object) -> CompletionRule:
@@ -192,8 +272,35 @@ def parse_job(data: object, base: Path | None = None) -> JobSpec:
         ) from None
     if "report_timeout_s" in kw:
         kw["report_timeout_s"] = _number("report_timeout_s", kw["report_timeout_s"])
+    if "adaptive_batch" in kw:
+        kw["adaptive_batch"] = _adaptive(kw["adaptive_batch"], kw["batch_size"])
+    if "batch_change" in kw and kw["batch_change"] not in BATCH_CHANGES:
+        raise ValueError(
+            f"field 'batch_change' must be one of {list(BATCH_CHANGES)}, got {kw['batch_change']!r}"
+        )
     name = kw.pop("name")
     return JobSpec(str(name), str(path.resolve() if base is not None else path), **kw)
+
+
+def _adaptive(value: object, batch_size: object) -> AdaptiveBatch:
+    """``adaptive_batch: {init_batch, max_batch, min_local, max_local}`` (``max_batch``
+    required; ``init_batch`` defaults to the job's ``batch_size``)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"field 'adaptive_batch' must be a mapping of {list(ADAPTIVE_BATCH_KEYS)}")
+    unknown = sorted(str(k) for k in set(value) - set(ADAPTIVE_BATCH_KEYS))
+    if unknown:
+        raise ValueError(
+            f"field 'adaptive_batch': unknown {unknown}; allowed {list(ADAPTIVE_BATCH_KEYS)}"
+        )
+    if "max_batch" not in value:
+        raise ValueError("field 'adaptive_batch.max_batch' is required")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"field 'batch_size' must be an integer >= 1, got {batch_size!r}")
+    kw = {"init_batch": batch_size, **value}
+    for key, v in kw.items():
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"field 'adaptive_batch.{key}' must be a number > 0, got {v!r}")
+    return AdaptiveBatch(**kw)
 
 
 def _number(name: str, value: object) -> float:

@@ -25,6 +25,7 @@ _LAZY = {
     "ServiceOptions": _SERVICE,
     "status_lines": _STORE,
     "ACTIVE_STATES": _STORE,
+    "BATCH_HOW": _STORE,
     "STATES": _STORE,
     "JobRow": _STORE,
     "JobStore": _STORE,

@@ -53,6 +53,7 @@ def _status(args: argparse.Namespace) -> int:
                 "name": r.name,
                 "state": r.state,
                 "workers": 0 if r.placement is None else r.placement.workers,
+                "batch": r.batch,
                 "restarts": r.restarts,
                 "remaining_steps": r.remaining,
                 "last_report": store.last_report(r.name),

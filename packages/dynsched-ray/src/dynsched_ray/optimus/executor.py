@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 import ray
 from dynsched_optimus import JobPlacement
 from dynsched_optimus.jobs import ContextOptions, JobRunner, JobSpec
@@ -67,6 +68,11 @@ class JobWorker:
         """Ask the job to checkpoint and stop."""
         if self._runner is not None:
             self._runner.request_stop()
+
+    def request_batch(self, batch: int) -> None:
+        """Ask the job to train with global ``batch`` (``batch_change: in_place``)."""
+        if self._runner is not None:
+            self._runner.request_batch(batch)
 
 
 _REMOTE_WORKER: Any = None
@@ -147,8 +153,14 @@ class WorkerGroup:
         self.dead: str | None = None
         #: the step this run resumes from (its first report is start-up, not speed)
         self.first_step = 0
-        #: steady step times reported since the last throughput sample
-        self.step_times: list[float] = []
+        #: the global batch the job trains with now (``batch`` events move it)
+        self.batch = int(options.batch_size)
+        #: the batch asked of the ranks and not yet switched to (None: none)
+        self.pending_batch: int | None = None
+        #: the worker processes' ids, by rank (known once started)
+        self.pids: list[int] = []
+        #: steady step times reported since the last throughput sample, by batch
+        self.step_times: dict[int, list[float]] = {}
 
     @property
     def workers(self) -> int:
@@ -175,7 +187,7 @@ class WorkerGroup:
         for rank, actor in enumerate(self.actors):
             opts = ContextOptions(**{**_fields(self.options), "rank": rank})
             refs.append(actor.start.remote(opts, self.spec.script, rdv))
-        ray.get(refs, timeout=CALL_TIMEOUT_S)
+        self.pids = [int(p) for p in ray.get(refs, timeout=CALL_TIMEOUT_S)]
         self.started_at = time.monotonic()
 
     def poll(self) -> list[dict[str, Any]]:
@@ -199,6 +211,10 @@ class WorkerGroup:
         for e in events:
             if e["kind"] == "exit":
                 self.exits[int(e["rank"])] = e
+            elif e["kind"] == "batch":
+                self.batch = int(e["batch"])
+                if self.pending_batch == self.batch:
+                    self.pending_batch = None
         if self.error is not None and not self.done:
             self._check_alive()  # a rank's error may be its peer's death
         return events
@@ -231,6 +247,17 @@ class WorkerGroup:
         for a in self.actors:
             a.request_stop.remote()
 
+    def request_batch(self, batch: int) -> None:
+        """Ask every rank to train with global ``batch`` from a step they agree on (a job
+        with ``batch_change: in_place``); a group not yet started starts with it."""
+        self.pending_batch = int(batch)
+        if not self.actors:
+            self.options = attrs.evolve(self.options, batch_size=int(batch))
+            self.batch, self.pending_batch = int(batch), None
+            return
+        for a in self.actors:
+            a.request_batch.remote(int(batch))
+
     def release(self) -> None:
         """Kill the actors and free the placement group."""
         for a in self.actors:
@@ -239,6 +266,4 @@ class WorkerGroup:
 
 
 def _fields(options: ContextOptions) -> dict[str, Any]:
-    import attrs
-
     return attrs.asdict(options, recurse=False)

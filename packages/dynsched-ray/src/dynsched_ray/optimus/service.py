@@ -10,6 +10,11 @@ the record the simulator builds for its jobs), asks the scheduler
   from its last checkpoint);
 * a running job whose workers change is asked to checkpoint and stop, then restarts at
   the new size (checkpoint-restart re-allocation, as in the paper);
+* a job the scheduler gives a new batch (``optimus+`` on a job with ``adaptive_batch``)
+  gets it without a restart when its placement stays and its file says
+  ``batch_change: in_place``: its ranks are told and switch at a step they agree on
+  (:class:`~dynsched_optimus.jobs.JobContext`), the switch is recorded
+  (:meth:`JobStore.batch_changes`); otherwise it restarts from its checkpoint with it;
 * between decisions the service polls the workers: reports, throughput and checkpoints go
   to the store; a finished job frees its workers, a raising script fails its job with
   one line, a dead worker or node restarts its job from its last checkpoint, a job that
@@ -101,6 +106,8 @@ class OptimusService:
         #: report at the new size (the re-allocation overhead the paper measures)
         self.reallocations = 0
         self.reallocation_s = 0.0
+        #: batch changes applied without a restart
+        self.in_place_changes = 0
         for row in store.jobs(("running", "stopping")):
             store.update(row.name, state="queued", placement=None, restarts=row.restarts + 1)
             self.say(f"job {row.name!r}: resumed from its last checkpoint after a service restart")
@@ -150,6 +157,8 @@ class OptimusService:
         for e in events:
             if e["kind"] == "checkpoint":
                 self.store.add_checkpoint(name, int(e["step"]), str(e["path"]), float(e["t"]))
+            elif e["kind"] == "batch":
+                self._switched(name, e)
         if g.started_at is not None:
             self._heard.setdefault(name, now)
         row = self._row(name)
@@ -170,19 +179,31 @@ class OptimusService:
             self.say(line)
 
     def _speed(self, g: WorkerGroup, reports: list[dict[str, Any]]) -> None:
-        """Add the run's steady step times (its first step is start-up); every
-        :data:`MIN_SPEED_REPORTS` of them make one throughput sample, however many polls
-        they took to arrive (a slow machine may deliver one report per poll)."""
-        g.step_times.extend(float(e["dt"]) for e in reports if int(e["step"]) > g.first_step + 1)
+        """Add the run's steady step times (its first step is start-up), by the batch each
+        step trained with; every :data:`MIN_SPEED_REPORTS` of one batch make one throughput
+        sample, however many polls they took to arrive (a slow machine may deliver one
+        report per poll)."""
+        for e in reports:
+            if int(e["step"]) > g.first_step + 1:
+                g.step_times.setdefault(int(e.get("batch", g.batch)), []).append(float(e["dt"]))
         pl = g.placement
-        while len(g.step_times) >= MIN_SPEED_REPORTS:
-            block = g.step_times[:MIN_SPEED_REPORTS]
-            del g.step_times[:MIN_SPEED_REPORTS]
-            if sum(block) > 0:
-                speed = MIN_SPEED_REPORTS / sum(block)
-                self.store.add_speed(
-                    g.spec.name, pl.workers, pl.num_servers, g.spec.batch_size, speed
-                )
+        for batch, dts in g.step_times.items():
+            while len(dts) >= MIN_SPEED_REPORTS:
+                block = dts[:MIN_SPEED_REPORTS]
+                del dts[:MIN_SPEED_REPORTS]
+                if sum(block) > 0:
+                    speed = MIN_SPEED_REPORTS / sum(block)
+                    self.store.add_speed(g.spec.name, pl.workers, pl.num_servers, batch, speed)
+
+    def _switched(self, name: str, event: dict[str, Any]) -> None:
+        """A job's ranks switched batch in place (a ``batch`` event of rank 0)."""
+        if self._row(name).state != "running":
+            return  # stopping: the batch decided for its restart stays
+        old, new, step = int(event["old"]), int(event["batch"]), int(event["step"])
+        self.store.update(name, batch=new)
+        self.store.add_batch_change(name, step, old, new, "in_place")
+        self.in_place_changes += 1
+        self.say(f"job {name!r}: batch {old} -> {new} in place after step {step}")
 
     def _end_run(self, name: str, state: str, **fields: object) -> None:
         g = self.groups.pop(name)
@@ -227,19 +248,37 @@ class OptimusService:
         self.store.set_remaining(dec.remaining)
         for row in rows:
             new = dec.placements.get(row.name)
+            batch = dec.batch_sizes.get(row.name)
+            if batch is not None:  # the row as decided: its batch is the one to train with
+                row = attrs.evolve(row, batch=int(batch))
             if row.state == "running":
                 self._resize(row, new)
             elif new is not None and new.workers > 0:
                 self._start(row, new, labels)
 
     def _resize(self, row: JobRow, new: JobPlacement | None) -> None:
+        """Apply a decision to a running job: nothing, a batch change in place, or a
+        checkpoint-restart (``row.batch``: the batch decided for it)."""
         g = self.groups[row.name]
         cur = g.placement
-        if new is not None and (new.nodes, new.workers_per_node) == (
+        same = new is not None and (new.nodes, new.workers_per_node) == (
             cur.nodes,
             cur.workers_per_node,
-        ):
+        )
+        wanted = g.batch if g.pending_batch is None else g.pending_batch
+        if same and row.batch == wanted:
             return
+        if same and (row.spec.batch_change == "in_place" or not g.actors):
+            if not g.actors:  # a group not started yet starts with it
+                self.store.update(row.name, batch=row.batch)
+                self.store.add_batch_change(row.name, g.first_step, g.batch, row.batch, "start")
+            g.request_batch(row.batch)
+            return
+        if row.batch != g.batch:
+            step = self.store.last_report(row.name)
+            self.store.update(row.name, batch=row.batch)
+            how = "restart" if g.actors else "start"
+            self.store.add_batch_change(row.name, step[0] if step else 0, g.batch, row.batch, how)
         if not g.actors:  # still waiting for its bundles: give them back
             self._end_run(row.name, "queued")
             return
@@ -249,24 +288,35 @@ class OptimusService:
         if new is not None:
             self._resized_at[row.name] = time.monotonic()
         after = "wait" if new is None else f"{new.workers} worker(s)"
-        self.say(f"job {row.name!r}: re-allocated from {cur.workers} worker(s) to {after}")
+        size = f"{cur.workers} worker(s)"
+        batch = "" if row.batch == g.batch else f", batch {g.batch} -> {row.batch}"
+        self.say(f"job {row.name!r}: re-allocated from {size} to {after}{batch}")
 
     def _start(self, row: JobRow, placement: JobPlacement, labels: list[str | None]) -> None:
+        """Start a queued job on ``placement`` with ``row.batch`` (from its checkpoint)."""
         ckpt = self.store.latest_checkpoint(row.name)
         spec: JobSpec = row.spec
         options = ContextOptions(
             job_name=spec.name,
             rank=0,
             world_size=placement.workers,
-            batch_size=spec.batch_size,
+            batch_size=row.batch,
             completion=spec.completion,
             checkpoint_every=spec.checkpoint_every,
             checkpoint_dir=str(Path(self.options.checkpoint_root) / spec.name),
             restore_path=None if ckpt is None else ckpt[1],
             args=spec.args,
+            batch_change=spec.batch_change,
         )
+        stored = self._row(row.name).batch
+        if stored != row.batch:
+            self.store.add_batch_change(
+                row.name, 0 if ckpt is None else ckpt[0], stored, row.batch, "start"
+            )
         g = WorkerGroup(spec, placement, labels, options)
         g.first_step = 0 if ckpt is None else ckpt[0]
         self.groups[row.name] = g
         started = row.started if row.started is not None else time.time()
-        self.store.update(row.name, state="running", placement=placement, started=started)
+        self.store.update(
+            row.name, state="running", placement=placement, started=started, batch=row.batch
+        )

@@ -1,8 +1,10 @@
 """The service's durable state: jobs, what they reported, their checkpoints (SQLite).
 
 Every submitted job is a row of ``jobs`` before the service sees it (``submit`` writes it,
-from any process); the service appends ``reports``, ``speeds`` and ``checkpoints`` as its
-workers send them and moves the job's ``state``. A restarted service reads the table back
+from any process); the service appends ``reports`` (with the step's batch and gradient
+statistics), ``speeds`` (steps/s per workers, nodes and batch), ``checkpoints`` and
+``batch_changes`` as its workers send them, and moves the job's ``state`` and current
+``batch``. A restarted service reads the table back
 and resumes every job that was not done from its last checkpoint: nothing submitted is
 lost. SQLite's write-ahead log lets ``status``/``submit``/``cancel`` run beside ``serve``.
 """
@@ -21,9 +23,9 @@ from typing import Any
 import attrs
 from dynsched_optimus import JobPlacement
 from dynsched_optimus._errors import OptimusError
-from dynsched_optimus.jobs import JobRecord, JobSpec, parse_job
+from dynsched_optimus.jobs import JobRecord, JobSpec, parse_job, progress_by_step
 
-__all__ = ["ACTIVE_STATES", "STATES", "JobRow", "JobStore", "status_lines"]
+__all__ = ["ACTIVE_STATES", "BATCH_HOW", "STATES", "JobRow", "JobStore", "status_lines"]
 
 #: a job's life: queued -> running (-> stopping -> queued: a re-allocation) -> finished,
 #: failed or cancelled
@@ -35,11 +37,11 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL, submitted REAL NOT NULL,
     started REAL, ended REAL, error TEXT, restarts INTEGER NOT NULL DEFAULT 0,
-    cancel INTEGER NOT NULL DEFAULT 0, placement TEXT, remaining REAL
+    cancel INTEGER NOT NULL DEFAULT 0, placement TEXT, remaining REAL, batch INTEGER
 );
 CREATE TABLE IF NOT EXISTS reports (
     name TEXT NOT NULL, t REAL NOT NULL, step INTEGER NOT NULL, loss REAL NOT NULL,
-    samples INTEGER NOT NULL
+    samples INTEGER NOT NULL, batch REAL, grad_sqr REAL, grad_var REAL
 );
 CREATE INDEX IF NOT EXISTS reports_name ON reports (name, step);
 CREATE TABLE IF NOT EXISTS speeds (
@@ -49,7 +51,19 @@ CREATE TABLE IF NOT EXISTS speeds (
 CREATE TABLE IF NOT EXISTS checkpoints (
     name TEXT NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, t REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS batch_changes (
+    name TEXT NOT NULL, step INTEGER NOT NULL, old INTEGER NOT NULL, new INTEGER NOT NULL,
+    how TEXT NOT NULL, t REAL NOT NULL
+);
 """
+#: columns added after the first release: a table written by it gains them on open
+_ADDED = {
+    "jobs": (("batch", "INTEGER"),),
+    "reports": (("batch", "REAL"), ("grad_sqr", "REAL"), ("grad_var", "REAL")),
+}
+#: how a batch change reached a job (``batch_changes.how``): switched while running, by a
+#: checkpoint-restart, or when the job (re)started
+BATCH_HOW: tuple[str, ...] = ("in_place", "restart", "start")
 
 #: loss points handed to the scheduler per job: the reports averaged in this many buckets
 #: at most (judgement: enough for the convergence fit, cheap to refit every round)
@@ -58,7 +72,8 @@ LOSS_POINTS = 50
 
 @attrs.frozen
 class JobRow:
-    """One row of the job table (what ``status`` shows)."""
+    """One row of the job table (what ``status`` shows); ``batch`` is the global batch the
+    job trains with now (its spec's until the scheduler changes it)."""
 
     name: str
     spec: JobSpec
@@ -71,6 +86,7 @@ class JobRow:
     cancel: bool
     placement: JobPlacement | None
     remaining: float | None
+    batch: int
 
 
 def _placement_json(pl: JobPlacement | None) -> str | None:
@@ -101,6 +117,16 @@ class JobStore:
         self._db = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns of :data:`_ADDED` a table written by an older release lacks."""
+        with self._tx() as db:
+            for table, cols in _ADDED.items():
+                have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+                for col, kind in cols:
+                    if col not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {kind}")
 
     def close(self) -> None:
         """Close the connection."""
@@ -145,26 +171,28 @@ class JobStore:
         with self._tx() as db:
             rows = db.execute(
                 "SELECT name, spec, state, submitted, started, ended, error, restarts, cancel, "
-                f"placement, remaining FROM jobs WHERE state IN ({marks}) "
+                f"placement, remaining, batch FROM jobs WHERE state IN ({marks}) "
                 "ORDER BY submitted, name",
                 tuple(states),
             ).fetchall()
-        return [
-            JobRow(
-                name=r[0],
-                spec=self._spec(r[1]),
-                state=r[2],
-                submitted=r[3],
-                started=r[4],
-                ended=r[5],
-                error=r[6],
-                restarts=r[7],
-                cancel=bool(r[8]),
-                placement=_placement(r[9]),
-                remaining=r[10],
-            )
-            for r in rows
-        ]
+        return [self._row(r) for r in rows]
+
+    def _row(self, r: Sequence[Any]) -> JobRow:
+        spec = self._spec(r[1])
+        return JobRow(
+            name=r[0],
+            spec=spec,
+            state=r[2],
+            submitted=r[3],
+            started=r[4],
+            ended=r[5],
+            error=r[6],
+            restarts=r[7],
+            cancel=bool(r[8]),
+            placement=_placement(r[9]),
+            remaining=r[10],
+            batch=spec.batch_size if r[11] is None else int(r[11]),
+        )
 
     def _spec(self, text: str) -> JobSpec:
         """The job spec of a row (parsed once: a job's spec never changes)."""
@@ -175,8 +203,17 @@ class JobStore:
 
     def update(self, name: str, **fields: Any) -> None:
         """Set columns of a job (``state``, ``started``, ``ended``, ``error``, ``restarts``,
-        ``placement``, ``remaining``)."""
-        allowed = {"state", "started", "ended", "error", "restarts", "placement", "remaining"}
+        ``placement``, ``remaining``, ``batch``)."""
+        allowed = {
+            "state",
+            "started",
+            "ended",
+            "error",
+            "restarts",
+            "placement",
+            "remaining",
+            "batch",
+        }
         bad = sorted(set(fields) - allowed)
         if bad:
             raise OptimusError(f"unknown job column(s) {bad}; allowed {sorted(allowed)}")
@@ -189,12 +226,60 @@ class JobStore:
             db.execute(f"UPDATE jobs SET {cols} WHERE name = ?", (*fields.values(), name))
 
     def add_reports(self, name: str, reports: Sequence[dict[str, Any]]) -> None:
-        """Append ``report`` events (step, loss, samples, t)."""
+        """Append ``report`` events (step, loss, samples, t; optional: the step's global
+        ``batch``, default ``samples``, and ``grad_sqr``/``grad_var``)."""
+        rows = [
+            (
+                name,
+                e["t"],
+                e["step"],
+                e["loss"],
+                e["samples"],
+                e.get("batch", e["samples"]),
+                e.get("grad_sqr"),
+                e.get("grad_var"),
+            )
+            for e in reports
+        ]
         with self._tx() as db:
             db.executemany(
-                "INSERT INTO reports (name, t, step, loss, samples) VALUES (?, ?, ?, ?, ?)",
-                [(name, e["t"], e["step"], e["loss"], e["samples"]) for e in reports],
+                "INSERT INTO reports (name, t, step, loss, samples, batch, grad_sqr, grad_var) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
             )
+
+    def add_batch_change(self, name: str, step: int, old: int, new: int, how: str) -> None:
+        """Record that a job's batch changed from ``old`` to ``new`` after ``step``
+        (``how``: one of :data:`BATCH_HOW`)."""
+        if how not in BATCH_HOW:
+            raise OptimusError(f"how={how!r}: allowed values are {list(BATCH_HOW)}")
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO batch_changes (name, step, old, new, how, t) VALUES (?, ?, ?, ?, ?, ?)",
+                (name, int(step), int(old), int(new), how, time.time()),
+            )
+
+    def batch_changes(self, name: str) -> list[tuple[int, int, int, str]]:
+        """``(step, old, new, how)`` of every batch change of a job, in order."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT step, old, new, how FROM batch_changes WHERE name = ? ORDER BY rowid",
+                (name,),
+            ).fetchall()
+        return [(int(a), int(b), int(c), str(d)) for a, b, c, d in rows]
+
+    def samples(self, name: str) -> list[tuple[int, int]]:
+        """``(step, samples)`` of every report of a job, in order."""
+        return [(s, int(n)) for s, n in self._by_step(name, "samples")]
+
+    def _by_step(self, name: str, column: str) -> list[tuple[int, Any]]:
+        """``(step, column)`` of every report of a job, in order (``column``: a name
+        this module passes)."""
+        with self._tx() as db:
+            rows = db.execute(
+                f"SELECT step, {column} FROM reports WHERE name = ? ORDER BY rowid", (name,)
+            ).fetchall()
+        return [(int(s), v) for s, v in rows]
 
     def add_speed(self, name: str, workers: int, nodes: int, batch: float, speed: float) -> None:
         """Append one throughput sample (steps/s) of a configuration."""
@@ -244,11 +329,7 @@ class JobStore:
 
     def losses(self, name: str) -> list[tuple[int, float]]:
         """All ``(step, loss)`` reports of a job, in order."""
-        with self._tx() as db:
-            rows = db.execute(
-                "SELECT step, loss FROM reports WHERE name = ? ORDER BY rowid", (name,)
-            ).fetchall()
-        return [(int(s), float(v)) for s, v in rows]
+        return [(s, float(v)) for s, v in self._by_step(name, "loss")]
 
     def record(self, row: JobRow) -> JobRecord:
         """The job's measurements as the scheduler's input (:class:`JobRecord`)."""
@@ -266,8 +347,10 @@ class JobStore:
     def records(self, rows: Sequence[JobRow]) -> list[JobRecord]:
         """:meth:`record` of many jobs, in three queries."""
         names = [r.name for r in rows]
-        losses = self._grouped(
-            "SELECT name, step, loss FROM reports WHERE name IN ({marks}) ORDER BY rowid", names
+        reports = self._grouped(
+            "SELECT name, step, loss, batch, grad_sqr, grad_var FROM reports "
+            "WHERE name IN ({marks}) ORDER BY rowid",
+            names,
         )
         speeds = self._grouped(
             "SELECT name, workers, nodes, batch, steps_per_s FROM speeds WHERE name IN ({marks})",
@@ -277,29 +360,7 @@ class JobStore:
             "SELECT name, step, path FROM checkpoints WHERE name IN ({marks}) ORDER BY step DESC",
             names,
         )
-        out = []
-        for row in rows:
-            points = [(int(st), float(v)) for st, v in losses[row.name]]
-            ckpt = next(((int(st), p) for st, p in ckpts[row.name] if Path(p).is_file()), None)
-            done = ckpt[0] if ckpt is not None and row.state == "queued" else None
-            if done is None:
-                done = points[-1][0] if points else 0
-            throughput: dict[tuple[float, ...], tuple[float, ...]] = {}
-            for w, n, b, sp in speeds[row.name]:
-                key = (int(w), 0, int(n), float(b))
-                throughput[key] = (*throughput.get(key, ()), float(sp))
-            out.append(
-                JobRecord(
-                    spec=row.spec,
-                    arrival=row.submitted,
-                    iterations_done=float(done),
-                    loss_points=_bucketed(points),
-                    throughput=throughput,
-                    restarts=row.restarts,
-                    placement=row.placement,
-                )
-            )
-        return out
+        return [_record(row, reports[row.name], speeds[row.name], ckpts[row.name]) for row in rows]
 
     def set_remaining(self, remaining: Mapping[str, float]) -> None:
         """Record the scheduler's remaining-steps estimates (one transaction)."""
@@ -310,7 +371,50 @@ class JobStore:
             )
 
 
-def _bucketed(points: list[tuple[int, float]]) -> tuple[tuple[float, float], ...]:
+def _record(
+    row: JobRow,
+    reports: list[tuple[Any, ...]],
+    speeds: list[tuple[Any, ...]],
+    ckpts: list[tuple[Any, ...]],
+) -> JobRecord:
+    """One job's :class:`JobRecord` from its rows of ``reports``, ``speeds``, ``checkpoints``."""
+    points = [(int(r[0]), float(r[1])) for r in reports]
+    ckpt = next(((int(st), p) for st, p in ckpts if Path(p).is_file()), None)
+    done = ckpt[0] if ckpt is not None and row.state == "queued" else None
+    if done is None:
+        done = points[-1][0] if points else 0
+    throughput: dict[tuple[float, ...], tuple[float, ...]] = {}
+    for w, n, b, sp in speeds:
+        key = (int(w), 0, int(n), float(b))
+        throughput[key] = (*throughput.get(key, ()), float(sp))
+    ab = row.spec.adaptive_batch
+    goodput: dict[str, Any] = {}
+    if ab is not None:
+        by_step, stats = progress_by_step(
+            ((r[0], r[2] if r[2] is not None else row.batch, r[3], r[4]) for r in reports),
+            ab.init_batch,
+        )
+        steps = sorted(by_step)
+        reached = [by_step[s] for s in steps if s <= done]
+        goodput = {
+            "grad_stats": stats,
+            "progress": reached[-1] if reached else 0.0,
+            "progress_points": _bucketed([(by_step[s], v) for s, v in points]),
+        }
+    return JobRecord(
+        spec=row.spec,
+        arrival=row.submitted,
+        iterations_done=float(done),
+        loss_points=_bucketed(points),
+        throughput=throughput,
+        restarts=row.restarts,
+        placement=row.placement,
+        batch_size=row.batch,
+        **goodput,
+    )
+
+
+def _bucketed(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
     """At most :data:`LOSS_POINTS` ``(mean step, mean loss)`` points, in step order."""
     if not points:
         return ()
@@ -323,10 +427,24 @@ def _bucketed(points: list[tuple[int, float]]) -> tuple[tuple[float, float], ...
     return tuple(out)
 
 
+def _work_rate(store: JobStore, row: JobRow) -> float | None:
+    """The job's latest speed in the units of its remaining work: steps/s, or progress/s
+    for a goodput job (steps/s times its mean progress per step)."""
+    speed = store.last_speed(row.name)
+    if speed is None or row.spec.adaptive_batch is None:
+        return speed
+    rec = store.record(row)
+    return speed * rec.progress / rec.iterations_done if rec.iterations_done else speed
+
+
 def status_lines(store: JobStore) -> list[str]:
-    """The ``status`` table: job, state, workers, step, loss, restarts, remaining, ETA."""
+    """The ``status`` table: job, state, workers, batch, step, loss, restarts, remaining
+    work (steps; progress units for a goodput job), ETA."""
     rows = store.jobs()
-    head = f"{'job':<16} {'state':<10} {'workers':>7} {'step':>7} {'loss':>9} {'restarts':>8} {'left':>7} {'ETA':>8}"
+    head = (
+        f"{'job':<16} {'state':<10} {'workers':>7} {'batch':>6} {'step':>7} {'loss':>9} "
+        f"{'restarts':>8} {'left':>7} {'ETA':>8}"
+    )
     lines = [head]
     counts: dict[str, int] = {}
     for r in rows:
@@ -335,14 +453,14 @@ def status_lines(store: JobStore) -> list[str]:
         step, loss = last if last is not None else (0, float("nan"))
         workers = r.placement.workers if r.placement is not None else 0
         left = r.remaining
-        speed = store.last_speed(r.name)
+        speed = _work_rate(store, r)
         eta = "-"
         if left is not None and speed and r.state == "running":
             eta = time.strftime("%H:%M:%S", time.localtime(time.time() + left / speed))
         shown = "-" if left is None or r.state not in ACTIVE_STATES else f"{left:.0f}"
         lines.append(
-            f"{r.name:<16} {r.state:<10} {workers:>7} {step:>7} {loss:>9.4g} {r.restarts:>8} "
-            f"{shown:>7} {eta:>8}"
+            f"{r.name:<16} {r.state:<10} {workers:>7} {r.batch:>6} {step:>7} {loss:>9.4g} "
+            f"{r.restarts:>8} {shown:>7} {eta:>8}"
         )
         if r.error:
             lines.append(f"  error: {r.error}")
