@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch  # noqa: F401  (the test environment installs it: never skip)
 from dynsched_optimus import JobPlacement
@@ -26,7 +27,7 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "optimus_jobs"
 BOUND_S = 300.0
 
 PROBE = """
-import json, time
+import json, os, time
 import torch
 from dynsched_optimus import jobs
 
@@ -62,6 +63,11 @@ while not ctx.should_stop():
         ctx.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()})
         if ctx.rank == 0:
             json.dump(flat(model), open(f"{out}/saved-{step}.json", "w"))
+    gate = ctx.args.get("gate")
+    if gate and step == int(ctx.args["gate_step"]):  # wait here until the test opens the gate
+        end = time.monotonic() + 300
+        while not os.path.exists(gate) and time.monotonic() < end:
+            time.sleep(0.05)
 """
 
 
@@ -176,11 +182,17 @@ def test_a_restarted_service_resumes_every_job(tmp_path: Path) -> None:
 
     lines: list[str] = []
     service = _service(tmp_path, lines, decider=_workers(1))
+    gate = tmp_path / "gate"
     for name in ("a", "b"):
-        service.store.submit(_probe(tmp_path, name, 300, checkpoint_every=20))
+        spec = _probe(tmp_path, name, 300, checkpoint_every=20)
+        args = {**spec.args, "gate": str(gate), "gate_step": 25}
+        service.store.submit(attrs.evolve(spec, args=args))
+    # each job waits at step 25 (after its checkpoint at 20) until the gate opens, so both
+    # are running when the service goes away, however slowly either started
     _step_until(service, lambda: all(service.store.latest_checkpoint(n) for n in ("a", "b")))
     service.shutdown()  # the service goes away with its workers; the table stays
     service.store.close()
+    gate.touch()
     again = _service(tmp_path, lines, decider=_workers(1), store=JobStore(tmp_path / "jobs.sqlite"))
     assert sum("resumed from its last checkpoint" in s for s in lines) == 2
     assert again.run(timeout_s=BOUND_S)
