@@ -22,9 +22,12 @@ from dynsched_optimus.jobs._context import (
 )
 from dynsched_optimus.jobs._decide import (
     DECIDERS,
+    LOSS_POINTS,
+    MIN_SPEED_REPORTS,
     Decider,
     Decision,
     JobRecord,
+    bucket_loss_points,
     make_decider,
     observe_record,
 )
@@ -46,6 +49,8 @@ from dynsched_optimus.jobs._spec import (
 __all__ = [
     "COMPLETION_KEYS",
     "DECIDERS",
+    "LOSS_POINTS",
+    "MIN_SPEED_REPORTS",
     "RESOURCE_NAMES",
     "ContextOptions",
     "Control",
@@ -57,6 +62,7 @@ __all__ = [
     "JobRunner",
     "JobSpec",
     "LocalResult",
+    "bucket_loss_points",
     "context",
     "load_checkpoint",
     "load_job_file",

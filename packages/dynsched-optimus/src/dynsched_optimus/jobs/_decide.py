@@ -24,10 +24,47 @@ from dynsched_optimus._placement import JobPlacement, PlacementRequest, place
 from dynsched_optimus._scheduler import make_optimus, optimus_variants
 from dynsched_optimus.jobs._spec import JobSpec
 
-__all__ = ["DECIDERS", "Decider", "Decision", "JobRecord", "make_decider", "observe_record"]
+__all__ = [
+    "DECIDERS",
+    "LOSS_POINTS",
+    "MIN_SPEED_REPORTS",
+    "Decider",
+    "Decision",
+    "JobRecord",
+    "bucket_loss_points",
+    "make_decider",
+    "observe_record",
+]
 
 #: ``(workers, ps, nodes, batch) -> iterations/s samples``
 Throughput = Mapping[tuple[float, ...], tuple[float, ...]]
+
+#: loss points handed to the scheduler per job: the reports averaged in this many buckets
+#: at most (judgement: enough for the convergence fit, cheap to refit every round)
+LOSS_POINTS = 50
+#: steady step reports (not a run's first) that make one throughput sample (judgement:
+#: fewer is mostly noise on a shared CPU)
+MIN_SPEED_REPORTS = 5
+
+
+def bucket_loss_points(
+    points: Sequence[tuple[float, float]], limit: int = LOSS_POINTS
+) -> tuple[tuple[float, float], ...]:
+    """At most about ``limit`` ``(mean step, mean loss)`` points, in step order.
+
+    The reports of a job, sorted by step, are averaged in consecutive buckets of
+    ``len(points) // limit`` (at least 1): what a host of real jobs and the simulator's
+    measured jobs hand the scheduler.
+    """
+    if not points:
+        return ()
+    ordered = sorted(points)
+    size = max(len(ordered) // limit, 1)
+    out = []
+    for i in range(0, len(ordered), size):
+        chunk = ordered[i : i + size]
+        out.append((sum(s for s, _ in chunk) / len(chunk), sum(v for _, v in chunk) / len(chunk)))
+    return tuple(out)
 
 
 @attrs.frozen

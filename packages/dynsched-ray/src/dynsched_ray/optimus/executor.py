@@ -147,6 +147,8 @@ class WorkerGroup:
         self.dead: str | None = None
         #: the step this run resumes from (its first report is start-up, not speed)
         self.first_step = 0
+        #: steady step times not yet turned into a throughput sample (the service's)
+        self.steady_dt: list[float] = []
 
     @property
     def workers(self) -> int:

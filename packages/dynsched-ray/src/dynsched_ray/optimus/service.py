@@ -28,6 +28,7 @@ import attrs
 import numpy as np
 from dynsched_optimus import JobPlacement
 from dynsched_optimus.jobs import (
+    MIN_SPEED_REPORTS,
     ContextOptions,
     Decider,
     JobSpec,
@@ -42,10 +43,6 @@ from dynsched_ray.optimus.store import ACTIVE_STATES, JobRow, JobStore
 __all__ = ["OptimusService", "ServiceOptions"]
 
 logger = logging.getLogger(__name__)
-
-#: reports needed in one poll before their mean step time counts as a throughput sample
-#: (judgement: fewer is mostly noise on a shared CPU)
-MIN_SPEED_REPORTS = 5
 
 
 @attrs.frozen(kw_only=True)
@@ -170,11 +167,14 @@ class OptimusService:
             self.say(line)
 
     def _speed(self, g: WorkerGroup, reports: list[dict[str, Any]]) -> None:
-        steady = [float(e["dt"]) for e in reports if int(e["step"]) > g.first_step + 1]
-        if len(steady) >= MIN_SPEED_REPORTS and sum(steady) > 0:
+        """One throughput sample once :data:`MIN_SPEED_REPORTS` steady step times (not the
+        run's first step) have gathered, over one poll or several (slow steps)."""
+        g.steady_dt += [float(e["dt"]) for e in reports if int(e["step"]) > g.first_step + 1]
+        if len(g.steady_dt) >= MIN_SPEED_REPORTS and sum(g.steady_dt) > 0:
             pl = g.placement
-            speed = len(steady) / sum(steady)
+            speed = len(g.steady_dt) / sum(g.steady_dt)
             self.store.add_speed(g.spec.name, pl.workers, pl.num_servers, g.spec.batch_size, speed)
+            g.steady_dt = []
 
     def _end_run(self, name: str, state: str, **fields: object) -> None:
         g = self.groups.pop(name)

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 from dynsched_optimus import JobPlacement
 from dynsched_optimus._errors import OptimusError
-from dynsched_optimus.jobs import JobRecord, JobSpec, parse_job
+from dynsched_optimus.jobs import JobRecord, JobSpec, bucket_loss_points, parse_job
 
 __all__ = ["ACTIVE_STATES", "STATES", "JobRow", "JobStore", "status_lines"]
 
@@ -50,10 +50,6 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     name TEXT NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, t REAL NOT NULL
 );
 """
-
-#: loss points handed to the scheduler per job: the reports averaged in this many buckets
-#: at most (judgement: enough for the convergence fit, cheap to refit every round)
-LOSS_POINTS = 50
 
 
 @attrs.frozen
@@ -250,6 +246,14 @@ class JobStore:
             ).fetchall()
         return [(int(s), float(v)) for s, v in rows]
 
+    def reports(self, name: str) -> list[tuple[float, int, float]]:
+        """All ``(t, step, loss)`` reports of a job in arrival order (``t``: wall clock)."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT t, step, loss FROM reports WHERE name = ? ORDER BY rowid", (name,)
+            ).fetchall()
+        return [(float(t), int(s), float(v)) for t, s, v in rows]
+
     def record(self, row: JobRow) -> JobRecord:
         """The job's measurements as the scheduler's input (:class:`JobRecord`)."""
         return self.records([row])[0]
@@ -293,7 +297,7 @@ class JobStore:
                     spec=row.spec,
                     arrival=row.submitted,
                     iterations_done=float(done),
-                    loss_points=_bucketed(points),
+                    loss_points=bucket_loss_points(points),
                     throughput=throughput,
                     restarts=row.restarts,
                     placement=row.placement,
@@ -308,19 +312,6 @@ class JobStore:
                 "UPDATE jobs SET remaining = ? WHERE name = ?",
                 [(float(v), k) for k, v in remaining.items()],
             )
-
-
-def _bucketed(points: list[tuple[int, float]]) -> tuple[tuple[float, float], ...]:
-    """At most :data:`LOSS_POINTS` ``(mean step, mean loss)`` points, in step order."""
-    if not points:
-        return ()
-    points = sorted(points)
-    size = max(len(points) // LOSS_POINTS, 1)
-    out = []
-    for i in range(0, len(points), size):
-        chunk = points[i : i + size]
-        out.append((sum(s for s, _ in chunk) / len(chunk), sum(v for _, v in chunk) / len(chunk)))
-    return tuple(out)
 
 
 def status_lines(store: JobStore) -> list[str]:
