@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from dynsched_optimus import JobPlacement
 from dynsched_optimus.cluster import (
     ClusterSpec,
     ClusterState,
@@ -24,7 +25,7 @@ from dynsched_optimus.cluster import (
     load_job_profiles,
     simulate_measured,
 )
-from dynsched_optimus.jobs import MIN_SPEED_REPORTS, bucket_loss_points, make_decider
+from dynsched_optimus.jobs import MIN_SPEED_REPORTS, Decision, bucket_loss_points, make_decider
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -134,6 +135,30 @@ def test_arrivals_wait_for_the_interval_while_jobs_run() -> None:
     b = _profile(name="b", arrival_s=1.0, steps=10)
     res = simulate_measured([a, b], "drf", _bed(gpus=3, interval_s=5.0))
     assert res.allocations["b"][0][0] == 5.0
+
+
+def test_a_resize_stops_the_job_and_the_next_decision_restarts_it() -> None:
+    """As in the service: the decision that changes a running job's workers stops it; the
+    decision its ended run triggers (the next call) places it, after which it pays its
+    re-allocation cost."""
+    seen: list[tuple[float, JobPlacement | None]] = []
+
+    def decider(now: float, obs: Any, cap: Any, delay: float) -> Decision:
+        seen.append((now, obs[0].placement))
+        w = 1 if now < 5.0 else 2
+        return Decision({"a": JobPlacement("a", (0,), (0,), (w,))})
+
+    job = MeasuredJob(_profile())
+    loop = ServiceLoop("fifo", interval_s=5.0, decider=decider)
+    cluster = ClusterSpec.homogeneous(1, NodeSpec(cpu=2, mem_gb=0, gpu=2, net_gbps=0))
+    res = Simulator(cluster, [job], loop, SimConfig(interval_s=TICK)).run()
+    # 0: 1 worker, start-up 2 s, 15 steps by 5 s; 5: stopped; 5.5: 2 workers, 4 s
+    # re-allocation, 85 steps at 0.1 s; the interval counts from the last decision
+    assert [t for t, _ in seen] == [0.0, 5.0, 5.5, 10.5, 15.5]
+    assert seen[2][1] is None  # the stopped job is observed waiting
+    assert res.allocations["a"] == [(0.0, 1, 0), (5.0, 0, 0), (5.5, 2, 0)]
+    assert job.completion_time == pytest.approx(5.5 + 4.0 + 8.5)
+    assert res.restarts["a"] == 1
 
 
 @pytest.mark.parametrize("scheduler", ["optimus+", "optimus", "fifo", "drf"])

@@ -154,7 +154,8 @@ class JobProfile:
         steps: steps the job needed to meet its completion rule (its last reported step).
         step_time_s: seconds per step at each worker count ``1..max_workers``.
         startup_s: seconds from its first placement to its first step (start-up).
-        reallocation_s: seconds a re-allocation stops it (checkpoint, restart, start-up).
+        reallocation_s: seconds from a restart's placement to its first step (the start-up
+            of a run resumed from its checkpoint; the stop before it is the scheduler's).
         loss_points: its ``(step, loss)`` reports.
         batch_size: global batch.
         workers: requested workers.
@@ -360,11 +361,16 @@ class ServiceLoop:
     """The service's decision loop as a simulator scheduler (for :class:`MeasuredJob`).
 
     Every call (the simulator's interval, the service's poll) it keeps the current
-    placements unless a decision is due: ``interval_s`` after the last one, or at once
-    when a job ended since the last call (the service decides again when workers free).
-    A decision is :func:`~dynsched_optimus.jobs.make_decider`'s function on the
+    placements unless a decision is due: ``interval_s`` after the last one (periodic
+    decisions while no job was there were empty ones), or at once when a run ended since
+    the last call (the service decides again when workers free). A decision is
+    :func:`~dynsched_optimus.jobs.make_decider`'s function on the
     :func:`~dynsched_optimus.jobs.observe_record` of each job's :meth:`MeasuredJob.record`,
     with the nodes' ``(CPU, GPU)`` capacity and the penalty ``restart_delay_s``.
+
+    As in the service, a running job whose placement the decision changes is stopped (it
+    checkpoints at its next step and its run ends: here, it waits one call) and placed by
+    the decision its ended run triggers, where it pays its measured re-allocation cost.
 
     Args:
         scheduler: one of :data:`~dynsched_optimus.jobs.DECIDERS`.
@@ -389,12 +395,16 @@ class ServiceLoop:
         self.decisions = 0
         self._last = -math.inf  # time of the service's last decision (empty ones included)
         self._seen: dict[str, SimJob] = {}
+        self._stopped: set[str] = set()
 
     def _due(self, now: float, jobs: Sequence[SimJob], tick: float) -> bool:
         """Whether the service decides at ``now`` (the simulator's tick after the event)."""
         ended = [j for n, j in self._seen.items() if n not in {k.name for k in jobs}]
         carried = any(j.name in self._seen for j in jobs)
         self._seen = {j.name: j for j in jobs}
+        if self._stopped:  # the runs it stopped ended: their workers are free
+            self._stopped = set()
+            return True
         if ended:
             # the service decides when workers free (an empty decision if none is left)
             self._last = max(j.completion_time or now for j in ended)
@@ -429,12 +439,11 @@ class ServiceLoop:
         out = {}
         for j in jobs:
             jp = dec.placements.get(j.name)
-            if jp is None or jp.workers == 0:
-                continue
-            pl = _to_placement(jp, len(cap))
-            out[j.name] = (
-                j.placement if j.placement is not None and pl.same_tasks(j.placement) else pl
-            )
+            pl = None if jp is None or jp.workers == 0 else _to_placement(jp, len(cap))
+            if j.placement is not None and (pl is None or not pl.same_tasks(j.placement)):
+                self._stopped.add(j.name)  # asked to stop; placed by the next decision
+            elif pl is not None:
+                out[j.name] = j.placement if j.placement is not None else pl
         return out
 
 
