@@ -351,3 +351,15 @@ def test_the_record_is_what_the_service_would_hold() -> None:
     assert rec.iterations_done == np.floor(job.steps_done)
     assert rec.spec.completion.kind == "target_metric" and rec.spec.max_workers == 2
     assert rec.throughput and all(k[:2] == (2, 0) for k in rec.throughput)
+
+
+def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The example of docs/cluster.md's measured-jobs section runs and prints each
+    scheduler's figures."""
+    doc = Path(__file__).resolve().parents[1] / "docs" / "cluster.md"
+    section = doc.read_text().split("### Jobs measured on a real run", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, str(doc), "exec"), {})
+    out = capsys.readouterr().out
+    for name in ("fifo", "drf", "optimus", "optimus+"):
+        assert f"{name:<9} avg JCT" in out
