@@ -408,9 +408,10 @@ def fidelity(measured: dict[str, Any], pass_: dict[str, Any]) -> dict[str, Any]:
     """The simulator fed one run's profiles, under the run's scheduler: JCTs and residual."""
     from dynsched_optimus.cluster import ServiceTestbed, load_job_profiles, simulate_measured
 
-    reallocs = [c for j in measured["jobs"] for c in j["reallocations_s"]]
-    stops = [c for j in measured["jobs"] for c in j["stops_s"]]
-    profiles = load_job_profiles([to_profile(j, reallocs, pass_) for j in measured["jobs"]])
+    done = [j for j in measured["jobs"] if j["real_jct_s"] is not None and j["steps"] > 0]
+    reallocs = [c for j in done for c in j["reallocations_s"]]
+    stops = [c for j in done for c in j["stops_s"]]
+    profiles = load_job_profiles([to_profile(j, reallocs, pass_) for j in done])
     bed = ServiceTestbed(
         nodes=NODES,
         node_cpus=NODE_CPUS,
@@ -420,7 +421,7 @@ def fidelity(measured: dict[str, Any], pass_: dict[str, Any]) -> dict[str, Any]:
         tick_s=measured["loop_period_s"],
     )
     sim = simulate_measured(profiles, measured["scheduler"], bed)
-    real = {j["name"]: j["real_jct_s"] for j in measured["jobs"]}
+    real = {j["name"]: j["real_jct_s"] for j in done}
     real_avg = statistics.fmean(real.values())
     return {
         "scheduler": measured["scheduler"],
@@ -428,7 +429,8 @@ def fidelity(measured: dict[str, Any], pass_: dict[str, Any]) -> dict[str, Any]:
         "real_avg_jct_s": real_avg,
         "sim_avg_jct_s": sim.avg_jct,
         "residual": (sim.avg_jct - real_avg) / real_avg,
-        "real_stops": sum(len(j["stops_s"]) for j in measured["jobs"]),
+        "excluded_unfinished": [j["name"] for j in measured["jobs"] if j not in done],
+        "real_stops": len(stops),
         "sim_restarts": int(sum(sim.restarts.values())),
         "real_mean_startup_s": statistics.fmean(p.startup_s for p in profiles),
         "real_mean_restart_startup_s": statistics.fmean(reallocs) if reallocs else None,
@@ -578,6 +580,45 @@ def print_fidelity(summary: dict[str, dict[str, Any]]) -> None:
         )
 
 
+def summary_markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
+    """The results as a short markdown page (tables of the runs and of the fidelity)."""
+    lines = [
+        "# optimus_ray_jobs: real jobs on Ray and the simulator's fidelity",
+        "",
+        f"`python benchmarks/optimus_ray_jobs.py --seeds {args.seeds}` (emulated GPU "
+        f"{1000 * args.emulate:g} ms per sample; interval {INTERVAL_S:g} s, restart delay "
+        f"{RESTART_DELAY_S:g} s; {NODES} nodes x {NODE_CPUS} CPUs, {NODE_GPUS} bookkeeping "
+        "GPUs). Mean ± standard deviation over seeds.",
+        "",
+        "| scheduler | avg JCT (s) | makespan (s) | re-allocations | re-allocation overhead |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in result.get("summary", {}).items():
+        lines.append(
+            f"| `{name}` | {r['avg_jct_s']:.1f} ± {r['avg_jct_s_sd']:.1f} | "
+            f"{r['makespan_s']:.1f} ± {r['makespan_s_sd']:.1f} | {r['reallocations']:.1f} | "
+            f"{100 * r['reallocation_overhead']:.1f} % ± {100 * r['reallocation_overhead_sd']:.1f} |"
+        )
+    lines += [
+        "",
+        "Simulation fidelity (the cluster simulator fed each run's measured job profiles, "
+        "under the same scheduler; residual = (simulated - real) / real average JCT; "
+        f"target |residual| <= {100 * TARGET:g} %):",
+        "",
+        "| scheduler | real avg JCT (s) | simulated (s) | residual of means | per seed | within 15 % |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in result.get("fidelity_summary", {}).items():
+        seeds = ", ".join(f"{100 * x:+.1f} %" for x in r["residuals"])
+        lines.append(
+            f"| `{name}` | {r['real_avg_jct_s']:.1f} ± {r['real_avg_jct_s_sd']:.1f} | "
+            f"{r['sim_avg_jct_s']:.1f} ± {r['sim_avg_jct_s_sd']:.1f} | "
+            f"{100 * r['residual_of_means']:+.1f} % | {seeds} | "
+            f"{'yes' if r['within_15pct'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def replay(path: str) -> dict[str, Any]:
     """The fidelity of saved measurements (``--profiles`` output), without Ray."""
     data = json.loads(Path(path).read_text())
@@ -637,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
         default=str(ROOT / "benchmarks" / "results" / "optimus_ray_jobs_profiles.json"),
         help="where the runs' measurements go",
     )
+    ap.add_argument(
+        "--summary",
+        default=str(ROOT / "benchmarks" / "results" / "optimus_ray_jobs.md"),
+        help="where the markdown summary goes",
+    )
     args = ap.parse_args(argv)
     if args.replay:
         rep = replay(args.replay)
@@ -656,11 +702,13 @@ def main(argv: list[str] | None = None) -> int:
         measured = ray_part(args, result)
         Path(args.profiles).parent.mkdir(parents=True, exist_ok=True)
         Path(args.profiles).write_text(json.dumps(measured))
+        Path(args.out).write_text(json.dumps(result, indent=2))  # before the simulations
         fid = [fidelity(m, measured["profiling_pass"]) for m in measured["runs"]]
         result["fidelity"] = [{k: v for k, v in f.items() if k != "profiles"} for f in fid]
         result["fidelity_summary"] = summarize_fidelity(fid)
         result["emulate_gpu_s_per_sample"] = args.emulate
         print_fidelity(result["fidelity_summary"])
+        Path(args.summary).write_text(summary_markdown(result, args))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
