@@ -194,18 +194,22 @@ def drive(
     service: Any, store: Any, specs: list[JobSpec], gap_s: float, bound_s: float, label: str
 ) -> float:
     """Submit ``specs`` ``gap_s`` apart and step the service until all are done; returns
-    the service loop's mean period (seconds per step, poll included)."""
+    the service loop's mean period (seconds per step, poll included); the longest step
+    (a group's actors start inside it) goes to ``service.longest_step_s``."""
     pending = list(specs)
     t0 = time.monotonic()
     arrivals = [t0 + i * gap_s for i in range(len(pending))]
     steps = 0
+    service.longest_step_s = 0.0
     try:
         while pending or store.jobs(("queued", "running", "stopping")):
             if time.monotonic() - t0 > bound_s:
                 raise TimeoutError(f"{label}: not done in {bound_s:g} s")
             while pending and time.monotonic() >= arrivals[len(arrivals) - len(pending)]:
                 store.submit(pending.pop(0))
+            t = time.monotonic()
             service.step()
+            service.longest_step_s = max(service.longest_step_s, time.monotonic() - t)
             steps += 1
             time.sleep(service.options.poll_s)
     finally:
@@ -252,6 +256,7 @@ def run_one(
         "restarts": sum(r.restarts for r in rows),
         "decisions": service.decisions,
         "loop_period_s": period,
+        "longest_loop_step_s": service.longest_step_s,
         "failed": failed,
     }
     return result, {"scheduler": scheduler, "seed": seed, "loop_period_s": period, **measured}
