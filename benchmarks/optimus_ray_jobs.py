@@ -332,6 +332,9 @@ def measure_store(store: Any, log: list[dict[str, Any]]) -> dict[str, Any]:
     jobs = []
     for r in rows:
         m = measure_job(store.reports(r.name), _runs(log, r.name))
+        samples: dict[str, list[float]] = {}
+        for w, _nodes, _batch, speed in store.speeds(r.name):
+            samples.setdefault(str(w), []).append(speed)
         spec = r.spec
         target = spec.completion.value if spec.completion.kind == "target_metric" else None
         jobs.append(
@@ -345,6 +348,7 @@ def measure_store(store: Any, log: list[dict[str, Any]]) -> dict[str, Any]:
                 "max_workers": spec.max_workers,
                 "target_loss": target,
                 "resources": list(spec.resources),
+                "speed_samples": samples,
                 **m,
             }
         )
@@ -387,6 +391,7 @@ def to_profile(
             sources[f"step_time_s[{w}]"] = "measured, profiling pass"
     startup = job["startup_s"]
     sources["startup_s"] = "measured, this run"
+    sources["speed_samples"] = "measured, the service's samples in this run"
     if startup is None:  # it never reported a steady step: the profiling pass's mean
         startup = statistics.fmean(pass_["startup_s"])
         sources["startup_s"] = "measured, profiling pass (mean start-up)"
@@ -402,6 +407,7 @@ def to_profile(
     return {
         **{k: job[k] for k in ("name", "kind", "arrival_s", "steps", "batch_size", "workers")},
         **{k: job[k] for k in ("max_workers", "target_loss", "resources", "loss_points")},
+        "speed_samples": job["speed_samples"],
         "step_time_s": step_time,
         "startup_s": startup,
         "reallocation_s": realloc,

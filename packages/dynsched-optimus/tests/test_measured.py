@@ -212,6 +212,9 @@ def _data(**kw: Any) -> dict[str, Any]:
         ({"sources": {"steps": 1}}, "'sources' must be a mapping"),
         ({"name": "a b"}, "'name' must be non-empty letters"),
         ({"speed": 1}, "unknown field(s) ['speed']"),
+        ({"speed_samples": {"1": [0.0]}}, "'speed_samples[1][0]' must be a finite number > 0"),
+        ({"speed_samples": {"1": 3.0}}, "'speed_samples[1]' must be a list of steps/s"),
+        ({"speed_samples": [1.0]}, "'speed_samples' must be a mapping"),
     ],
 )
 def test_the_loader_names_the_bad_field(change: dict[str, Any], field: str) -> None:
@@ -255,6 +258,7 @@ def test_profiles_round_trip_through_json(
         loss_points=points,
         target_loss=target,
         sources={"steps": "measured"},
+        speed_samples={1: tuple(1.0 / t for t in times)},
     )
     back = load_job_profiles(json.loads(json.dumps({"jobs": [prof.to_dict()]})))
     assert back == [prof]
@@ -340,6 +344,19 @@ class MeasuredJobMachine(RuleBasedStateMachine):
 
 MeasuredJobMachine.TestCase.settings = settings(deadline=None, stateful_step_count=30)
 test_measured_job_machine = MeasuredJobMachine.TestCase
+
+
+def test_the_scheduler_is_shown_the_measured_samples_in_order() -> None:
+    """One sample per tick with enough steady steps: the real run's samples at that
+    worker count in order, then the last one again."""
+    job = MeasuredJob(_profile(workers=2, speed_samples={2: [9.0, 11.0, 10.5]}))
+    cluster = ClusterSpec.homogeneous(1, NodeSpec(cpu=2, mem_gb=0, gpu=2, net_gbps=0))
+    sim = Simulator(cluster, [job], _Scripted(0.0), SimConfig(interval_s=1.0, max_time_s=7.0))
+    sim.run()
+    # start-up 2 s; from then 10 steps per 1-s tick (the first tick: the run's first
+    # step is not steady, 9 steady steps still make a sample)
+    (samples,) = job.speed_samples.values()
+    assert samples == [9.0, 11.0, 10.5, 10.5, 10.5]
 
 
 def test_the_record_is_what_the_service_would_hold() -> None:

@@ -68,4 +68,5 @@ def test_a_sample_is_the_mean_speed_of_its_steps(tmp_path: Path) -> None:
     service._speed(group, _reports(range(4, 7), 0.25))  # type: ignore[arg-type]
     (speed,) = store.records(store.jobs())[0].throughput[(2, 0, 1, 8.0)]
     assert speed == pytest.approx(5 / (2 * 0.5 + 3 * 0.25))
+    assert store.speeds("a") == [(2, 1, 8.0, speed)]
     store.close()

@@ -8,7 +8,7 @@ and its re-allocation cost. :class:`MeasuredJob` replays a profile in the
 ``arrival + startup_s + steps * step_time_s[workers]``; the scheduler sees the measured
 loss points as the job passes their steps, and a throughput sample of a configuration
 once :data:`~dynsched_optimus.jobs.MIN_SPEED_REPORTS` steady steps ran on it (as the
-service records them).
+service records them; the values the real run recorded at that worker count, in order).
 
 :class:`ServiceLoop` hosts the service's own decision functions
 (:func:`~dynsched_optimus.jobs.make_decider`, on the records
@@ -131,6 +131,24 @@ def _resources(value: object) -> tuple[float, float]:
     return cpu, gpu
 
 
+def _speed_samples(value: object) -> dict[int, tuple[float, ...]]:
+    """An attrs converter: worker count -> throughput samples (steps/s), in order."""
+    if not isinstance(value, Mapping):
+        raise _bad("speed_samples", "a mapping of worker count -> [steps/s, ...]", value)
+    out = {}
+    for k, v in value.items():
+        try:
+            w = int(k)
+        except (TypeError, ValueError):
+            raise _bad("speed_samples", "keyed by worker counts", k) from None
+        if not isinstance(v, Sequence) or isinstance(v, str):
+            raise _bad(f"speed_samples[{w}]", "a list of steps/s", v)
+        out[_count("speed_samples", w)] = tuple(
+            _number(f"speed_samples[{w}][{i}]", x, positive=True) for i, x in enumerate(v)
+        )
+    return out
+
+
 def _sources(value: object) -> dict[str, str]:
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -161,6 +179,10 @@ class JobProfile:
         workers: requested workers.
         max_workers: most workers it may get.
         target_loss: its completion rule's target loss (``None``: it ran ``steps`` steps).
+        speed_samples: the throughput samples (steps/s) the service recorded at each worker
+            count, in order: the scheduler is shown these (the last one again when the
+            simulated job needs more); a count without samples shows ``1 /
+            step_time_s[w]``.
         resources: ``(CPU, GPU)`` per worker.
         kind: free-form job type (``"mlp"``).
         sources: where each value came from (``{"step_time_s[3]": "measured, profiling
@@ -179,6 +201,9 @@ class JobProfile:
     max_workers: int = attrs.field(default=1, validator=_counted("max_workers"))
     target_loss: float | None = attrs.field(default=None, converter=_target)
     resources: tuple[float, float] = attrs.field(default=(1.0, 0.0), converter=_resources)
+    speed_samples: Mapping[int, tuple[float, ...]] = attrs.field(
+        factory=dict, converter=_speed_samples
+    )
     kind: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     sources: Mapping[str, str] = attrs.field(factory=dict, converter=_sources)
 
@@ -209,6 +234,7 @@ class JobProfile:
         out["loss_points"] = [list(p) for p in self.loss_points]
         out["resources"] = list(self.resources)
         out["sources"] = dict(self.sources)
+        out["speed_samples"] = {str(k): list(v) for k, v in self.speed_samples.items()}
         return out
 
 
@@ -291,6 +317,7 @@ class MeasuredJob(SimJob):
         self._steps_of_points = [p[0] for p in profile.loss_points]
         self._run_steps = 0.0  # steps of the current run
         self._pending = 0.0  # steady steps not yet turned into a throughput sample
+        self._shown: dict[int, int] = {}  # measured samples shown per worker count
 
     def pause_s(self, default_s: float) -> float:
         """The measured start-up cost (first placement) or re-allocation cost; a new run
@@ -304,8 +331,17 @@ class MeasuredJob(SimJob):
         return (placement.num_workers, 0, placement.nodes_used, float(self.batch_size))  # type: ignore[return-value]
 
     def record_speed(self, placement: Placement, speed: float) -> None:
-        """Keep one measured sample (no noise, none dropped: the service keeps them all)."""
+        """Keep one sample as given (no noise added, none dropped: the service keeps all)."""
         self.speed_samples.setdefault(self.config_key(placement), []).append(speed)
+
+    def _sample(self, workers: int) -> float:
+        """The next measured throughput sample at ``workers`` (see ``speed_samples``)."""
+        samples = self.profile.speed_samples.get(workers, ())
+        if not samples:
+            return 1.0 / self.step_time(workers)
+        k = self._shown.get(workers, 0)
+        self._shown[workers] = k + 1
+        return samples[min(k, len(samples) - 1)]
 
     def step_time(self, workers: int) -> float:
         """Measured seconds per step on ``workers`` workers."""
@@ -328,7 +364,7 @@ class MeasuredJob(SimJob):
         self._run_steps += n
         self._pending += max(self._run_steps - 1.0, 0.0) - max(before - 1.0, 0.0)
         if self._pending >= MIN_SPEED_REPORTS - 1e-9:
-            self.record_speed(self.placement, 1.0 / st)
+            self.record_speed(self.placement, self._sample(self.placement.num_workers))
             self._pending = 0.0
         self.steps_done += n
         if self.profile.steps - self.steps_done <= 1e-9:

@@ -254,6 +254,16 @@ class JobStore:
             ).fetchall()
         return [(float(t), int(s), float(v)) for t, s, v in rows]
 
+    def speeds(self, name: str) -> list[tuple[int, int, float, float]]:
+        """All ``(workers, nodes, batch, steps/s)`` throughput samples of a job, in order."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT workers, nodes, batch, steps_per_s FROM speeds WHERE name = ? "
+                "ORDER BY rowid",
+                (name,),
+            ).fetchall()
+        return [(int(w), int(n), float(b), float(v)) for w, n, b, v in rows]
+
     def record(self, row: JobRow) -> JobRecord:
         """The job's measurements as the scheduler's input (:class:`JobRecord`)."""
         return self.records([row])[0]
