@@ -325,10 +325,22 @@ def measure_job(
     }
 
 
+def finish_times(store: Any) -> dict[str, float]:
+    """Per finished job: seconds from its last report to the service marking it ended (the
+    script's exit and the service's poll, stalls included)."""
+    out = {}
+    for r in store.jobs(("finished",)):
+        reports = store.reports(r.name)
+        if reports and r.ended is not None:
+            out[r.name] = max(r.ended - reports[-1][0], 0.0)
+    return out
+
+
 def measure_store(store: Any, log: list[dict[str, Any]]) -> dict[str, Any]:
     """:func:`measure_job` of every job of a run, with its spec and arrival."""
     rows = store.jobs()
     t0 = min(r.submitted for r in rows)
+    finish = finish_times(store)
     jobs = []
     for r in rows:
         m = measure_job(store.reports(r.name), _runs(log, r.name))
@@ -349,6 +361,7 @@ def measure_store(store: Any, log: list[dict[str, Any]]) -> dict[str, Any]:
                 "target_loss": target,
                 "resources": list(spec.resources),
                 "speed_samples": samples,
+                "finish_s": finish.get(r.name),
                 **m,
             }
         )
@@ -375,10 +388,11 @@ def profiling_pass(gap_s: float, bound_s: float, emulate_s: float) -> dict[str, 
 
 
 def to_profile(
-    job: dict[str, Any], run_reallocs: list[float], pass_: dict[str, Any]
+    job: dict[str, Any], run_reallocs: list[float], pass_: dict[str, Any], tick_s: float = 0.0
 ) -> dict[str, Any]:
     """A :class:`~dynsched_optimus.cluster.JobProfile` (as data) of one measured job, each
-    value labelled with its source."""
+    value labelled with its source. Its re-allocation cost is its restarted runs' mean
+    start-up plus its stops' mean length beyond the simulator's one-tick stop."""
     sources: dict[str, str] = {}
     step_time: dict[str, float] = {}
     for w in range(1, job["max_workers"] + 1):
@@ -392,11 +406,13 @@ def to_profile(
     startup = job["startup_s"]
     sources["startup_s"] = "measured, this run"
     sources["speed_samples"] = "measured, the service's samples in this run"
+    sources["finish_s"] = "measured, last report to the service marking it ended"
     if startup is None:  # it never reported a steady step: the profiling pass's mean
         startup = statistics.fmean(pass_["startup_s"])
         sources["startup_s"] = "measured, profiling pass (mean start-up)"
+    stop = max(statistics.fmean(job["stops_s"]) - tick_s, 0.0) if job.get("stops_s") else 0.0
     if job["reallocations_s"]:
-        realloc = statistics.fmean(job["reallocations_s"])
+        realloc = statistics.fmean(job["reallocations_s"]) + stop
         sources["reallocation_s"] = "measured, this job's re-allocations in this run"
     elif run_reallocs:
         realloc = statistics.fmean(run_reallocs)
@@ -411,6 +427,7 @@ def to_profile(
         "step_time_s": step_time,
         "startup_s": startup,
         "reallocation_s": realloc,
+        "finish_s": job.get("finish_s") or 0.0,
         "sources": sources,
     }
 
@@ -422,7 +439,8 @@ def fidelity(measured: dict[str, Any], pass_: dict[str, Any]) -> dict[str, Any]:
     done = [j for j in measured["jobs"] if j["real_jct_s"] is not None and j["steps"] > 0]
     reallocs = [c for j in done for c in j["reallocations_s"]]
     stops = [c for j in done for c in j["stops_s"]]
-    profiles = load_job_profiles([to_profile(j, reallocs, pass_) for j in done])
+    tick = measured["loop_period_s"]
+    profiles = load_job_profiles([to_profile(j, reallocs, pass_, tick) for j in done])
     bed = ServiceTestbed(
         nodes=NODES,
         node_cpus=NODE_CPUS,
@@ -593,11 +611,13 @@ def print_fidelity(summary: dict[str, dict[str, Any]]) -> None:
 
 def summary_markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
     """The results as a short markdown page (tables of the runs and of the fidelity)."""
+    seeds = len({r["seed"] for r in result.get("runs", [])}) or args.seeds
+    emulate = result.get("emulate_gpu_s_per_sample", args.emulate)
     lines = [
         "# optimus_ray_jobs: real jobs on Ray and the simulator's fidelity",
         "",
-        f"`python benchmarks/optimus_ray_jobs.py --seeds {args.seeds}` (emulated GPU "
-        f"{1000 * args.emulate:g} ms per sample; interval {INTERVAL_S:g} s, restart delay "
+        f"`python benchmarks/optimus_ray_jobs.py --seeds {seeds}` (emulated GPU "
+        f"{1000 * emulate:g} ms per sample; interval {INTERVAL_S:g} s, restart delay "
         f"{RESTART_DELAY_S:g} s; {NODES} nodes x {NODE_CPUS} CPUs, {NODE_GPUS} bookkeeping "
         "GPUs). Mean ± standard deviation over seeds.",
         "",
@@ -630,9 +650,19 @@ def summary_markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replay(path: str) -> dict[str, Any]:
-    """The fidelity of saved measurements (``--profiles`` output), without Ray."""
+def replay(path: str, stores: list[str] | None = None) -> dict[str, Any]:
+    """The fidelity of saved measurements (``--profiles`` output), without Ray; ``stores``
+    (the runs' job tables, in run order) add the jobs' ``finish_s`` where the
+    measurements lack it."""
+    from dynsched_ray.optimus import JobStore
+
     data = json.loads(Path(path).read_text())
+    for run, db in zip(data["runs"], stores or [], strict=False):
+        store = JobStore(db)
+        finish = finish_times(store)
+        store.close()
+        for job in run["jobs"]:
+            job.setdefault("finish_s", finish.get(job["name"]))
     fid = [fidelity(m, data["profiling_pass"]) for m in data["runs"]]
     return {"fidelity": fid, "fidelity_summary": summarize_fidelity(fid)}
 
@@ -683,6 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-ray", action="store_true", help="only the decision-time part")
     ap.add_argument("--skip-decision", action="store_true", help="only the Ray runs")
     ap.add_argument("--replay", help="a --profiles file: its fidelity only (no Ray)")
+    ap.add_argument("--stores", help="with --replay: the runs' job tables, comma-separated")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "optimus_ray_jobs.json"))
     ap.add_argument(
         "--profiles",
@@ -695,9 +726,17 @@ def main(argv: list[str] | None = None) -> int:
         help="where the markdown summary goes",
     )
     args = ap.parse_args(argv)
-    if args.replay:
-        rep = replay(args.replay)
+    if args.replay:  # the fidelity of saved measurements, into --out and --summary
+        rep = replay(args.replay, args.stores.split(",") if args.stores else None)
         print_fidelity(rep["fidelity_summary"])
+        out = Path(args.out)
+        result = json.loads(out.read_text()) if out.is_file() else {}
+        result["fidelity"] = [
+            {k: v for k, v in f.items() if k != "profiles"} for f in rep["fidelity"]
+        ]
+        result["fidelity_summary"] = rep["fidelity_summary"]
+        out.write_text(json.dumps(result, indent=2))
+        Path(args.summary).write_text(summary_markdown(result, args))
         return 0
     result: dict[str, Any] = {"decision": [], "runs": []}
     for name in () if args.skip_decision else ("optimus+", "optimus"):

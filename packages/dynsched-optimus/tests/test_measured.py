@@ -63,9 +63,10 @@ def _bed(gpus: int = 3, interval_s: float = 5.0) -> ServiceTestbed:
     step_ms=st.integers(10, 500),
     startup=st.floats(0.0, 20.0),
     arrival_ticks=st.integers(0, 40),
+    finish=st.sampled_from([0.0, 0.3, 1.7]),
 )
 def test_a_job_alone_finishes_at_arrival_plus_startup_plus_its_steps(
-    w: int, steps: int, step_ms: int, startup: float, arrival_ticks: int
+    w: int, steps: int, step_ms: int, startup: float, arrival_ticks: int, finish: float
 ) -> None:
     st_w = step_ms / 1000.0
     times = {k: st_w * w / k for k in range(1, w + 1)}  # only step_time_s[w] may matter
@@ -77,9 +78,10 @@ def test_a_job_alone_finishes_at_arrival_plus_startup_plus_its_steps(
         workers=w,
         max_workers=w,
         loss_points=(),
+        finish_s=finish,
     )
     res = simulate_measured([prof], "fifo", _bed(gpus=4))
-    assert res.jct["a"] == pytest.approx(startup + steps * st_w, rel=1e-9, abs=1e-9)
+    assert res.jct["a"] == pytest.approx(startup + steps * st_w + finish, rel=1e-9, abs=1e-9)
     assert res.restarts["a"] == 0 and not res.unfinished
 
 
@@ -200,6 +202,7 @@ def _data(**kw: Any) -> dict[str, Any]:
         ({"steps": 2.5}, "'steps' must be an integer >= 1"),
         ({"arrival_s": -1}, "'arrival_s' must be a finite number >= 0"),
         ({"startup_s": float("nan")}, "'startup_s' must be a finite number"),
+        ({"finish_s": -0.1}, "'finish_s' must be a finite number >= 0"),
         ({"reallocation_s": "5"}, "'reallocation_s' must be a finite number"),
         ({"step_time_s": {"1": 0.2}}, "'step_time_s' must be measured at every worker count 1..2"),
         ({"step_time_s": {"1": 0.2, "2": 0}}, "'step_time_s[2]' must be a finite number > 0"),

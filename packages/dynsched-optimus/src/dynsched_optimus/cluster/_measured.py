@@ -5,7 +5,7 @@ serve``'s job table): its arrival, the steps it needed to reach its completion r
 ``(step, loss)`` reports, its seconds per step at each worker count, its start-up cost
 and its re-allocation cost. :class:`MeasuredJob` replays a profile in the
 :class:`~dynsched_optimus.cluster.Simulator`: a job alone on fixed workers finishes at
-``arrival + startup_s + steps * step_time_s[workers]``; the scheduler sees the measured
+``arrival + startup_s + steps * step_time_s[workers] + finish_s``; the scheduler sees the measured
 loss points as the job passes their steps, and a throughput sample of a configuration
 once :data:`~dynsched_optimus.jobs.MIN_SPEED_REPORTS` steady steps ran on it (as the
 service records them; the values the real run recorded at that worker count, in order).
@@ -179,6 +179,8 @@ class JobProfile:
         workers: requested workers.
         max_workers: most workers it may get.
         target_loss: its completion rule's target loss (``None``: it ran ``steps`` steps).
+        finish_s: seconds from its last step to the host seeing it end (the script's exit
+            and the service's poll); it holds its workers meanwhile.
         speed_samples: the throughput samples (steps/s) the service recorded at each worker
             count, in order: the scheduler is shown these (the last one again when the
             simulated job needs more); a count without samples shows ``1 /
@@ -201,6 +203,7 @@ class JobProfile:
     max_workers: int = attrs.field(default=1, validator=_counted("max_workers"))
     target_loss: float | None = attrs.field(default=None, converter=_target)
     resources: tuple[float, float] = attrs.field(default=(1.0, 0.0), converter=_resources)
+    finish_s: float = attrs.field(default=0.0, validator=_num("finish_s"))
     speed_samples: Mapping[int, tuple[float, ...]] = attrs.field(
         factory=dict, converter=_speed_samples
     )
@@ -318,6 +321,7 @@ class MeasuredJob(SimJob):
         self._run_steps = 0.0  # steps of the current run
         self._pending = 0.0  # steady steps not yet turned into a throughput sample
         self._shown: dict[int, int] = {}  # measured samples shown per worker count
+        self._finish_left = profile.finish_s  # held after the last step until seen ended
 
     def pause_s(self, default_s: float) -> float:
         """The measured start-up cost (first placement) or re-allocation cost; a new run
@@ -369,7 +373,11 @@ class MeasuredJob(SimJob):
         self.steps_done += n
         if self.profile.steps - self.steps_done <= 1e-9:
             self.steps_done = float(self.profile.steps)
-            self.completion_time = now + used
+            tail = min(seconds - used, self._finish_left)  # exit and the host's poll
+            self._finish_left -= tail
+            used += tail
+            if self._finish_left <= 1e-12:
+                self.completion_time = now + used
         seen = bisect.bisect_right(self._steps_of_points, self.steps_done + 1e-9)
         self.loss_points = list(self.profile.loss_points[:seen])
         return used
