@@ -173,7 +173,8 @@ class JobProfile:
         step_time_s: seconds per step at each worker count ``1..max_workers``.
         startup_s: seconds from its first placement to its first step (start-up).
         reallocation_s: seconds from a restart's placement to its first step (the start-up
-            of a run resumed from its checkpoint; the stop before it is the scheduler's).
+            of a run resumed from its checkpoint), plus any part of the stop before it
+            that the scheduler's one-call stop (:class:`ServiceLoop`) does not cover.
         loss_points: its ``(step, loss)`` reports.
         batch_size: global batch.
         workers: requested workers.
