@@ -40,9 +40,12 @@ Also reported (no Ray, unless ``--skip-decision``): the service's decision time 
 own time on the same observations.
 
 Honest limits: the emulated GPU removes most of the CPU sharing, not all (the real step,
-DDP's all-reduce, the report collective and the service itself still share 2 cores);
-start-up (process spawn, torch import, gloo rendezvous) is seconds, against jobs of tens
-of seconds.
+DDP's all-reduce, the report collective and the service itself still share 2 cores: 4
+workers step in 0.1-0.13 s, not 0.05 s); start-up (placement group, process spawn, torch
+import, gloo rendezvous) took 7-33 s per run on average on the loaded 2-core machine,
+against jobs training for 15-60 s; the service waits for a job's actors to start inside
+its loop, which holds its decisions and polls meanwhile (``longest_loop_step_s``), a
+delay the simulator does not model.
 
 Run: ``python benchmarks/optimus_ray_jobs.py [--seeds 2] [--out ...json]`` (with the
 workspace's Python; a full run takes about 15-20 minutes on 2 cores).
