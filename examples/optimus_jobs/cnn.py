@@ -1,9 +1,14 @@
 """A small CNN classifying synthetic 8x8 images (the dynsched optimus job contract).
 
-The label of an image is its brightest quadrant; the student CNN learns it with Adam. Runs on CPU in seconds; torch DDP (gloo) with several workers.
+The label of an image is its brightest quadrant; the student CNN learns it with Adam. Runs on
+CPU in seconds; torch DDP (gloo) with several workers. The optional arg
+`emulate_gpu_s_per_sample` (default 0: off) sleeps that long per local sample after each
+step, an emulated GPU whose time governs the speed (benchmarks/optimus_ray_jobs.py).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from dynsched_optimus import jobs
@@ -25,6 +30,8 @@ def main() -> None:
     torch.manual_seed(seed)  # the same initial parameters on every rank
     model = _student(int(ctx.args.get("channels", 8)))
     opt = torch.optim.Adam(model.parameters(), lr=float(ctx.args.get("lr", 0.01)))
+    # seconds of emulated GPU compute per sample (0: off); the loss stays the real one
+    emulate_s = float(ctx.args.get("emulate_gpu_s_per_sample", 0.0))
     state = ctx.restore()
     step = 0
     if state is not None:
@@ -43,6 +50,8 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if emulate_s > 0:  # an emulated GPU's compute time for this worker's samples
+            time.sleep(emulate_s * ctx.local_batch_size)
         ctx.report(step=step, loss=loss.item(), samples=ctx.batch_size)
         if ctx.should_checkpoint():
             ctx.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()})

@@ -2,10 +2,15 @@
 
 A fixed random "teacher" network labels Gaussian inputs; the student MLP learns it with
 Adam. Runs on CPU in seconds; with several workers, torch DDP (gloo) averages gradients.
+The optional arg `emulate_gpu_s_per_sample` (default 0: off) sleeps that long per local
+sample after each step, an emulated GPU whose time governs the speed (the loss stays the
+real one; benchmarks/optimus_ray_jobs.py turns it on).
 Submit it with `dynsched optimus submit examples/optimus_jobs/mlp.yaml`.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from dynsched_optimus import jobs
@@ -21,6 +26,8 @@ def main() -> None:
         torch.nn.Linear(16, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
     )
     opt = torch.optim.Adam(model.parameters(), lr=float(ctx.args.get("lr", 3e-3)))
+    # seconds of emulated GPU compute per sample (0: off); the loss stays the real one
+    emulate_s = float(ctx.args.get("emulate_gpu_s_per_sample", 0.0))
     state = ctx.restore()
     step = 0
     if state is not None:
@@ -42,6 +49,8 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if emulate_s > 0:  # an emulated GPU's compute time for this worker's samples
+            time.sleep(emulate_s * ctx.local_batch_size)
         ctx.report(step=step, loss=loss.item(), samples=ctx.batch_size)
         if ctx.should_checkpoint():
             ctx.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()})

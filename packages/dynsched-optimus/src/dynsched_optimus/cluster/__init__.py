@@ -2,7 +2,9 @@
 
 Discrete-time simulation of parameter-server jobs (synthetic, the Optimus paper's
 step-time model) and all-reduce GPU jobs (the vendored Pollux workloads and profiles)
-under FIFO, DRF, Tetris, SRTF, Tiresias, Optimus, Optimus+Oracle and ``optimus+``.
+under FIFO, DRF, Tetris, SRTF, Tiresias, Optimus, Optimus+Oracle and ``optimus+``;
+jobs replaying what real jobs measured (:class:`MeasuredJob`) under the decision loop of
+``dynsched optimus serve`` (:class:`ServiceLoop`, :func:`simulate_measured`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from ._data import (
     load_workload,
 )
 from ._jobs import GpuJob, PSJob, PSJobOptions, PSJobType, PSLossCurve, SimJob
+from ._measured import (
+    JobProfile,
+    MeasuredJob,
+    ServiceLoop,
+    ServiceTestbed,
+    load_job_profiles,
+    simulate_measured,
+)
 from ._report import format_table, plot_results, result_to_dict, write_result
 from ._run import (
     PS_JOB_BLOCKS,
@@ -56,6 +66,8 @@ __all__ = [
     "FixedDRFScheduler",
     "GpuJob",
     "GpuJobSpec",
+    "JobProfile",
+    "MeasuredJob",
     "ModelProfile",
     "NodeSpec",
     "OptimusScheduler",
@@ -67,6 +79,8 @@ __all__ = [
     "Placement",
     "PolluxDataError",
     "SRTFScheduler",
+    "ServiceLoop",
+    "ServiceTestbed",
     "SimConfig",
     "SimJob",
     "SimResult",
@@ -76,6 +90,7 @@ __all__ = [
     "find_pollux_data",
     "format_table",
     "gpu_jobs",
+    "load_job_profiles",
     "load_profiles",
     "load_workload",
     "make_scheduler",
@@ -86,5 +101,6 @@ __all__ = [
     "run_pollux",
     "run_ps",
     "simulate",
+    "simulate_measured",
     "write_result",
 ]

@@ -97,6 +97,11 @@ class SimJob:
                 f"job {self.name!r}: the batch size is fixed at {self.batch_size}, got {batch_size}"
             )
 
+    def pause_s(self, default_s: float) -> float:
+        """Seconds the job pauses when it gets new tasks (its first start included):
+        ``default_s``, the simulator's restart delay, unless a job knows its own."""
+        return default_s
+
     def record_speed(self, placement: Placement, speed: float) -> None:
         """Record a noisy measurement of ``speed`` (steps/s) on ``placement``."""
         noisy = speed * float(1.0 + self.speed_noise * self.rng.standard_normal())

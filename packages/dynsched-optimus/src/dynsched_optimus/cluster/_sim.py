@@ -129,7 +129,8 @@ class Simulator:
     Jobs submitted inside an interval wait for the next boundary (a rounding of at most
     one interval); completions inside an interval are exact (the job's resources are
     released at the next boundary). A job whose tasks change (not the batch size alone)
-    pauses for ``restart_delay_s`` of its held time.
+    pauses for ``restart_delay_s`` of its held time (or what :meth:`SimJob.pause_s`
+    answers: a measured job's own start-up and re-allocation costs).
 
     Args:
         cluster: the servers.
@@ -280,7 +281,7 @@ class Simulator:
         placement = job.placement
         if placement is None or not new.same_tasks(placement):
             placement = job.placement = Placement(new.workers, new.ps)
-            job.restart_left = self.config.restart_delay_s
+            job.restart_left = job.pause_s(self.config.restart_delay_s)
             job.pause_is_restart = job.start_time is not None
             if job.start_time is not None:
                 job.num_restarts += 1

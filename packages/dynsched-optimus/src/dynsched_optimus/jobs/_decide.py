@@ -34,9 +34,12 @@ from dynsched_optimus.jobs._spec import JobSpec
 __all__ = [
     "DECIDERS",
     "GRAD_WINDOW",
+    "LOSS_POINTS",
+    "MIN_SPEED_REPORTS",
     "Decider",
     "Decision",
     "JobRecord",
+    "bucket_loss_points",
     "make_decider",
     "observe_record",
     "progress_by_step",
@@ -48,6 +51,33 @@ Throughput = Mapping[tuple[float, ...], tuple[float, ...]]
 #: step's estimate from a few micro-batches is noisy; 20 steps follow a tiny job's
 #: training closely; Pollux smooths its estimates too, with its own constants)
 GRAD_WINDOW = 20
+
+#: loss points handed to the scheduler per job: the reports averaged in this many buckets
+#: at most (judgement: enough for the convergence fit, cheap to refit every round)
+LOSS_POINTS = 50
+#: steady step reports (not a run's first) that make one throughput sample (judgement:
+#: fewer is mostly noise on a shared CPU)
+MIN_SPEED_REPORTS = 5
+
+
+def bucket_loss_points(
+    points: Sequence[tuple[float, float]], limit: int = LOSS_POINTS
+) -> tuple[tuple[float, float], ...]:
+    """At most about ``limit`` ``(mean step, mean loss)`` points, in step order.
+
+    The reports of a job, sorted by step, are averaged in consecutive buckets of
+    ``len(points) // limit`` (at least 1): what a host of real jobs and the simulator's
+    measured jobs hand the scheduler.
+    """
+    if not points:
+        return ()
+    ordered = sorted(points)
+    size = max(len(ordered) // limit, 1)
+    out = []
+    for i in range(0, len(ordered), size):
+        chunk = ordered[i : i + size]
+        out.append((sum(s for s, _ in chunk) / len(chunk), sum(v for _, v in chunk) / len(chunk)))
+    return tuple(out)
 
 
 @attrs.frozen

@@ -33,6 +33,7 @@ import attrs
 import numpy as np
 from dynsched_optimus import JobPlacement
 from dynsched_optimus.jobs import (
+    MIN_SPEED_REPORTS,
     ContextOptions,
     Decider,
     JobSpec,
@@ -47,10 +48,6 @@ from dynsched_ray.optimus.store import ACTIVE_STATES, JobRow, JobStore
 __all__ = ["OptimusService", "ServiceOptions"]
 
 logger = logging.getLogger(__name__)
-
-#: steady reports (over any number of polls) whose mean step time makes one throughput sample
-#: (judgement: fewer is mostly noise on a shared CPU)
-MIN_SPEED_REPORTS = 5
 
 
 @attrs.frozen(kw_only=True)

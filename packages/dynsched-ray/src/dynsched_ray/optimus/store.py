@@ -23,7 +23,13 @@ from typing import Any
 import attrs
 from dynsched_optimus import JobPlacement
 from dynsched_optimus._errors import OptimusError
-from dynsched_optimus.jobs import JobRecord, JobSpec, parse_job, progress_by_step
+from dynsched_optimus.jobs import (
+    JobRecord,
+    JobSpec,
+    bucket_loss_points,
+    parse_job,
+    progress_by_step,
+)
 
 __all__ = ["ACTIVE_STATES", "BATCH_HOW", "STATES", "JobRow", "JobStore", "status_lines"]
 
@@ -64,10 +70,6 @@ _ADDED = {
 #: how a batch change reached a job (``batch_changes.how``): switched while running, by a
 #: checkpoint-restart, or when the job (re)started
 BATCH_HOW: tuple[str, ...] = ("in_place", "restart", "start")
-
-#: loss points handed to the scheduler per job: the reports averaged in this many buckets
-#: at most (judgement: enough for the convergence fit, cheap to refit every round)
-LOSS_POINTS = 50
 
 
 @attrs.frozen
@@ -331,6 +333,24 @@ class JobStore:
         """All ``(step, loss)`` reports of a job, in order."""
         return [(s, float(v)) for s, v in self._by_step(name, "loss")]
 
+    def reports(self, name: str) -> list[tuple[float, int, float]]:
+        """All ``(t, step, loss)`` reports of a job in arrival order (``t``: wall clock)."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT t, step, loss FROM reports WHERE name = ? ORDER BY rowid", (name,)
+            ).fetchall()
+        return [(float(t), int(s), float(v)) for t, s, v in rows]
+
+    def speeds(self, name: str) -> list[tuple[int, int, float, float]]:
+        """All ``(workers, nodes, batch, steps/s)`` throughput samples of a job, in order."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT workers, nodes, batch, steps_per_s FROM speeds WHERE name = ? "
+                "ORDER BY rowid",
+                (name,),
+            ).fetchall()
+        return [(int(w), int(n), float(b), float(v)) for w, n, b, v in rows]
+
     def record(self, row: JobRow) -> JobRecord:
         """The job's measurements as the scheduler's input (:class:`JobRecord`)."""
         return self.records([row])[0]
@@ -399,32 +419,19 @@ def _record(
         goodput = {
             "grad_stats": stats,
             "progress": reached[-1] if reached else 0.0,
-            "progress_points": _bucketed([(by_step[s], v) for s, v in points]),
+            "progress_points": bucket_loss_points([(by_step[s], v) for s, v in points]),
         }
     return JobRecord(
         spec=row.spec,
         arrival=row.submitted,
         iterations_done=float(done),
-        loss_points=_bucketed(points),
+        loss_points=bucket_loss_points(points),
         throughput=throughput,
         restarts=row.restarts,
         placement=row.placement,
         batch_size=row.batch,
         **goodput,
     )
-
-
-def _bucketed(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
-    """At most :data:`LOSS_POINTS` ``(mean step, mean loss)`` points, in step order."""
-    if not points:
-        return ()
-    points = sorted(points)
-    size = max(len(points) // LOSS_POINTS, 1)
-    out = []
-    for i in range(0, len(points), size):
-        chunk = points[i : i + size]
-        out.append((sum(s for s, _ in chunk) / len(chunk), sum(v for _, v in chunk) / len(chunk)))
-    return tuple(out)
 
 
 def _work_rate(store: JobStore, row: JobRow) -> float | None:
