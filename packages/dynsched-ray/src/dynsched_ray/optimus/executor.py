@@ -161,13 +161,27 @@ class WorkerGroup:
         self.pids: list[int] = []
         #: steady step times reported since the last throughput sample, by batch
         self.step_times: dict[int, list[float]] = {}
+        self._address_ref: Any = None
+        self._start_refs: list[Any] | None = None
+        self._deadline = 0.0
+        self._stop_asked = False
 
     @property
     def workers(self) -> int:
         """Workers of this run."""
         return self.placement.workers
 
-    def _launch(self) -> None:
+    @property
+    def launched(self) -> bool:
+        """Whether the ranks were handed the script (their options can no longer change)."""
+        return self._start_refs is not None
+
+    @property
+    def started(self) -> bool:
+        """Whether every rank's script runs."""
+        return self.started_at is not None
+
+    def _create_actors(self) -> None:
         cpu, gpu = self.spec.resources
         cls = _remote_worker()
         self.actors = [
@@ -180,29 +194,63 @@ class WorkerGroup:
             ).remote()
             for i in range(self.workers)
         ]
-        rdv = None
-        if self.workers > 1:
-            rdv = ray.get(self.actors[0].address.remote(), timeout=CALL_TIMEOUT_S)
-        refs = []
-        for rank, actor in enumerate(self.actors):
-            opts = ContextOptions(**{**_fields(self.options), "rank": rank})
-            refs.append(actor.start.remote(opts, self.spec.script, rdv))
-        self.pids = [int(p) for p in ray.get(refs, timeout=CALL_TIMEOUT_S)]
+        self._address_ref = self.actors[0].address.remote() if self.workers > 1 else None
+        self._deadline = time.monotonic() + CALL_TIMEOUT_S
+
+    def _waiting(self, refs: list[Any], what: str) -> bool:
+        """Whether ``refs`` are not all ready yet (past the deadline: the group is dead)."""
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if len(ready) == len(refs):
+            return False
+        if time.monotonic() > self._deadline:
+            self.dead = f"GetTimeoutError: the workers' {what} took over {CALL_TIMEOUT_S:.0f} s"
+        return True
+
+    def _launch_step(self) -> bool:
+        """Advance the start by what is ready, never waiting: bundles reserved, actors
+        created, rank 0's address known, every rank's script started. Returns whether the
+        group runs. A poll of the service never blocks on a starting job."""
+        if self.started_at is not None:
+            return True
+        if not self.actors:
+            if not ray.wait([self._ready], timeout=0)[0]:
+                return False
+            self._create_actors()
+        if self._start_refs is None:
+            rdv = None
+            if self._address_ref is not None:
+                if self._waiting([self._address_ref], "start-up"):
+                    return False
+                rdv = ray.get(self._address_ref, timeout=CALL_TIMEOUT_S)
+            self._start_refs = [
+                actor.start.remote(
+                    ContextOptions(**{**_fields(self.options), "rank": rank}), self.spec.script, rdv
+                )
+                for rank, actor in enumerate(self.actors)
+            ]
+            self._deadline = time.monotonic() + CALL_TIMEOUT_S
+        if self._waiting(self._start_refs, "script start"):
+            return False
+        self.pids = [int(p) for p in ray.get(self._start_refs, timeout=CALL_TIMEOUT_S)]
         self.started_at = time.monotonic()
+        if self.pending_batch is not None:  # asked while the ranks were starting
+            for a in self.actors:
+                a.request_batch.remote(self.pending_batch)
+        if self._stop_asked:
+            for a in self.actors:
+                a.request_stop.remote()
+        return True
 
     def poll(self) -> list[dict[str, Any]]:
-        """Start the actors once the bundles are reserved; the events since the last poll.
+        """Advance the start (never blocking); the events since the last poll.
 
         A dead actor (or one that does not answer) sets :attr:`dead`.
         """
         if self.dead is not None:
             return []
         try:
-            if not self.actors:
-                ready, _ = ray.wait([self._ready], timeout=0)
-                if not ready:
-                    return []
-                self._launch()
+            if not self._launch_step():
+                return []
             batches = ray.get([a.poll.remote() for a in self.actors], timeout=CALL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             self.dead = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -242,21 +290,24 @@ class WorkerGroup:
         return None
 
     def request_stop(self) -> None:
-        """Ask every rank to checkpoint and stop (a re-allocation); a group not yet
-        started is simply released."""
-        for a in self.actors:
-            a.request_stop.remote()
+        """Ask every rank to checkpoint and stop (a re-allocation); ranks still starting
+        are asked once they run."""
+        self._stop_asked = True
+        if self.started_at is not None:
+            for a in self.actors:
+                a.request_stop.remote()
 
     def request_batch(self, batch: int) -> None:
         """Ask every rank to train with global ``batch`` from a step they agree on (a job
-        with ``batch_change: in_place``); a group not yet started starts with it."""
+        with ``batch_change: in_place``); a group not yet launched starts with it."""
         self.pending_batch = int(batch)
-        if not self.actors:
+        if self._start_refs is None:
             self.options = attrs.evolve(self.options, batch_size=int(batch))
             self.batch, self.pending_batch = int(batch), None
             return
-        for a in self.actors:
-            a.request_batch.remote(int(batch))
+        if self.started_at is not None:  # else: asked once the ranks run
+            for a in self.actors:
+                a.request_batch.remote(int(batch))
 
     def release(self) -> None:
         """Kill the actors and free the placement group."""

@@ -265,8 +265,8 @@ class OptimusService:
         wanted = g.batch if g.pending_batch is None else g.pending_batch
         if same and row.batch == wanted:
             return
-        if same and (row.spec.batch_change == "in_place" or not g.actors):
-            if not g.actors:  # a group not started yet starts with it
+        if same and (row.spec.batch_change == "in_place" or not g.launched):
+            if not g.launched:  # a group not started yet starts with it
                 self.store.update(row.name, batch=row.batch)
                 self.store.add_batch_change(row.name, g.first_step, g.batch, row.batch, "start")
             g.request_batch(row.batch)
@@ -274,9 +274,9 @@ class OptimusService:
         if row.batch != g.batch:
             step = self.store.last_report(row.name)
             self.store.update(row.name, batch=row.batch)
-            how = "restart" if g.actors else "start"
+            how = "restart" if g.launched else "start"
             self.store.add_batch_change(row.name, step[0] if step else 0, g.batch, row.batch, how)
-        if not g.actors:  # still waiting for its bundles: give them back
+        if not g.started:  # still starting: give its bundles back (killed, requeued)
             self._end_run(row.name, "queued")
             return
         g.request_stop()
