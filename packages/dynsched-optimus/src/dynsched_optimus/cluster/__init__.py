@@ -2,7 +2,8 @@
 
 Discrete-time simulation of parameter-server jobs (synthetic, the Optimus paper's
 step-time model) and all-reduce GPU jobs (the vendored Pollux workloads and profiles)
-under FIFO, DRF, Tetris, SRTF, Tiresias, Optimus, Optimus+Oracle and ``optimus+``.
+under FIFO, DRF, Tetris, SRTF, Tiresias, Optimus, Optimus+Oracle, ``optimus+`` and
+Pollux (``pollux``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from ._data import (
     load_workload,
 )
 from ._jobs import GpuJob, PSJob, PSJobOptions, PSJobType, PSLossCurve, SimJob
+from ._pollux import (
+    BatchRange,
+    PolluxOptions,
+    PolluxProblem,
+    PolluxScheduler,
+    ThroughputParams,
+    fit_throughput,
+    genetic_search,
+    goodput_grid,
+)
 from ._report import format_table, plot_results, result_to_dict, write_result
 from ._run import (
     PS_JOB_BLOCKS,
@@ -48,6 +59,7 @@ __all__ = [
     "PS_JOB_TYPES",
     "RESOURCES",
     "SCHEDULERS",
+    "BatchRange",
     "ClusterScheduler",
     "ClusterSpec",
     "ClusterState",
@@ -66,15 +78,22 @@ __all__ = [
     "PSLossCurve",
     "Placement",
     "PolluxDataError",
+    "PolluxOptions",
+    "PolluxProblem",
+    "PolluxScheduler",
     "SRTFScheduler",
     "SimConfig",
     "SimJob",
     "SimResult",
     "Simulator",
     "TetrisScheduler",
+    "ThroughputParams",
     "TiresiasScheduler",
     "find_pollux_data",
+    "fit_throughput",
     "format_table",
+    "genetic_search",
+    "goodput_grid",
     "gpu_jobs",
     "load_profiles",
     "load_workload",
