@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -348,3 +349,34 @@ def test_short_simulation_completes_within_the_rules(pollux_root) -> None:  # ty
     assert grew  # jobs scale out beyond one GPU once they measured it
     # a job's batch changed with its allocation (job-side choice)
     assert res.batches
+
+
+def test_docs_pollux_example_runs(pollux_root, capsys) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
+    text = doc.read_text()
+    section = text[text.index("### `pollux`") :]
+    block = section[section.index("```python\n") + 10 : section.index("```\n", 10)]
+    exec(compile(block, str(doc), "exec"), {})
+    assert re.search(r"pollux: \d+ s average JCT, \d\.\d{3} s per decision", capsys.readouterr().out)
+
+
+def test_cli_simulates_with_pollux(tmp_path, pollux_root, capsys) -> None:  # type: ignore[no-untyped-def]
+    import argparse
+
+    from dynsched_optimus.cluster import cli
+
+    csv = tmp_path / "three.csv"
+    csv.write_text(
+        "name,time,application,num_replicas,batch_size\n"
+        "cifar10-0,0,cifar10,2,256\nncf-1,60,ncf,1,32768\nbert-2,120,bert,2,12\n"
+    )
+    parser = argparse.ArgumentParser()
+    cli.add_subcommands(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(
+        ["simulate", "--workload", str(csv), "--scheduler", "pollux", "--quiet"]
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "scheduler pollux" in out and "avg_jct_s" in out

@@ -468,21 +468,27 @@ class PolluxProblem:
 
     def mutate(self, states: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Pollux' three mutations: reset a job to its current row (10 % of jobs), zero
-        entries (10 % of jobs, each entry 10 %), raise entries on nodes with room."""
+        entries (10 % of jobs, each entry 10 %), raise entries on nodes with room (about
+        one per job: a node with room, or one the job already holds, drawn uniformly)."""
         x = states.copy()
         pop, jobs = x.shape[:2]
         reset = rng.random((pop, jobs)) < 0.1
-        x = np.where(reset[..., None], self.base[None], x)
-        zero_p = np.where(rng.random((pop, jobs)) < 0.1, 0.1, 0.0)
-        x[rng.random(x.shape) < zero_p[..., None]] = 0
+        if reset.any():
+            x[reset] = np.broadcast_to(self.base[None], x.shape)[reset]
+        rows = rng.random((pop, jobs)) < 0.1
+        if rows.any():
+            sub = x[rows]
+            sub[rng.random(sub.shape) < 0.1] = 0
+            x[rows] = sub
         room = self._room(x)
         p1 = room / np.maximum(room.sum(axis=2, keepdims=True), 1)
         held = room & (x > 0)
         p2 = held / np.maximum(held.sum(axis=2, keepdims=True), 1)
-        hit = rng.random(x.shape) < p1 + p2 - p1 * p2
-        top = np.broadcast_to(self.per_node[None], x.shape)
-        new = x + np.floor(rng.random(x.shape) * (np.maximum(top - x, 0) + 1)).astype(np.int64)
-        x[hit] = new[hit]
+        hit = np.nonzero(rng.random(x.shape) < p1 + p2 - p1 * p2)
+        if hit[0].size:
+            cur = x[hit]
+            top = np.maximum(self.per_node[hit[1], hit[2]] - cur, 0) + 1
+            x[hit] = cur + np.floor(rng.random(cur.size) * top).astype(np.int64)
         return x
 
     def crossover(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -520,7 +526,7 @@ def genetic_search(
         extra = np.repeat(problem.base[None], population - len(pop), axis=0)
         pop = np.concatenate([pop, problem.mutate(extra, rng)])
     pop = problem.repair(pop, rng)
-    pop, fit = _survivors(problem, pop, population)
+    pop, fit = _survivors(pop, problem.value(pop), population)
     best, stale = fit[0], 0
     for _ in range(generations):
         i = rng.integers(0, len(pop), size=(2, max(population // 2, 1)))
@@ -528,7 +534,9 @@ def genetic_search(
         parents = np.where(fit[i] >= fit[j], i, j)  # binary tournaments
         kids = problem.crossover(pop[parents[0]], pop[parents[1]], rng)
         kids = problem.repair(problem.mutate(kids, rng), rng)
-        pop, fit = _survivors(problem, np.concatenate([pop, kids]), population)
+        pop, fit = _survivors(
+            np.concatenate([pop, kids]), np.concatenate([fit, problem.value(kids)]), population
+        )
         if fit[0] > best + 1e-12:
             best, stale = fit[0], 0
         else:
@@ -538,21 +546,16 @@ def genetic_search(
     return pop[0].copy(), float(fit[0]), pop
 
 
-def _survivors(
-    problem: PolluxProblem, states: np.ndarray, size: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _survivors(states: np.ndarray, fit: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``size`` best distinct states, best first, and their values.
 
     Duplicates are found by a random 64-bit projection of each state (a collision only
     drops a state, it never admits an infeasible one).
     """
     flat = states.reshape(len(states), -1)
-    key = flat @ _hash_weights(flat.shape[1])
-    _, idx = np.unique(key, return_index=True)
-    uniq = states[idx]
-    fit = problem.value(uniq)
-    keep = np.argsort(-fit, kind="stable")[:size]
-    return uniq[keep], fit[keep]
+    _, idx = np.unique(flat @ _hash_weights(flat.shape[1]), return_index=True)
+    keep = idx[np.argsort(-fit[idx], kind="stable")[:size]]
+    return states[keep], fit[keep]
 
 
 _HASH: dict[int, np.ndarray] = {}
