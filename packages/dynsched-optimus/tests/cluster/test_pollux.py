@@ -359,7 +359,9 @@ def test_docs_pollux_example_runs(pollux_root, capsys) -> None:  # type: ignore[
     section = text[text.index("### `pollux`") :]
     block = section[section.index("```python\n") + 10 : section.index("```\n", 10)]
     exec(compile(block, str(doc), "exec"), {})
-    assert re.search(r"pollux: \d+ s average JCT, \d\.\d{3} s per decision", capsys.readouterr().out)
+    assert re.search(
+        r"pollux: \d+ s average JCT, \d\.\d{3} s per decision", capsys.readouterr().out
+    )
 
 
 def test_cli_simulates_with_pollux(tmp_path, pollux_root, capsys) -> None:  # type: ignore[no-untyped-def]

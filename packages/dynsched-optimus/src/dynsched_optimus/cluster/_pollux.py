@@ -432,9 +432,12 @@ class PolluxProblem:
         """
         x = np.maximum(np.asarray(states, dtype=np.int64), 0)
         if self.interference_avoidance:
-            dist = np.count_nonzero(x, axis=2) > 1
-            mask = (x > 0) & dist[:, :, None]
-            x[mask & (np.cumsum(mask, axis=1) > 1)] = 0
+            mask = (x > 0) & (np.count_nonzero(x, axis=2) > 1)[:, :, None]
+            clash = np.any(mask.sum(axis=1) > 1, axis=1)  # states to fix
+            if clash.any():
+                sub, m = x[clash], mask[clash]
+                sub[m & (np.cumsum(m, axis=1) > 1)] = 0
+                x[clash] = sub
         over = x.sum(axis=2) > self.max_replicas[None, :]
         if over.any():
             rows = x[over]
@@ -448,8 +451,11 @@ class PolluxProblem:
     def _fit_nodes(self, x: np.ndarray) -> np.ndarray:
         """On each node, jobs in order keep the replicas that still fit."""
         if self._slots is not None:
-            kept = np.minimum(np.cumsum(x, axis=1), self._slots[None, None, :])
-            return np.diff(kept, axis=1, prepend=0)
+            full = np.any(x.sum(axis=1) > self._slots[None, :], axis=1)  # states to fix
+            if full.any():
+                kept = np.minimum(np.cumsum(x[full], axis=1), self._slots[None, None, :])
+                x[full] = np.diff(kept, axis=1, prepend=0)
+            return x
         res = x[..., None] * self.demand[None, :, None, :]
         res = np.diff(np.minimum(np.cumsum(res, axis=1), self.capacity), axis=1, prepend=0)
         d = self.demand[None, :, None, :]
@@ -458,10 +464,11 @@ class PolluxProblem:
         return np.minimum(fit.min(axis=3), x).astype(np.int64)
 
     def _room(self, x: np.ndarray) -> np.ndarray:
-        """``(pop, jobs, nodes)``: whether one more replica of the job fits on the node."""
+        """Whether one more replica of the job fits on the node: ``(pop, jobs, nodes)``,
+        or ``(pop, 1, nodes)`` when every job's replica is the same."""
         if self._slots is not None:
             free = self._slots[None, :] - x.sum(axis=1)
-            return np.broadcast_to((free >= 1)[:, None, :], x.shape)
+            return (free >= 1)[:, None, :]  # the same for every job
         used = np.einsum("pjn,jr->pnr", x, self.demand)
         free = self.capacity[None] - used
         return np.all(self.demand[None, :, None, :] <= free[:, None, :, :] + 1e-9, axis=3)
@@ -481,10 +488,10 @@ class PolluxProblem:
             sub[rng.random(sub.shape) < 0.1] = 0
             x[rows] = sub
         room = self._room(x)
-        p1 = room / np.maximum(room.sum(axis=2, keepdims=True), 1)
-        held = room & (x > 0)
-        p2 = held / np.maximum(held.sum(axis=2, keepdims=True), 1)
-        hit = np.nonzero(rng.random(x.shape) < p1 + p2 - p1 * p2)
+        p1 = room / np.maximum(room.sum(axis=2, keepdims=True), 1, dtype=np.float32)
+        held = (x > 0) & room
+        p2 = held / np.maximum(held.sum(axis=2, keepdims=True), 1, dtype=np.float32)
+        hit = np.nonzero(rng.random(x.shape, dtype=np.float32) < p1 + p2 * (1 - p1))
         if hit[0].size:
             cur = x[hit]
             top = np.maximum(self.per_node[hit[1], hit[2]] - cur, 0) + 1
@@ -647,7 +654,9 @@ class PolluxScheduler:
             reps = np.arange(max_r + 1, dtype=float)
             table[1:, :] = reps[None, :] / base_r
             return table, batches
-        n, r = np.meshgrid(np.arange(1, num_nodes + 1), np.arange(1, max_r + 1), indexing="ij")
+        # the model tells one node from several, not two nodes from three: two rows
+        rows = min(num_nodes, 2)
+        n, r = np.meshgrid(np.arange(1, rows + 1), np.arange(1, max_r + 1), indexing="ij")
         pairs_n = np.append(n.ravel(), 1)
         pairs_r = np.append(r.ravel(), min(base_r, batch.max_replicas))
         good, best = goodput_grid(
@@ -656,8 +665,9 @@ class PolluxScheduler:
         base = good[-1]
         if base <= 0:
             base = float(good[:-1].max()) or 1.0
-        table[1:, 1:] = (good[:-1] / base).reshape(n.shape)
-        batches[1:, 1:] = best[:-1].reshape(n.shape)
+        good, best = good[:-1].reshape(n.shape), best[:-1].reshape(n.shape)
+        table[1:, 1:] = (good / base)[np.minimum(np.arange(num_nodes), rows - 1)]
+        batches[1:, 1:] = best[np.minimum(np.arange(num_nodes), rows - 1)]
         return table, batches
 
     def _problem(
