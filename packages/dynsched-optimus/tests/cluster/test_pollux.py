@@ -382,3 +382,18 @@ def test_cli_simulates_with_pollux(tmp_path, pollux_root, capsys) -> None:  # ty
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "scheduler pollux" in out and "avg_jct_s" in out
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_fit_gradient_matches_finite_differences(seed: int) -> None:
+    from dynsched_optimus.cluster._pollux import _fit_loss
+    from scipy.optimize import approx_fprime
+
+    rng = np.random.default_rng(seed)
+    n = np.array([1, 1, 1, 2, 2, 4.0])
+    r = np.array([1, 2, 4, 4, 8, 16.0])
+    a = np.array([8, 16, 16, 32, 8, 4.0])
+    log_c, log_s = rng.normal(-2, 0.3, 6), rng.normal(-1.5, 0.3, 6)
+    x = np.concatenate([rng.uniform(0.01, 0.3, 6), [rng.uniform(1.0, 5.0)]])
+    numeric = approx_fprime(x, lambda v: _fit_loss(v, n, r, a, log_c, log_s)[0], 1e-7)
+    assert _fit_loss(x, n, r, a, log_c, log_s)[1] == pytest.approx(numeric, rel=1e-4, abs=1e-5)

@@ -142,6 +142,68 @@ def iteration_time(
     return np.asarray(k * compute + step)
 
 
+def _fit_start(
+    n: np.ndarray, r: np.ndarray, a: np.ndarray, compute: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Starting point and free-parameter mask (unidentified parameters fixed)."""
+    x0 = np.array([1e-1, 1e-2] * 3 + [1.0 + 1e-3])
+    free = np.ones(7, dtype=bool)
+    if len(np.unique(a)) == 1:
+        x0[0] = float(np.mean(compute)) / 2
+        free[0] = False
+    fixed_at_lo = []
+    if not np.any(n > 1):
+        fixed_at_lo += [2, 3]
+    if not np.any((n == 1) & (r > 1)):
+        fixed_at_lo += [4, 5]
+    if not np.any(r > 2):
+        fixed_at_lo += [3, 5]
+    for i in fixed_at_lo:
+        x0[i] = _TINY
+        free[i] = False
+    return x0, free
+
+
+def _fit_loss(
+    x: np.ndarray,
+    n: np.ndarray,
+    r: np.ndarray,
+    a: np.ndarray,
+    log_c: np.ndarray,
+    log_s: np.ndarray,
+) -> tuple[float, np.ndarray]:
+    """RMS log errors of compute and step time plus the regularisers, and the gradient."""
+    compute, step = _times(x, n, r, a)
+    extra = np.maximum(r - 2, 0)
+    inter, intra = n > 1, (n == 1) & (r > 1)
+    net = np.where(inter, x[2] + x[3] * extra, np.where(intra, x[4] + x[5] * extra, 0.0))
+    g = x[6]
+    e_c, e_s = np.log(compute) - log_c, np.log(step) - log_s
+    err_c = math.sqrt(float(np.mean(e_c**2))) + 1e-12
+    err_s = math.sqrt(float(np.mean(e_s**2))) + 1e-12
+    total = compute**g + net**g
+    # d log(step) / d compute, / d net, / d gamma
+    safe_net = np.where(net > 0, net, 1.0)
+    d_c = compute ** (g - 1) / total
+    d_n = np.where(net > 0, safe_net ** (g - 1) / total, 0.0)
+    net_log = np.where(net > 0, net**g * np.log(safe_net), 0.0)
+    d_g = -np.log(total) / g**2 + (compute**g * np.log(compute) + net_log) / (g * total)
+    # d compute / d (alpha_c, beta_c); d net / d (alpha_n, beta_n, alpha_r, beta_r)
+    dc = np.stack([np.ones_like(a), a])
+    dn = np.stack([inter * 1.0, inter * extra, intra * 1.0, intra * extra])
+    grad = np.zeros(7)
+    grad[:2] = (dc / compute * e_c).mean(axis=1) / err_c + (dc * d_c * e_s).mean(axis=1) / err_s
+    grad[2:6] = (dn * d_n * e_s).mean(axis=1) / err_s
+    grad[6] = float((d_g * e_s).mean()) / err_s
+    reg = 1e-3 * (g - 1.0) ** 2 + 1e-2 * ((x[3] / x[2]) ** 2 + (x[5] / x[4]) ** 2)
+    grad[6] += 2e-3 * (g - 1.0)
+    grad[2] -= 2e-2 * x[3] ** 2 / x[2] ** 3
+    grad[3] += 2e-2 * x[3] / x[2] ** 2
+    grad[4] -= 2e-2 * x[5] ** 2 / x[4] ** 3
+    grad[5] += 2e-2 * x[5] / x[4] ** 2
+    return err_c + err_s + reg, grad
+
+
 def fit_throughput(
     samples: dict[tuple[int, int, int], tuple[float, float]],
 ) -> ThroughputParams:
@@ -166,24 +228,8 @@ def fit_throughput(
         raise ValueError("samples: compute and step times must be finite and > 0")
     n, r, a = keys[:, 0], keys[:, 1], keys[:, 2]
     log_c, log_s = np.log(vals[:, 0]), np.log(vals[:, 1])
-    x0 = np.array([1e-1, 1e-2] * 3 + [1.0 + 1e-3])
+    x0, free = _fit_start(n, r, a, vals[:, 0])
     lo = np.array([_TINY] * 6 + [1.0])
-    hi = np.array([np.inf] * 6 + [10.0])
-    free = np.ones(7, dtype=bool)
-    if len(np.unique(a)) == 1:
-        x0[0] = float(np.mean(vals[:, 0])) / 2
-        free[0] = False
-    fixed_at_lo = []
-    if not np.any(n > 1):
-        fixed_at_lo += [2, 3]
-    if not np.any((n == 1) & (r > 1)):
-        fixed_at_lo += [4, 5]
-    if not np.any(r > 2):
-        fixed_at_lo += [3, 5]
-    for i in fixed_at_lo:
-        x0[i] = lo[i]
-        free[i] = False
-
     # alphas and betas are searched in log space (their scales differ by orders of
     # magnitude, which slows L-BFGS-B down); gamma linearly
     logged = np.arange(7) < 6
@@ -193,18 +239,17 @@ def fit_throughput(
         x[free] = np.where(logged[free], np.exp(z), z)
         return x
 
-    def objective(z: np.ndarray) -> float:
+    def objective(z: np.ndarray) -> tuple[float, np.ndarray]:
         x = expand(z)
-        compute, step = _times(x, n, r, a)
-        err_c = math.sqrt(float(np.mean((np.log(compute) - log_c) ** 2)))
-        err_s = math.sqrt(float(np.mean((np.log(step) - log_s) ** 2)))
-        reg = 1e-3 * (x[6] - 1.0) ** 2 + 1e-2 * ((x[3] / x[2]) ** 2 + (x[5] / x[4]) ** 2)
-        return err_c + err_s + reg
+        value, grad = _fit_loss(x, n, r, a, log_c, log_s)
+        return value, (grad * np.where(logged, x, 1.0))[free]
 
     z0 = np.where(logged, np.log(x0), x0)[free]
     zlo = np.where(logged, np.log(lo), lo)[free]
-    zhi = np.where(logged, np.inf, hi)[free]
-    res = minimize(objective, z0, method="L-BFGS-B", bounds=list(zip(zlo, zhi, strict=True)))
+    zhi = np.where(logged, np.inf, 10.0)[free]
+    res = minimize(
+        objective, z0, jac=True, method="L-BFGS-B", bounds=list(zip(zlo, zhi, strict=True))
+    )
     x = expand(res.x)
     if not np.any(n > 1):
         x[2] = max(x[2], 1.1 * x[4])
