@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -41,16 +42,8 @@ from dynsched_optimus.cluster import (
     make_scheduler,
 )
 
-
-def _workloads(spec: str) -> list[str]:
-    out: list[str] = []
-    for part in spec.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out += [f"workload-{i}" for i in range(int(a), int(b) + 1)]
-        else:
-            out.append(f"workload-{part}")
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from optimus_pollux_eval import _workloads  # the workload list syntax "1-8,10"
 
 
 def published(load: str) -> dict[str, float]:
