@@ -87,6 +87,7 @@ logger = logging.getLogger(__name__)
 
 _EPS = 1e-8
 _TINY = 1e-8  # lower bound of every alpha / beta (the artifact's slack)
+_HUGE = 1e4  # upper bound of every alpha / beta in seconds (keeps the line search finite)
 
 
 @attrs.frozen
@@ -246,11 +247,11 @@ def fit_throughput(
 
     z0 = np.where(logged, np.log(x0), x0)[free]
     zlo = np.where(logged, np.log(lo), lo)[free]
-    zhi = np.where(logged, np.inf, 10.0)[free]
+    zhi = np.where(logged, np.log(_HUGE), 10.0)[free]
     res = minimize(
         objective, z0, jac=True, method="L-BFGS-B", bounds=list(zip(zlo, zhi, strict=True))
     )
-    x = expand(res.x)
+    x = expand(res.x if np.all(np.isfinite(res.x)) else z0)
     if not np.any(n > 1):
         x[2] = max(x[2], 1.1 * x[4])
         x[3] = max(x[3], 1.1 * x[5])
