@@ -123,7 +123,10 @@ def _group(files: list[str]) -> dict[tuple[str, str, str], list[dict]]:
     runs: dict[tuple[str, str, str], list[dict]] = {}
     for f in files:
         for r in json.loads(Path(f).read_text())["runs"]:
-            runs.setdefault((r["load"], r["workload"], r["scheduler"]), []).append(r)
+            name = r["scheduler"]
+            if r.get("search", "-") not in ("-", "100x100"):  # not the published search size
+                name = f"{name} [{r['search']}]"
+            runs.setdefault((r["load"], r["workload"], name), []).append(r)
     return runs
 
 
@@ -159,14 +162,18 @@ def summary(files: list[str]) -> str:
             cells = [f"{pub[w]:.0f}" if w in pub else "-" for w in wls]
             pm = statistics.mean(pub[w] for w in wls if w in pub)
             lines += ["| pollux (published) | " + " | ".join(cells) + f" | {pm:.0f} |"]
-            ours = means.get("pollux", {})
-            if ours:
+            for sc in (sc for sc in scheds if sc.startswith("pollux") and sc in means):
+                ours = means[sc]
                 res = [f"{ours[w] / pub[w] - 1:+.1%}" if w in ours else "-" for w in wls]
                 both = [w for w in wls if w in ours and w in pub]
                 mres = statistics.mean(ours[w] for w in both) / statistics.mean(
                     pub[w] for w in both
                 )
-                lines += ["| residual pollux | " + " | ".join(res) + f" | {mres - 1:+.1%} |"]
+                lines += [
+                    f"| residual {sc} | "
+                    + " | ".join(res)
+                    + f" | {mres - 1:+.1%} (on {len(both)}) |"
+                ]
         lines += [""]
         for sc in scheds:
             rs = [r for k, v in runs.items() if k[0] == ld and k[2] == sc for r in v]
