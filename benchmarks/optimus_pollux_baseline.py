@@ -142,7 +142,7 @@ def summary(files: list[str]) -> str:
         lines += ["| scheduler | " + " | ".join(w.split("-")[1] for w in wls) + " | mean |"]
         lines += ["|---" * (len(wls) + 2) + "|"]
         means: dict[str, dict[str, float]] = {}
-        for sc in scheds:
+        for sc in (sc for sc in scheds if any(k[0] == ld and k[2] == sc for k in runs)):
             cells = []
             for w in wls:
                 rs = runs.get((ld, w, sc), [])
@@ -178,6 +178,8 @@ def summary(files: list[str]) -> str:
         for sc in scheds:
             rs = [r for k, v in runs.items() if k[0] == ld and k[2] == sc for r in v]
             walls = [r["wall_s"] for r in rs]
+            if not walls:
+                continue
             dec = [r["decision_s_mean"] for r in rs if r.get("decision_s_mean") is not None]
             p99 = [r["decision_s_p99"] for r in rs if r.get("decision_s_p99") is not None]
             txt = f"- {sc}: {len(rs)} simulation(s), wall {statistics.mean(walls):.0f} s each"

@@ -46,7 +46,13 @@ Parameters (source):
 ``epsilon = 1e-3``        public     added to each speedup inside the power mean
 fit regularisers          public     ``1e-3 (gamma - 1)^2``, ``1e-2 (beta/alpha)^2``
 fair replicas capped      judgement  at the job's usable GPUs (avoids a zero baseline)
-``patience``              judgement  optional early stop of the GA (default: off)
+alpha, beta <= 1e4 s      judgement  upper bound of the fit (keeps its line search finite)
+selection                 judgement  binary tournaments, best distinct states survive
+                                     (the artifact: NSGA-II, whose 2nd objective is unused)
+``patience``              judgement  optional early stop of the GA (default: off; 10
+                                     makes rounds ~4x cheaper but, on the loaded
+                                     workloads, restarts jobs twice as often and ends
+                                     4-10 % slower: benchmarks/results)
 ========================  =========  ======================================================
 
 No parameter is fitted to the published Pollux results.
