@@ -2,9 +2,10 @@
 
 Discrete-time simulation of parameter-server jobs (synthetic, the Optimus paper's
 step-time model) and all-reduce GPU jobs (the vendored Pollux workloads and profiles)
-under FIFO, DRF, Tetris, SRTF, Tiresias, Optimus, Optimus+Oracle and ``optimus+``;
-jobs replaying what real jobs measured (:class:`MeasuredJob`) under the decision loop of
-``dynsched optimus serve`` (:class:`ServiceLoop`, :func:`simulate_measured`).
+under FIFO, DRF, Tetris, SRTF, Tiresias, Optimus, Optimus+Oracle, ``optimus+`` and
+Pollux (``pollux``); jobs replaying what real jobs measured (:class:`MeasuredJob`) under
+the decision loop of ``dynsched optimus serve`` (:class:`ServiceLoop`,
+:func:`simulate_measured`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ from ._measured import (
     ServiceTestbed,
     load_job_profiles,
     simulate_measured,
+)
+from ._pollux import (
+    BatchRange,
+    PolluxOptions,
+    PolluxProblem,
+    PolluxScheduler,
+    ThroughputParams,
+    fit_throughput,
+    genetic_search,
+    goodput_grid,
 )
 from ._report import format_table, plot_results, result_to_dict, write_result
 from ._run import (
@@ -58,6 +69,7 @@ __all__ = [
     "PS_JOB_TYPES",
     "RESOURCES",
     "SCHEDULERS",
+    "BatchRange",
     "ClusterScheduler",
     "ClusterSpec",
     "ClusterState",
@@ -78,6 +90,9 @@ __all__ = [
     "PSLossCurve",
     "Placement",
     "PolluxDataError",
+    "PolluxOptions",
+    "PolluxProblem",
+    "PolluxScheduler",
     "SRTFScheduler",
     "ServiceLoop",
     "ServiceTestbed",
@@ -86,9 +101,13 @@ __all__ = [
     "SimResult",
     "Simulator",
     "TetrisScheduler",
+    "ThroughputParams",
     "TiresiasScheduler",
     "find_pollux_data",
+    "fit_throughput",
     "format_table",
+    "genetic_search",
+    "goodput_grid",
     "gpu_jobs",
     "load_job_profiles",
     "load_profiles",

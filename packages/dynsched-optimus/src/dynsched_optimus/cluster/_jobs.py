@@ -11,9 +11,10 @@ Schedulers that are not oracles must read only the *observation* attributes:
 ``name``, ``kind``, ``submit_time``, ``requested_workers``, ``requested_ps``,
 ``max_workers``, ``max_ps``, ``worker_demand``, ``ps_demand``, ``batch_size``,
 ``placement``, ``attained_service``, ``steps_done``, ``loss_points``,
-``speed_samples``, ``grad_stats``, ``target_loss``, ``epochs_done`` and, for a GPU job
-whose batch the scheduler may choose (``adaptive``), ``batch_limits()``,
-``local_limits()``, ``progress``, ``progress_per_epoch`` and ``progress_points``.
+``speed_samples``, ``step_samples``, ``grad_stats``, ``target_loss``, ``epochs_done``
+and, for a GPU job whose batch the scheduler may choose (``adaptive``),
+``batch_limits()``, ``local_limits()``, ``progress``, ``progress_per_epoch`` and
+``progress_points``.
 Oracle schedulers may call the ``true_*`` methods.
 """
 
@@ -67,6 +68,9 @@ class SimJob:
         self.loss_points: list[tuple[float, float]] = []
         self.speed_samples: dict[tuple[int, ...], list[float]] = {}
         self.grad_stats: tuple[float, float] | None = None
+        #: ``(nodes, replicas, micro-batch) -> (compute s, step s)``: the first measured
+        #: compute time of a micro-step and time of an optimizer step (GPU jobs)
+        self.step_samples: dict[tuple[int, int, int], tuple[float, float]] = {}
         self.target_loss: float | None = None
         self.speed_noise = 0.0
 
@@ -279,6 +283,14 @@ class GpuJob(SimJob):
             e += 1
         return left
 
+    def _record_step_times(self, shape: tuple[int, ...], batch_size: int) -> None:
+        """Keep the first measurement of compute and step time on this configuration."""
+        atomic = self.profile.step_config(sum(shape), batch_size)[0]
+        key = (len(shape), sum(shape), atomic)
+        if key not in self.step_samples:
+            step, sync = self.profile.throughput(shape, float(atomic))
+            self.step_samples[key] = (max(step - sync, 1e-6), max(step, 1e-6))
+
     def _train(self, seconds: float, now: float) -> float:
         assert self.placement is not None
         shape = self.placement.gpu_shape
@@ -286,6 +298,7 @@ class GpuJob(SimJob):
         eff_b = self.effective_batch(sum(shape), b)
         it_time = self.true_iter_time(shape, b)
         self.record_speed(self.placement, 1.0 / it_time)
+        self._record_step_times(shape, b)
         n_ep = self.profile.completion_epochs(b, self.completion)
         used = 0.0
         while seconds > 1e-12:

@@ -28,6 +28,7 @@ from dynsched_optimus.scheduler import (
 )
 
 from ._jobs import SimJob
+from ._pollux import PolluxScheduler
 from ._sim import ClusterState
 from ._spec import Placement
 
@@ -646,7 +647,7 @@ class OptimusScheduler(_Base):
 
 
 #: Registered scheduler names and their factories.
-SCHEDULERS: dict[str, Callable[..., _Base]] = {
+SCHEDULERS: dict[str, Callable[..., _Base | PolluxScheduler]] = {
     "fifo": FIFOScheduler,
     "drf": DRFScheduler,
     "drf-fixed": FixedDRFScheduler,
@@ -661,10 +662,12 @@ SCHEDULERS: dict[str, Callable[..., _Base]] = {
     "optimus+": lambda **kw: OptimusScheduler(plus=True, **kw),
     # ablation: optimus+ with every job keeping its submitted batch size
     "optimus+fixed-batch": lambda **kw: OptimusScheduler(plus=True, batch="fixed", **kw),
+    # Pollux (OSDI'21): goodput speedups, fairness power mean, genetic search (_pollux.py)
+    "pollux": PolluxScheduler,
 }
 
 
-def make_scheduler(name: str, **kwargs: object) -> _Base:
+def make_scheduler(name: str, **kwargs: object) -> _Base | PolluxScheduler:
     """Build a scheduler by name (one of :data:`SCHEDULERS`)."""
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler={name!r}: allowed values are {sorted(SCHEDULERS)}")

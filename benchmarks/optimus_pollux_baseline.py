@@ -1,0 +1,254 @@
+"""The simulator's Pollux baseline (``pollux``) against the published Pollux rows.
+
+For every (load, workload, seed) it runs ``pollux`` (and, with ``--schedulers``, other
+registered schedulers such as ``optimus+``) under the Pollux artifact's completion rule
+(``epochs``: every job trains all its profiled epochs), and records the average JCT,
+p99, makespan, restarts, the per-job JCTs, the wall time of the simulation and the
+seconds of each Pollux decision.  The JSON is rewritten after every run, so an
+interrupted sweep keeps what it finished.  The published rows are the Pollux authors'
+simulator results vendored under ``shared/data/pollux/results-jobload`` (never used to
+choose anything: the baseline's parameters are the paper's and the artifact's).
+
+Run (one simulation at a time on a shared machine)::
+
+    nice python benchmarks/optimus_pollux_baseline.py \
+        --out benchmarks/results/optimus_pollux_baseline.json \
+        [--loads 1.0,0.5,1.5,2.0] [--workloads 1-8] [--seeds 0] [--schedulers pollux]
+
+``--summary FILE [FILE ...]`` merges result files and prints the Markdown summary:
+per load, per workload the baseline's average JCT (seed mean, half the range over
+seeds), the published row and the residual ``ours / published - 1``; the mean per load;
+wall seconds per simulation and seconds per Pollux decision. ``--jobs`` adds the per-job
+table of two schedulers (``--pair optimus+,pollux``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from dynsched_optimus.cluster import (
+    ClusterSpec,
+    SimConfig,
+    Simulator,
+    find_pollux_data,
+    gpu_jobs,
+    load_workload,
+    make_scheduler,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from optimus_pollux_eval import _workloads  # the workload list syntax "1-8,10"
+
+
+def published(load: str) -> dict[str, float]:
+    """Published Pollux average JCT per workload at ``load`` (empty when absent)."""
+    path = find_pollux_data() / "results-jobload" / f"pollux-{load}.json"
+    if not path.is_file():
+        return {}
+    return {k: float(v) for k, v in json.loads(path.read_text())["avgs"].items()}
+
+
+def _kwargs(args: argparse.Namespace, scheduler: str) -> dict[str, object]:
+    if scheduler != "pollux":
+        return {}
+    kw: dict[str, object] = {"population": args.population, "generations": args.generations}
+    if args.patience:
+        kw["patience"] = args.patience
+    return kw
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the missing (load, workload, scheduler, seed) combinations."""
+    out_path = Path(args.out)
+    runs: list[dict[str, object]] = []
+    if out_path.exists():
+        runs = json.loads(out_path.read_text())["runs"]
+    done = {(r["load"], r["workload"], r["scheduler"], r["seed"], r["search"]) for r in runs}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for ld in args.loads.split(","):
+        for wl in _workloads(args.workloads):
+            for seed in seeds:
+                for sched in args.schedulers.split(","):
+                    search = f"{args.population}x{args.generations}" + (
+                        f"/patience {args.patience}" if args.patience else ""
+                    )
+                    search = search if sched == "pollux" else "-"
+                    if (ld, wl, sched, seed, search) in done:
+                        continue
+                    runs.append(_one(args, ld, wl, sched, seed, search))
+                    out_path.write_text(json.dumps({"command": vars(args), "runs": runs}))
+
+
+def _one(
+    args: argparse.Namespace, ld: str, wl: str, sched: str, seed: int, search: str
+) -> dict[str, object]:
+    """One simulation's record."""
+    t0 = time.perf_counter()
+    config = SimConfig(seed=seed, completion="epochs")
+    scheduler = make_scheduler(sched, **_kwargs(args, sched))
+    jobs = gpu_jobs(load_workload(wl, load=ld), config)
+    res = Simulator(ClusterSpec.pollux(), jobs, scheduler, config).run()
+    wall = time.perf_counter() - t0
+    decisions = list(getattr(scheduler, "decision_seconds", []))
+    row = {
+        "load": ld,
+        "workload": wl,
+        "scheduler": sched,
+        "seed": seed,
+        "search": search,
+        "avg_jct_s": res.avg_jct,
+        "p99_jct_s": res.p99_jct,
+        "makespan_s": res.makespan,
+        "restarts": int(sum(res.restarts.values())),
+        "unfinished": len(res.unfinished),
+        "wall_s": wall,
+        "decisions": len(decisions),
+        "decision_s_mean": float(np.mean(decisions)) if decisions else None,
+        "decision_s_p99": float(np.percentile(decisions, 99)) if decisions else None,
+        "jct": res.jct,
+        "job_restarts": res.restarts,
+    }
+    brief = {k: v for k, v in row.items() if k not in ("jct", "job_restarts")}
+    print(json.dumps(brief), flush=True)
+    return row
+
+
+def _group(files: list[str]) -> dict[tuple[str, str, str], list[dict]]:
+    runs: dict[tuple[str, str, str], list[dict]] = {}
+    for f in files:
+        for r in json.loads(Path(f).read_text())["runs"]:
+            name = r["scheduler"]
+            if r.get("search", "-") not in ("-", "100x100"):  # not the published search size
+                name = f"{name} [{r['search']}]"
+            runs.setdefault((r["load"], r["workload"], name), []).append(r)
+    return runs
+
+
+def summary(files: list[str]) -> str:
+    """Markdown: per load, ours vs published per workload, residuals, run times."""
+    runs = _group(files)
+    lines = []
+    scheds = sorted({k[2] for k in runs})
+    for ld in sorted({k[0] for k in runs}, key=float):
+        pub = published(ld)
+        wls = sorted({k[1] for k in runs if k[0] == ld}, key=lambda w: int(w.split("-")[1]))
+        lines += [f"\n### load {ld} (epochs rule; JCT s, seed mean ± half range)\n"]
+        lines += ["| scheduler | " + " | ".join(w.split("-")[1] for w in wls) + " | mean |"]
+        lines += ["|---" * (len(wls) + 2) + "|"]
+        means: dict[str, dict[str, float]] = {}
+        for sc in (sc for sc in scheds if any(k[0] == ld and k[2] == sc for k in runs)):
+            cells = []
+            for w in wls:
+                rs = runs.get((ld, w, sc), [])
+                if not rs:
+                    cells.append("-")
+                    continue
+                j = [r["avg_jct_s"] for r in rs]
+                means.setdefault(sc, {})[w] = statistics.mean(j)
+                spread = f" ±{(max(j) - min(j)) / 2:.0f}" if len(j) > 1 else ""
+                cells.append(f"{statistics.mean(j):.0f}{spread} ({len(j)})")
+            m = means.get(sc, {})
+            mean = f"{statistics.mean(m.values()):.0f}" if m else "-"
+            lines += [
+                f"| {sc} | " + " | ".join(cells) + f" | {mean}{'' if len(m) == len(wls) else '*'} |"
+            ]
+        if pub:
+            cells = [f"{pub[w]:.0f}" if w in pub else "-" for w in wls]
+            pm = statistics.mean(pub[w] for w in wls if w in pub)
+            lines += ["| pollux (published) | " + " | ".join(cells) + f" | {pm:.0f} |"]
+            for sc in (sc for sc in scheds if sc.startswith("pollux") and sc in means):
+                ours = means[sc]
+                res = [f"{ours[w] / pub[w] - 1:+.1%}" if w in ours else "-" for w in wls]
+                both = [w for w in wls if w in ours and w in pub]
+                mres = statistics.mean(ours[w] for w in both) / statistics.mean(
+                    pub[w] for w in both
+                )
+                lines += [
+                    f"| residual {sc} | "
+                    + " | ".join(res)
+                    + f" | {mres - 1:+.1%} (on {len(both)}) |"
+                ]
+        lines += [""]
+        for sc in scheds:
+            rs = [r for k, v in runs.items() if k[0] == ld and k[2] == sc for r in v]
+            walls = [r["wall_s"] for r in rs]
+            if not walls:
+                continue
+            dec = [r["decision_s_mean"] for r in rs if r.get("decision_s_mean") is not None]
+            p99 = [r["decision_s_p99"] for r in rs if r.get("decision_s_p99") is not None]
+            txt = f"- {sc}: {len(rs)} simulation(s), wall {statistics.mean(walls):.0f} s each"
+            if dec:
+                txt += (
+                    f" (range {min(walls):.0f}-{max(walls):.0f}); seconds per decision: mean "
+                    f"{statistics.mean(dec):.3f}, p99 up to {max(p99):.3f}"
+                )
+            lines += [txt]
+    return "\n".join(lines)
+
+
+def jobs_table(files: list[str], pair: tuple[str, str]) -> tuple[str, dict[str, object]]:
+    """Per-job JCT of two schedulers on the workloads both ran (seed means)."""
+    runs = _group(files)
+    a, b = pair
+    out: dict[str, object] = {}
+    lines = [f"\n### per-job JCT, {a} vs {b} (epochs rule; seed means)\n"]
+    for ld, wl, sc in sorted(runs):
+        if sc != a or (ld, wl, b) not in runs:
+            continue
+        ja = _mean_jct(runs[(ld, wl, a)])
+        jb = _mean_jct(runs[(ld, wl, b)])
+        names = sorted(set(ja) & set(jb), key=lambda n: ja[n] - jb[n])
+        ratio = [ja[n] / jb[n] for n in names]
+        wins = sum(r < 1 for r in ratio)
+        out[f"{ld}/{wl}"] = {n: {a: ja[n], b: jb[n]} for n in names}
+        lines += [
+            f"- load {ld} {wl}: {a} faster on {wins}/{len(names)} jobs; JCT ratio {a}/{b} "
+            f"median {np.median(ratio):.2f}, p10 {np.percentile(ratio, 10):.2f}, "
+            f"p90 {np.percentile(ratio, 90):.2f}; largest losses of {a}: "
+            + ", ".join(f"{n} {ja[n]:.0f} s vs {jb[n]:.0f} s" for n in names[::-1][:3])
+        ]
+    return "\n".join(lines), out
+
+
+def _mean_jct(rows: list[dict]) -> dict[str, float]:
+    names = set.intersection(*(set(r["jct"]) for r in rows))
+    return {n: statistics.mean(r["jct"][n] for r in rows) for n in names}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--loads", default="1.0")
+    p.add_argument("--workloads", default="1-8")
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--schedulers", default="pollux")
+    p.add_argument("--population", type=int, default=100)
+    p.add_argument("--generations", type=int, default=100)
+    p.add_argument("--patience", type=int, default=0, help="GA early stop (0: off)")
+    p.add_argument("--out", default="optimus_pollux_baseline.json")
+    p.add_argument("--summary", nargs="*", default=None)
+    p.add_argument("--pair", default="optimus+,pollux")
+    p.add_argument("--jobs", default=None, help="with --summary: write the per-job JSON here")
+    args = p.parse_args()
+    if args.summary is not None:
+        files = args.summary or [args.out]
+        print(summary(files))
+        if args.jobs:
+            pair = tuple(args.pair.split(","))
+            text, data = jobs_table(files, (pair[0], pair[1]))
+            print(text)
+            Path(args.jobs).write_text(json.dumps(data, indent=1))
+        return 0
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
