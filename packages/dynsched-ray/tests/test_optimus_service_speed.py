@@ -56,3 +56,16 @@ def test_speed_samples_are_the_same_however_the_polls_cut_the_reports(
     assert samples == pytest.approx(expected)
     assert len(group.step_times.get(16, [])) == len(dts) - whole * MIN_SPEED_REPORTS
     store.close()
+
+
+def test_one_job_row_is_read_by_name(tmp_path: Path) -> None:
+    """`JobStore.job` (what the service reads per job per poll) is the row `jobs()` lists."""
+    store = JobStore(tmp_path / "jobs.sqlite")
+    for i, name in enumerate(("a", "b", "c")):
+        store.submit(JobSpec(name, "x.py", 8 * (i + 1)), now=float(i))
+    store.update("b", state="running", restarts=2)
+    assert [store.job(r.name) for r in store.jobs()] == store.jobs()
+    assert store.job("b").restarts == 2 and store.job("b").spec.batch_size == 16
+    with pytest.raises(KeyError, match="no job 'd'"):
+        store.job("d")
+    store.close()

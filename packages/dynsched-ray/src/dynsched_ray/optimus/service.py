@@ -210,7 +210,7 @@ class OptimusService:
         self._next_decision = 0.0  # freed workers: decide again now
 
     def _row(self, name: str) -> JobRow:
-        return next(r for r in self.store.jobs() if r.name == name)
+        return self.store.job(name)
 
     def _cancel(self) -> None:
         for row in self.store.jobs(ACTIVE_STATES):

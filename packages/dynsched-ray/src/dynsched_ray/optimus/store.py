@@ -104,6 +104,13 @@ def _placement(text: str | None) -> JobPlacement | None:
     return JobPlacement(jid, tuple(nodes), tuple(ps), tuple(ws))
 
 
+#: the columns of a job's row, in the order ``JobStore._row`` reads them
+_JOB_COLUMNS = (
+    "name, spec, state, submitted, started, ended, error, restarts, cancel, "
+    "placement, remaining, batch"
+)
+
+
 class JobStore:
     """The SQLite job table (one connection per store; thread-safe within a process).
 
@@ -172,12 +179,26 @@ class JobStore:
         marks = ",".join("?" * len(states))
         with self._tx() as db:
             rows = db.execute(
-                "SELECT name, spec, state, submitted, started, ended, error, restarts, cancel, "
-                f"placement, remaining, batch FROM jobs WHERE state IN ({marks}) "
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ({marks}) "
                 "ORDER BY submitted, name",
                 tuple(states),
             ).fetchall()
         return [self._row(r) for r in rows]
+
+    def job(self, name: str) -> JobRow:
+        """One job's row (one query: the service reads it for every job on every poll).
+
+        Raises:
+            KeyError: no job is called ``name``.
+        """
+        with self._tx() as db:
+            r = db.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE name = ?",
+                (name,),
+            ).fetchone()
+        if r is None:
+            raise KeyError(f"no job {name!r}")
+        return self._row(r)
 
     def _row(self, r: Sequence[Any]) -> JobRow:
         spec = self._spec(r[1])
