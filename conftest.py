@@ -16,6 +16,14 @@ with contextlib.suppress(ImportError):
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Ray starts its worker processes (every actor: replicas, trainers, queue, router) at
+# niceness 15 by default. Beside other work on the same cores (the CI check with two busy
+# processes) such a worker gets about 3 % of a core: one test's fleet took 3 min to start
+# instead of 10 s and ran into its timeout. The tests' clusters (the session-wide one and
+# those the CLI subprocesses start, which inherit this environment) start their workers at
+# the tests' own priority. Production runs keep Ray's default.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # pragma: no cover - hypothesis is a test dependency
