@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 import attrs
 from dynsched_core import (
@@ -31,6 +32,8 @@ from dynsched_sim._vloop import VirtualTimeEventLoop, deferred_interrupts, stop_
 __all__ = ["STATIC_POLICY", "RunResult", "policy_for", "queue_ceiling", "run_configuration"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 STATIC_POLICY = "static_fully_async"
 PROXY_KEYS = (
@@ -304,7 +307,9 @@ def run_configuration(
             scenario.engine.gpus_per_replica,
         )
         spec = None
-    out, events = _simulate(scenario, conf, cfg, seed, progress, spec)
+    out, events = _on_virtual_time(
+        functools.partial(_run, scenario, conf, cfg, seed, progress, spec)
+    )
     res, wall = out.result, out.result.duration_s
     return RunResult(
         scenario=scenario.name,
@@ -331,22 +336,15 @@ def run_configuration(
     )
 
 
-def _simulate(
-    scenario: Scenario,
-    conf: Configuration,
-    cfg: DynamicScheduleConfig,
-    seed: int,
-    progress: ProgressFn | None,
-    spec: PlannerSpec | None = None,
-) -> tuple[_Outcome, int]:
-    """Run the loop on a fresh virtual-time event loop; the outcome and its callback count."""
+def _on_virtual_time(main: Callable[[], Coroutine[Any, Any, _T]]) -> tuple[_T, int]:
+    """Run ``main()`` on a fresh virtual-time event loop; its result and the callback count."""
     loop = VirtualTimeEventLoop()
     # Ctrl-C is raised only between two loop iterations (never inside a task's step), so
     # the run's tasks can always be cancelled cleanly below.
     with deferred_interrupts(loop):
         try:
             asyncio.set_event_loop(loop)
-            out = loop.run_until_complete(_run(scenario, conf, cfg, seed, progress, spec))
+            out = loop.run_until_complete(main())
             return out, loop.callbacks_scheduled
         except BaseException:
             # Ctrl-C mid-run: stop the run's tasks without printing their teardown errors.

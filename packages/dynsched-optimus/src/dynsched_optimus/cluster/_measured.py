@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +94,23 @@ def _counted(field: str, zero: bool = False) -> Callable[[Any, Any, Any], None]:
     return check
 
 
-def _step_times(value: object) -> dict[int, float]:
-    if not isinstance(value, Mapping) or not value:
-        raise _bad("step_time_s", "a non-empty mapping of worker count -> seconds", value)
-    out = {}
+def _by_worker_count(field: str, value: Mapping[Any, Any]) -> Iterator[tuple[int, Any]]:
+    """``value``'s items with each key checked and read as a worker count (an int >= 1)."""
     for k, v in value.items():
         try:
             w = int(k)
         except (TypeError, ValueError):
-            raise _bad("step_time_s", "keyed by worker counts", k) from None
-        out[_count("step_time_s", w)] = _number(f"step_time_s[{w}]", v, positive=True)
-    return out
+            raise _bad(field, "keyed by worker counts", k) from None
+        yield _count(field, w), v
+
+
+def _step_times(value: object) -> dict[int, float]:
+    if not isinstance(value, Mapping) or not value:
+        raise _bad("step_time_s", "a non-empty mapping of worker count -> seconds", value)
+    return {
+        w: _number(f"step_time_s[{w}]", v, positive=True)
+        for w, v in _by_worker_count("step_time_s", value)
+    }
 
 
 def _points(value: object) -> tuple[tuple[float, float], ...]:
@@ -136,14 +142,10 @@ def _speed_samples(value: object) -> dict[int, tuple[float, ...]]:
     if not isinstance(value, Mapping):
         raise _bad("speed_samples", "a mapping of worker count -> [steps/s, ...]", value)
     out = {}
-    for k, v in value.items():
-        try:
-            w = int(k)
-        except (TypeError, ValueError):
-            raise _bad("speed_samples", "keyed by worker counts", k) from None
+    for w, v in _by_worker_count("speed_samples", value):
         if not isinstance(v, Sequence) or isinstance(v, str):
             raise _bad(f"speed_samples[{w}]", "a list of steps/s", v)
-        out[_count("speed_samples", w)] = tuple(
+        out[w] = tuple(
             _number(f"speed_samples[{w}][{i}]", x, positive=True) for i, x in enumerate(v)
         )
     return out

@@ -148,7 +148,8 @@ def add_config_arguments(p: argparse.ArgumentParser, *, config_help: str, set_he
 
 
 def add_ray_arguments(p: argparse.ArgumentParser, *, address_help: str) -> None:
-    """The Ray flags every command shares: ``--address``, ``--node-ip-address``, ``--namespace``."""
+    """The Ray flags every command shares (read by `init_command_ray`): ``--address``,
+    ``--node-ip-address``, ``--namespace``, ``--num-cpus``."""
     p.add_argument("--address", default=None, help=address_help)
     p.add_argument(
         "--node-ip-address",
@@ -157,6 +158,9 @@ def add_ray_arguments(p: argparse.ArgumentParser, *, address_help: str) -> None:
         "listener on this machine)",
     )
     p.add_argument("--namespace", default=None, help="Ray namespace of the named actors")
+    p.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs of a local Ray cluster (default 4)"
+    )
 
 
 def init_command_ray(

@@ -133,7 +133,6 @@ def register(subparsers: Any) -> None:
         default=None,
         help="trainer worker actors (default: one per trainer GPU)",
     )
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local cluster")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
     _add_engine_arguments(p)
     p.set_defaults(func=main)

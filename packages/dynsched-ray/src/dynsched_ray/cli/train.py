@@ -162,7 +162,6 @@ def register(subparsers: Any) -> None:
     )
     add_ray_arguments(p, address_help="join this Ray cluster (e.g. 'auto')")
     p.add_argument("--name", default="dynsched-train", help="run name (prefix of actor names)")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray cluster")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
     p.add_argument(
         "--planner",
