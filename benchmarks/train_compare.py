@@ -14,6 +14,20 @@ writes:
 - ``reward.png`` (reward against step and against loop wall-clock, step time, queue size)
   and ``layout.png`` (the resource-time layout of one run of each policy).
 
+An arm named ``POLICY+planner`` runs ``POLICY`` with the run-time role planner
+(`dynsched_core.planner.RolePlanner`, what ``dynsched train --planner`` installs): the
+trainer pool holds one GPU more, the trainer starts one replica's GPUs below it, and the
+planner moves GPUs between the trainer and the standalone replicas in either direction.
+The global batch is the same in every arm.
+
+Equivalence of the reward, stated before the runs: each arm's last-quarter mean reward is
+compared with the first arm's (static) by a two one-sided Welch t-test (TOST) at
+``--alpha`` (0.05) with the margin ``--margin`` (0.05 reward, judgement: a tenth of the
+reward the warmed-up model gains over a 20-step run, about 0.15, is a difference no
+one would call a change in what the model learns; the seed-to-seed range of one policy
+was 0.02-0.03 in the committed three-seed run). "Equivalent" means both one-sided nulls
+(difference <= -margin, difference >= +margin) are rejected.
+
 Usage (the committed results were made with the command in the README)::
 
     hatch run test:python benchmarks/train_compare.py --engine hf --steps 20 --seeds 0 1 2 \\
@@ -39,6 +53,9 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# Ray starts actors at niceness 15: beside any other process on these cores they would get
+# a few % of a core and the set-up time would measure the neighbours (as in the tests).
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 CONFIG: dict[str, Any] = {
     "async_training": {
@@ -62,14 +79,34 @@ def quarter_means(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
 
 
+PLANNER_SUFFIX = "+planner"
+
+
+def arm_config(arm: str) -> dict[str, Any]:
+    """The config of one arm: ``CONFIG`` with the arm's policy; a ``+planner`` arm's trainer
+    pool one GPU larger (the planner's trainer starts one replica's GPUs below its pool)."""
+    policy = arm.removesuffix(PLANNER_SUFFIX)
+    cfg = json.loads(json.dumps(CONFIG))
+    cfg["async_training"]["dynamic_schedule_policy"] = policy
+    if arm.endswith(PLANNER_SUFFIX):
+        cfg["trainer"]["n_gpus_per_node"] += 1
+    return cfg
+
+
+def _planner_options(config: Any, args: argparse.Namespace) -> Any:
+    from dynsched_core.planner import RolePlanner, RolePlannerOptions
+
+    opts = RolePlannerOptions(every_n_syncs=args.planner_every, move_cost_s=args.planner_move_cost)
+    return RolePlanner(opts, config=config)
+
+
 def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     from dynsched_core import DynamicScheduleConfig
     from dynsched_ray import RayRunOptions
     from dynsched_ray.training import TrainRunner, TrainRunnerOptions, TrainSettings, lag_bound
 
-    cfg_dict = json.loads(json.dumps(CONFIG))
-    cfg_dict["async_training"]["dynamic_schedule_policy"] = policy
-    config = DynamicScheduleConfig.from_dict(cfg_dict)
+    config = DynamicScheduleConfig.from_dict(arm_config(policy))
+    planner = _planner_options(config, args) if policy.endswith(PLANNER_SUFFIX) else None
     out = Path(args.out) / "runs" / f"{policy}-s{seed}"
     settings = TrainSettings(
         out_dir=str(out),
@@ -83,10 +120,10 @@ def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> di
     runner = TrainRunner(
         config,
         settings,
-        RayRunOptions(name=f"cmp-{policy}-{seed}"),
+        RayRunOptions(name=f"cmp-{policy.replace('+', '-')}-{seed}"),
         model=model,
         progress=lambda line: print(f"  [{policy} s{seed}] {line}", flush=True),
-        runner_options=TrainRunnerOptions(record_events=True),
+        runner_options=TrainRunnerOptions(record_events=True, planner=planner),
     )
     t0 = time.monotonic()
     summary = asyncio.run(runner.train())
@@ -121,6 +158,10 @@ def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> di
         "lag_bound": lag_bound(config),
         "samples_consumed": result.loop.samples_consumed,
         "duplicate_samples": len(result.consumed_sample_ids) - len(set(result.consumed_sample_ids)),
+        "planner_moves": [
+            {"direction": m.direction, "replicas": m.replicas, "seconds": round(sec, 3)}
+            for m, sec in (planner.moves if planner is not None else [])
+        ],
         "_events": runner.events,
     }
 
@@ -135,7 +176,46 @@ def _spread(xs: list[float]) -> dict[str, float]:
     }
 
 
-def summarise(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
+def tost(a: list[float], b: list[float], margin: float, alpha: float) -> dict[str, Any]:
+    """Two one-sided Welch t-tests of ``mean(a) - mean(b)`` against ``[-margin, margin]``.
+
+    Returns:
+        The difference, its standard error and degrees of freedom, both one-sided p-values,
+        the larger of them (the TOST p-value) and ``equivalent`` (that p-value < ``alpha``).
+    """
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"a TOST needs >= 2 seeds per arm, got {len(a)} and {len(b)}")
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = ma - mb
+    se = math.sqrt(va + vb)
+    if se == 0.0:  # identical constant samples: decided by the difference alone
+        p_low = 0.0 if diff > -margin else 1.0
+        p_high = 0.0 if diff < margin else 1.0
+        df = float(len(a) + len(b) - 2)
+    else:
+        df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+        p_low = float(stats.t.sf((diff + margin) / se, df))  # H0: diff <= -margin
+        p_high = float(stats.t.cdf((diff - margin) / se, df))  # H0: diff >= +margin
+    p = max(p_low, p_high)
+    return {
+        "difference": diff,
+        "se": se,
+        "df": df,
+        "margin": margin,
+        "alpha": alpha,
+        "p_lower": p_low,
+        "p_upper": p_high,
+        "p": p,
+        "equivalent": p < alpha,
+    }
+
+
+def summarise(
+    runs: list[dict[str, Any]], policies: list[str], margin: float = 0.05, alpha: float = 0.05
+) -> dict[str, Any]:
     per: dict[str, Any] = {}
     for p in policies:
         mine = [r for r in runs if r["policy"] == p]
@@ -148,6 +228,7 @@ def summarise(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
             "mean_step_time_s": _spread([statistics.fmean(r["step_time_s"]) for r in mine]),
             "max_lag": max(r["max_lag"] for r in mine),
             "activations": [r["activations"] for r in mine],
+            "planner_moves": [len(r.get("planner_moves", [])) for r in mine],
         }
     base = policies[0]
     spread = max(per[p]["last_quarter_reward"]["range"] for p in policies)
@@ -156,6 +237,12 @@ def summarise(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
         for p in policies[1:]
     }
     gains = [r["last_quarter_reward"] - r["first_quarter_reward"] for r in runs]
+    last = {p: [r["last_quarter_reward"] for r in runs if r["policy"] == p] for p in policies}
+    equivalence = (
+        {p: tost(last[p], last[base], margin, alpha) for p in policies[1:]}
+        if all(len(x) >= 2 for x in last.values())
+        else {}
+    )
     return {
         "per_policy": per,
         "claim": {
@@ -168,6 +255,9 @@ def summarise(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
             "all_runs_gain": all(g > 0 for g in gains),
             "lag_within_bound": all(r["max_lag"] <= r["lag_bound"] for r in runs),
             "no_duplicates": all(r["duplicate_samples"] == 0 for r in runs),
+            "equivalence_tost": equivalence,
+            "all_equivalent": bool(equivalence)
+            and all(e["equivalent"] for e in equivalence.values()),
         },
     }
 
@@ -211,7 +301,12 @@ def plot(runs: list[dict[str, Any]], policies: list[str], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policies", nargs="+", default=["static_fully_async", "default"])
+    ap.add_argument(
+        "--policies",
+        nargs="+",
+        default=["static_fully_async", "default"],
+        help="arms; the first is the baseline; POLICY+planner adds the role planner",
+    )
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
@@ -220,7 +315,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/train_compare")
     ap.add_argument("--model-cache", default=".cache/dynsched-train-model")
     ap.add_argument("--num-cpus", type=int, default=4)
+    ap.add_argument("--margin", type=float, default=0.05, help="TOST margin (reward)")
+    ap.add_argument("--alpha", type=float, default=0.05, help="TOST level")
+    ap.add_argument("--planner-every", type=int, default=4, help="planner: re-plan every N syncs")
+    ap.add_argument(
+        "--planner-move-cost", type=float, default=60.0, help="planner: prior move cost, s"
+    )
     args = ap.parse_args(argv)
+    from dynsched_core import DynamicScheduleConfig
+
+    for arm in args.policies:  # every arm's config and policy checked before Ray starts
+        try:
+            DynamicScheduleConfig.from_dict(arm_config(arm)).build_policy()
+        except Exception as exc:
+            ap.error(f"--policies {arm}: {exc}")
+    if not (args.margin > 0 and 0 < args.alpha < 1):
+        ap.error("--margin must be > 0 and --alpha in (0, 1)")
 
     import ray
     from dynsched_ray.task.addition import warm_up
@@ -251,11 +361,12 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_one(policy, seed, args, model))
     finally:
         ray.shutdown()
-    summary = summarise(runs, args.policies)
+    summary = summarise(runs, args.policies, args.margin, args.alpha)
     plot(runs, args.policies, out)
     doc = {
         "command": "hatch run test:python benchmarks/train_compare.py " + " ".join(sys.argv[1:]),
         "config": CONFIG,
+        "arm_configs": {a: arm_config(a) for a in args.policies},
         "engine": args.engine,
         "steps": args.steps,
         "seeds": args.seeds,

@@ -1,0 +1,268 @@
+"""An elastic trainer in a real run: resized 2 -> 3 -> 2 mid-run, does the loss curve stay
+within the seed spread of runs that never resize?
+
+Runs `dynsched train` (the `TrainRunner`, transformers engine, `TorchTrainer` over gloo) on
+the shipped addition task, several seeds, two arms in one local Ray cluster:
+
+- ``unresized``: 2 trainer workers and 2 standalone replicas throughout;
+- ``resized``: the same run, whose trainer pool holds one more GPU (3: the trainer starts
+  with 2 workers, as ``dynsched train --planner`` starts it); a scripted role planner
+  retires a standalone replica and grows the trainer to 3 workers at sync ``--grow-at``,
+  then shrinks it back to 2 and starts the replica again at sync ``--shrink-at``. The
+  moves are the real ones (`RayRoleMover`: unroute, abort and resume elsewhere, the
+  optimizer state re-formed over the new data-parallel group, the global batch kept).
+
+The criterion, stated before the runs: at every step from the first resize on, the mean
+over seeds of the resized runs' training loss lies within the range (min..max over
+seeds) of the unresized runs' loss at that step; and the last-quarter reward of the two
+arms is equivalent by a two one-sided Welch t-test (margin 0.05 reward, as in
+``train_compare.py``). Writes ``summary.json`` and ``loss.png`` to ``--out``.
+
+Usage::
+
+    hatch run test:python benchmarks/train_resize.py --seeds 0 1 2 3 4 \\
+        --out benchmarks/results/train_resize
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_worker_niceness", "0")  # see train_compare.py
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_compare import CONFIG, quarter_means, tost
+
+ARMS = ("unresized", "resized")
+
+
+def arm_config(arm: str) -> dict[str, Any]:
+    """2 trainer GPUs (3 for ``resized``: room to grow) and 2 standalone replicas, the
+    ``default`` policy; the rest as ``train_compare.CONFIG`` (the same global batch)."""
+    if arm not in ARMS:
+        raise ValueError(f"arm must be one of {list(ARMS)}, got {arm!r}")
+    cfg = json.loads(json.dumps(CONFIG))
+    cfg["async_training"]["dynamic_schedule_policy"] = "default"
+    cfg["trainer"]["n_gpus_per_node"] = 3 if arm == "resized" else 2
+    cfg["rollout"]["n_gpus_per_node"] = 2
+    return cfg
+
+
+def scripted_planner(config: Any, grow_at: int, shrink_at: int) -> Any:
+    """A `RolePlanner` whose decisions are scripted: one replica's GPUs to the trainer at
+    sync ``grow_at``, back to rollout at sync ``shrink_at`` (it still observes the run)."""
+    from dynsched_core.planner import RoleMove, RolePlanner, RolePlannerOptions, RoleSplit
+
+    class ScriptedPlanner(RolePlanner):
+        def __init__(self) -> None:
+            super().__init__(RolePlannerOptions(every_n_syncs=1), config=config)
+            self.syncs = 0
+
+        def decide(self, split: RoleSplit, *, now: float) -> RoleMove | None:
+            self.syncs += 1
+            direction = {grow_at: "to_trainer", shrink_at: "to_rollout"}.get(self.syncs)
+            if direction is None:
+                return None
+            after = split.moved(direction, 1)  # type: ignore[arg-type]
+            return RoleMove(
+                direction=direction,  # type: ignore[arg-type]
+                replicas=1,
+                before=split,
+                after=after,
+                reason=f"scripted at sync {self.syncs}",
+            )
+
+    return ScriptedPlanner()
+
+
+def run_one(arm: str, seed: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    from dynsched_core import DynamicScheduleConfig
+    from dynsched_ray import RayRunOptions
+    from dynsched_ray.training import TrainRunner, TrainRunnerOptions, TrainSettings
+
+    config = DynamicScheduleConfig.from_dict(arm_config(arm))
+    planner = scripted_planner(config, args.grow_at, args.shrink_at) if arm == "resized" else None
+    settings = TrainSettings(
+        out_dir=str(Path(args.out) / "runs" / f"{arm}-s{seed}"),
+        model_cache=args.model_cache,
+        engine="hf",
+        steps=args.steps,
+        seed=seed,
+        lr=args.lr,
+        max_tokens=args.max_tokens,
+    )
+    workers: list[int] = []  # trainer workers after each step (the group's size)
+
+    def on_step(row: dict[str, Any]) -> None:
+        group = runner.trainer_group
+        workers.append(len(group.workers) if group is not None else 0)
+
+    runner = TrainRunner(
+        config,
+        settings,
+        RayRunOptions(name=f"resize-{arm}-{seed}"),
+        model=model,
+        progress=lambda line: print(f"  [{arm} s{seed}] {line}", flush=True),
+        on_step=on_step,
+        runner_options=TrainRunnerOptions(planner=planner),
+    )
+    summary = asyncio.run(runner.train())
+    rows = list(summary.rows)
+    rewards = [float(r["reward"]) for r in rows]
+    result = summary.result
+    ids = list(result.consumed_sample_ids)
+    at = {"to_trainer": args.grow_at, "to_rollout": args.shrink_at}
+    moves = [
+        {"direction": m.direction, "at_sync": at[m.direction], "seconds": round(s, 3)}
+        for m, s in (planner.moves if planner is not None else [])
+    ]
+    print(
+        f"{arm} seed {seed}: loss last {rows[-1]['loss']:.4f}, moves {len(moves)}, "
+        f"wall {summary.wall_s:.1f}s",
+        flush=True,
+    )
+    return {
+        "arm": arm,
+        "seed": seed,
+        "loss": [float(r["loss"]) for r in rows],
+        "reward": rewards,
+        "last_quarter_reward": quarter_means(rewards)[1],
+        "trainer_workers": workers,
+        "moves": moves,
+        "wall_s": round(summary.wall_s, 2),
+        "steps": len(rows),
+        "samples_consumed": result.loop.samples_consumed,
+        "duplicate_samples": len(ids) - len(set(ids)),
+    }
+
+
+def check(runs: list[dict[str, Any]], first_resize_step: int) -> dict[str, Any]:
+    """The stated criterion (module docstring) on ``runs``."""
+    by = {a: [r for r in runs if r["arm"] == a] for a in ARMS}
+    steps = min(r["steps"] for r in runs)
+    per_step = []
+    for i in range(steps):
+        base = [r["loss"][i] for r in by["unresized"]]
+        mean = statistics.fmean(r["loss"][i] for r in by["resized"])
+        per_step.append(
+            {
+                "step": i + 1,
+                "resized_mean": mean,
+                "unresized_min": min(base),
+                "unresized_max": max(base),
+                "unresized_mean": statistics.fmean(base),
+                # float-sum rounding only (1e-9): the mean of equal losses is not always equal
+                "inside": min(base) - 1e-9 <= mean <= max(base) + 1e-9,
+            }
+        )
+    judged = [p for p in per_step if p["step"] >= first_resize_step]
+    last = {a: [r["last_quarter_reward"] for r in by[a]] for a in ARMS}
+    return {
+        "first_resize_step": first_resize_step,
+        "per_step": per_step,
+        "steps_inside": sum(p["inside"] for p in judged),
+        "steps_judged": len(judged),
+        "loss_within_seed_spread": all(p["inside"] for p in judged),
+        "reward_tost": tost(last["resized"], last["unresized"], 0.05, 0.05),
+        "every_resized_run_moved_twice": all(len(r["moves"]) == 2 for r in by["resized"]),
+        "resized_reached_3_workers": all(max(r["trainer_workers"]) == 3 for r in by["resized"]),
+        "resized_ended_at_2_workers": all(r["trainer_workers"][-1] == 2 for r in by["resized"]),
+        "no_duplicates": all(r["duplicate_samples"] == 0 for r in runs),
+    }
+
+
+def plot(runs: list[dict[str, Any]], verdict: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ps = verdict["per_step"]
+    steps = [p["step"] for p in ps]
+    ax.fill_between(
+        steps,
+        [p["unresized_min"] for p in ps],
+        [p["unresized_max"] for p in ps],
+        color="tab:blue",
+        alpha=0.2,
+        label="unresized: range over seeds",
+    )
+    ax.plot(steps, [p["unresized_mean"] for p in ps], color="tab:blue", label="unresized mean")
+    for r in runs:
+        if r["arm"] == "resized":
+            ax.plot(steps, r["loss"][: len(steps)], color="tab:orange", alpha=0.3, lw=0.8)
+    ax.plot(steps, [p["resized_mean"] for p in ps], color="tab:orange", label="resized mean")
+    ax.axvline(verdict["first_resize_step"], color="grey", ls=":", label="first resize")
+    ax.set(xlabel="step", ylabel="training loss", title="trainer resized 2 -> 3 -> 2 mid-run")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--grow-at", type=int, default=3, help="sync at which the trainer grows")
+    ap.add_argument("--shrink-at", type=int, default=6, help="sync at which it shrinks back")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--max-tokens", type=int, default=6)
+    ap.add_argument("--out", default="benchmarks/results/train_resize")
+    ap.add_argument("--model-cache", default=".cache/dynsched-train-model")
+    ap.add_argument("--num-cpus", type=int, default=4)
+    args = ap.parse_args(argv)
+    syncs = args.steps // CONFIG["async_training"]["trigger_parameter_sync_step"]
+    if not 1 <= args.grow_at < args.shrink_at < syncs:
+        ap.error(f"need 1 <= --grow-at < --shrink-at < {syncs} (the run's syncs)")
+    if len(args.seeds) < 2:
+        ap.error("--seeds: at least 2 (the criterion compares seed spreads)")
+
+    import ray
+    from dynsched_ray.task.addition import warm_up
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = warm_up(args.model_cache)
+    ray.init(
+        address="local", num_cpus=args.num_cpus, num_gpus=6, include_dashboard=False,
+        log_to_driver=False,
+    )  # fmt: skip
+    t0 = time.monotonic()
+    runs = []
+    try:
+        for seed in args.seeds:
+            for arm in ARMS:
+                runs.append(run_one(arm, seed, args, model))
+    finally:
+        ray.shutdown()
+    # the planner decides after a sync step: the first resized step is the one after it
+    first_step = args.grow_at * CONFIG["async_training"]["trigger_parameter_sync_step"] + 1
+    verdict = check(runs, first_step)
+    plot(runs, verdict, out)
+    doc = {
+        "command": "hatch run test:python benchmarks/train_resize.py " + " ".join(sys.argv[1:]),
+        "configs": {a: arm_config(a) for a in ARMS},
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "total_wall_s": round(time.monotonic() - t0, 1),
+        "verdict": verdict,
+        "runs": runs,
+    }
+    (out / "summary.json").write_text(json.dumps(doc, indent=1))
+    print(json.dumps({k: v for k, v in verdict.items() if k != "per_step"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
