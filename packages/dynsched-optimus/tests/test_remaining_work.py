@@ -120,7 +120,8 @@ class _LinearEstimator:
 
 def test_hand_computed_aging_weight() -> None:
     # waiting job (1 GPU now), 100 done, 300 left, requested 4 GPUs, age 250 s:
-    # T_alone = 400 / 4 = 100 s; slowdown = (250 + 300 / 1) / 100 = 5.5; guard 2 -> 2.75
+    # T_alone = 400 / 4 = 100 s; slowdown = (250 + 300 / 1) / 100 = 5.5; guard 2 -> 2.75,
+    # rounded down to a power of two: 2
     obs = JobObservation(
         job_id="j",
         kind="allreduce",
@@ -130,7 +131,9 @@ def test_hand_computed_aging_weight() -> None:
     )
     rnd = Round(250.0, {"j": obs}, np.array([[8.0]]), 30.0, 0, per_node={"j": 8})
     w = RemainingWorkAllocation(max_slowdown=2.0).weights(rnd, _LinearEstimator(), {"j": 300.0})
-    assert w["j"] == pytest.approx(2.75)
+    assert w["j"] == 2.0
+    w = RemainingWorkAllocation(max_slowdown=1.0).weights(rnd, _LinearEstimator(), {"j": 300.0})
+    assert w["j"] == 4.0  # 5.5 -> 4
     # not behind: weight 1
     w = RemainingWorkAllocation(max_slowdown=8.0).weights(rnd, _LinearEstimator(), {"j": 300.0})
     assert w["j"] == 1.0

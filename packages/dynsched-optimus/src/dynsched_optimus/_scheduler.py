@@ -58,6 +58,7 @@ Constants (each named, with where it comes from):
 from __future__ import annotations
 
 import functools
+import math
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -894,7 +895,8 @@ class RemainingWorkAllocation:
     allocator, relative gain test).  Aging guard: a job whose predicted slowdown
     ``(age + T_now) / T_alone`` (``T_alone``: all its work at the requested GPU count)
     exceeds ``max_slowdown`` has its remaining work divided by ``slowdown /
-    max_slowdown`` for the allocation, i.e. its gains scaled up by that factor.
+    max_slowdown`` (rounded down to a power of two, so that it does not move every round)
+    for the allocation, i.e. its gains scaled up by that factor.
 
     Raises:
         OptimusError: a field out of range (the message names it and the allowed values).
@@ -906,7 +908,8 @@ class RemainingWorkAllocation:
     min_gain: float = attrs.field(default=RW_MIN_GAIN, validator=_float_at_least(0.0))
 
     def weights(self, rnd: Round, est: Estimator, rem: Mapping[str, float]) -> dict[str, float]:
-        """The aging factor of each job (1: not behind; ``slowdown / max_slowdown``)."""
+        """The aging factor of each job: 1 when not behind, else ``slowdown /
+        max_slowdown`` rounded down to a power of two."""
         out = {}
         for jid, obs in rnd.jobs.items():
             per = rnd.per_node.get(jid, 1)
@@ -920,7 +923,8 @@ class RemainingWorkAllocation:
                 continue
             t_alone = max((_work_done(est, obs) + rem[jid]) / alone, 1e-9)
             slowdown = (max(rnd.now - obs.arrival, 0.0) + rem[jid] / now) / t_alone
-            out[jid] = max(1.0, slowdown / self.max_slowdown)
+            # powers of two: a weight that moved every round would move tasks every round
+            out[jid] = 2.0 ** math.floor(math.log2(max(1.0, slowdown / self.max_slowdown)))
         return out
 
     def allocate(self, rnd: Round, est: Estimator, restarts: RestartPlanner) -> Allocation:
