@@ -58,8 +58,8 @@ Constants (each named, with where it comes from):
 from __future__ import annotations
 
 import functools
-import math
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
