@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from dynsched_optimus import AllocationJob, OptimusError, allocate
 from dynsched_optimus.scheduler import (
+    RW_EXPONENT,
     CompletionRule,
     GoodputBatch,
     JobObservation,
@@ -53,7 +54,7 @@ def test_hand_computed_third_gpu_goes_to_the_nearly_finished_job() -> None:
     ]
     kw = {"method": "incremental", "current": {}}
     by_log = allocate(jobs, (3.0,), **kw)
-    by_jct = allocate(jobs, (3.0,), **kw, utility_exponent=2.0, relative_min_gain=True)
+    by_jct = allocate(jobs, (3.0,), **kw, utility_exponent=2.0, jct_gains=True)
     assert (_gpus(by_log, "long"), _gpus(by_log, "short")) == (2, 1)
     assert (_gpus(by_jct, "long"), _gpus(by_jct, "short")) == (1, 2)
 
@@ -66,10 +67,30 @@ def test_hand_computed_restart_penalty_against_the_predicted_saving() -> None:
         "method": "incremental",
         "current": {"a": (0, 2)},
         "utility_exponent": 2.0,
-        "relative_min_gain": True,
+        "jct_gains": True,
     }
     assert _gpus(allocate([job], (8.0,), restart_penalty=20.0, **kw), "a") == 2
     assert _gpus(allocate([job], (8.0,), restart_penalty=10.0, **kw), "a") == 3
+
+
+@pytest.mark.parametrize(("short_remaining", "starts"), [(10.0, False), (100.0, True)])
+def test_hand_computed_start_against_the_restart_it_causes(short_remaining, starts) -> None:
+    # a = 2, speed w, 2 GPUs held by L (R = 1000: T(2) = 500, T(1) = 1000), pen 30 s.
+    # S waits for a GPU; starting it gains -F(T_S(1)) = 1 / T_S.  L's loss:
+    # 1/500 - 1/1030 = 0.00103, plus its 30 s restart at the taker's rate 30 / T_S**2.
+    # T_S = 10: 0.1 < 0.00103 + 0.3 -> S waits; T_S = 100: 0.01 > 0.00103 + 0.003 -> S runs
+    jobs = [_job("L", 1000.0, 0.0, speed=float), _job("S", short_remaining, 1.0, speed=float)]
+    alloc = allocate(
+        jobs,
+        (2.0,),
+        method="incremental",
+        current={"L": (0, 2)},
+        restart_penalty=30.0,
+        min_gain=0.01,
+        utility_exponent=2.0,
+        jct_gains=True,
+    )
+    assert (_gpus(alloc, "L"), _gpus(alloc, "S")) == ((1, 1) if starts else (2, 0))
 
 
 def test_hand_computed_relative_min_gain() -> None:
@@ -77,8 +98,8 @@ def test_hand_computed_relative_min_gain() -> None:
     # so a 13 % threshold stops it at 7 GPUs and a 12 % one lets it take 8
     job = _job("a", 100.0, 0.0, speed=float)
     kw = {"method": "incremental", "current": {}, "utility_exponent": 2.0}
-    assert _gpus(allocate([job], (8.0,), min_gain=0.13, relative_min_gain=True, **kw), "a") == 7
-    assert _gpus(allocate([job], (8.0,), min_gain=0.12, relative_min_gain=True, **kw), "a") == 8
+    assert _gpus(allocate([job], (8.0,), min_gain=0.13, jct_gains=True, **kw), "a") == 7
+    assert _gpus(allocate([job], (8.0,), min_gain=0.12, jct_gains=True, **kw), "a") == 8
 
 
 def _obs(jid: str, epochs_done: int, arrival: float = 0.0) -> JobObservation:
@@ -157,7 +178,7 @@ def test_aging_guard_lets_a_starved_long_job_win_a_gpu() -> None:
 def test_variant_composition() -> None:
     assert "optimus+rw" in optimus_variants()
     pol = make_optimus("optimus+rw", max_slowdown=3.0, remaining_estimate="high", min_gain=0.05)
-    assert pol.allocation == RemainingWorkAllocation("high", 2.0, 3.0, 0.05)
+    assert pol.allocation == RemainingWorkAllocation("high", RW_EXPONENT, 3.0, 0.05)
     assert isinstance(pol.placement, SpeedAwarePlacement)
     assert isinstance(pol.batch, GoodputBatch)
     assert pol.restarts.hysteresis == 2.0
@@ -197,12 +218,12 @@ def test_never_overcommits_and_every_job_gets_at_most_its_cap(rem, cap, running)
         restart_penalty=60.0,
         min_gain=0.01,
         utility_exponent=2.0,
-        relative_min_gain=True,
+        jct_gains=True,
     )
     counts = [_gpus(alloc, j.job_id) for j in jobs]
     assert sum(counts) <= cap
     assert all(0 <= c <= 4 for c in counts)
-    # no job waits while GPUs stay free (each waiting job's first GPU is always a gain)
+    # no job waits while GPUs stay free (a waiting job's first free GPU is always taken)
     if sum(counts) < cap:
         assert all(c >= 1 for c in counts)
 
