@@ -351,7 +351,7 @@ def main() -> int:
     p.add_argument("--patience", type=int, default=0, help="GA early stop (0: off)")
     p.add_argument("--out", default="optimus_pollux_baseline.json")
     p.add_argument("--summary", nargs="*", default=None)
-    p.add_argument("--pair", default="optimus+,pollux")
+    p.add_argument("--pair", default="optimus+,pollux", help="a,b[;c,d...]: per-job tables")
     p.add_argument("--jobs", default=None, help="with --summary: write the per-job JSON here")
     p.add_argument("--plots", default=None, help="with --summary: write the scatter plots here")
     p.add_argument("--plot-pairs", default="optimus+,pollux;optimus+rw,pollux")
@@ -363,10 +363,12 @@ def main() -> int:
         files = args.summary or [args.out]
         print(summary(files))
         if args.jobs:
-            pair = tuple(args.pair.split(","))
-            text, data = jobs_table(files, (pair[0], pair[1]))
-            print(text)
-            Path(args.jobs).write_text(json.dumps(data, indent=1))
+            for i, spec in enumerate(args.pair.split(";")):
+                a, b = spec.split(",")
+                text, data = jobs_table(files, (a, b))
+                print(text)
+                if i == 0:  # the JSON holds the first pair
+                    Path(args.jobs).write_text(json.dumps(data, indent=1))
         if args.extras:
             print(extras_table(files, args.extras.split(",")))
         if args.plots:
