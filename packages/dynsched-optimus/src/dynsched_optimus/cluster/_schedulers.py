@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -587,6 +588,8 @@ class OptimusScheduler(_Base):
         self._capacity = np.zeros((1, 4))
         self._empty: dict[tuple[object, ...], Placement | None] = {}
         self.last_decision: ScheduleDecision | None = None
+        #: CPU seconds of each :meth:`schedule` call (the policy's decision time)
+        self.decision_seconds: list[float] = []
 
     def prerun_configs(self, job: SimJob, capacity: np.ndarray) -> list[Placement]:
         """The policy's pre-run request, each configuration placed on an empty cluster."""
@@ -616,9 +619,11 @@ class OptimusScheduler(_Base):
         self._capacity = cap
         self.truth.jobs = {j.name: j for j in jobs}
         self.truth.capacity = cap
+        t0 = time.process_time()
         dec = self.policy.schedule(
             now, [observe(j) for j in jobs], cap, restart_delay_s=cluster.restart_delay_s
         )
+        self.decision_seconds.append(time.process_time() - t0)
         self.last_decision = dec
         by_name = {j.name: j for j in jobs}
         out = _as_placements(dec.placements, by_name, cap.shape[0])
