@@ -18,8 +18,16 @@ Run (one simulation at a time on a shared machine)::
 ``--summary FILE [FILE ...]`` merges result files and prints the Markdown summary:
 per load, per workload the baseline's average JCT (seed mean, half the range over
 seeds), the published row and the residual ``ours / published - 1``; the mean per load;
-wall seconds per simulation and seconds per Pollux decision. ``--jobs`` adds the per-job
-table of two schedulers (``--pair optimus+,pollux``).
+wall seconds per simulation and seconds per Pollux decision; per load and scheduler the
+p99 JCT, makespan and worst slowdown against running alone (mean over the workloads each
+ran, with the seed spread). ``--jobs`` adds the per-job table of two schedulers (``--pair
+optimus+,pollux``); ``--plots DIR`` writes, per pair of ``--plot-pairs`` (default
+``optimus+,pollux;optimus+rw,pollux``), a scatter of the per-job JCTs at 1.0x (one panel
+per workload, log axes, the line y = x) as ``DIR/optimus_pollux_jobs_<a>.png``.
+
+Running alone: a job's true time on its requested GPUs, packed on the fewest servers, at
+its submitted batch, from its submission (the simulator's oracle; no queueing, no
+restarts); slowdown = JCT / that time.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from pathlib import Path
 import numpy as np
 from dynsched_optimus.cluster import (
     ClusterSpec,
+    Placement,
     SimConfig,
     Simulator,
     find_pollux_data,
@@ -52,6 +61,23 @@ def published(load: str) -> dict[str, float]:
     if not path.is_file():
         return {}
     return {k: float(v) for k, v in json.loads(path.read_text())["avgs"].items()}
+
+
+def alone_seconds(load: str, workload: str, seed: int) -> dict[str, float]:
+    """Each job's time running alone: its requested GPUs on the fewest servers, its
+    submitted batch, no queueing or restarts (the simulator's oracle)."""
+    config = SimConfig(seed=seed, completion="epochs")
+    jobs = gpu_jobs(load_workload(workload, load=load), config)
+    spec = ClusterSpec.pollux()
+    per = int(spec.capacity()[0, 2])
+    out = {}
+    for job in jobs:
+        w = max(min(job.requested_workers, job.max_workers), 1)
+        full, rest = divmod(w, per)
+        counts = dict(enumerate([per] * full + ([rest] if rest else [])))
+        pl = Placement.of(spec.num_nodes, counts, {})
+        out[job.name] = float(job.true_remaining_time(pl))
+    return out
 
 
 def _kwargs(args: argparse.Namespace, scheduler: str) -> dict[str, object]:
@@ -192,6 +218,97 @@ def summary(files: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _worst_slowdown(r: dict, cache: dict[tuple[str, str, int], dict[str, float]]) -> float:
+    key = (r["load"], r["workload"], r["seed"])
+    if key not in cache:
+        cache[key] = alone_seconds(*key)
+    alone = cache[key]
+    return max(r["jct"][n] / alone[n] for n in r["jct"])
+
+
+def _seed_means(rs: list[dict], metric: str, wls: list[str]) -> list[float]:
+    """Per seed that ran every workload of ``wls``: the mean of ``metric`` over them."""
+    by_seed: dict[int, dict[str, float]] = {}
+    for r in rs:
+        by_seed.setdefault(r["seed"], {})[r["workload"]] = r[metric]
+    return [statistics.mean(v[w] for w in wls) for v in by_seed.values() if set(wls) <= set(v)]
+
+
+def extras_table(files: list[str], scheds: list[str]) -> str:
+    """Per load: average JCT, p99 JCT, makespan and worst slowdown against running alone,
+    mean over the workloads every listed scheduler ran, mean ± half range over seeds."""
+    runs = _group(files)
+    cache: dict[tuple[str, str, int], dict[str, float]] = {}
+    for rs in runs.values():
+        for r in rs:
+            r.setdefault("worst_slowdown", _worst_slowdown(r, cache))
+    lines = ["\n### p99 JCT, makespan, fairness (means over the common workloads)\n"]
+    lines += [
+        "| load | workloads | scheduler | seeds | avg JCT s | p99 JCT s | makespan s "
+        "| worst slowdown |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for ld in sorted({k[0] for k in runs}, key=float):
+        have = [sc for sc in scheds if any(k[0] == ld and k[2] == sc for k in runs)]
+        common = [
+            w
+            for w in sorted({k[1] for k in runs if k[0] == ld}, key=lambda w: int(w[9:]))
+            if all((ld, w, sc) in runs for sc in have)
+        ]
+        if not common or len(have) < 2:
+            continue
+        for sc in have:
+            rs = [r for w in common for r in runs[(ld, w, sc)]]
+            cells = []
+            for m in ("avg_jct_s", "p99_jct_s", "makespan_s", "worst_slowdown"):
+                v = _seed_means(rs, m, common)
+                spread = f" ±{(max(v) - min(v)) / 2:.{1 if m == 'worst_slowdown' else 0}f}"
+                fmt = ".1f" if m == "worst_slowdown" else ".0f"
+                cells.append(f"{statistics.mean(v):{fmt}}" + (spread if len(v) > 1 else ""))
+            n = len(_seed_means(rs, "avg_jct_s", common))
+            wl = ",".join(w[9:] for w in common)
+            lines += [f"| {ld} | {wl} | {sc} | {n} | " + " | ".join(cells) + " |"]
+    return "\n".join(lines)
+
+
+def plot_pairs(files: list[str], pairs: list[tuple[str, str]], out_dir: str) -> list[str]:
+    """Scatter of per-job JCTs (seed means) at 1.0x, one panel per workload, log axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = _group(files)
+    written = []
+    for a, b in pairs:
+        wls = sorted(
+            {k[1] for k in runs if k[0] == "1.0" and k[2] == a and ("1.0", k[1], b) in runs},
+            key=lambda w: int(w[9:]),
+        )
+        if not wls:
+            continue
+        fig, axes = plt.subplots(2, 4, figsize=(16, 8), squeeze=False)
+        for ax, w in zip(axes.flat, wls, strict=False):
+            ja, jb = _mean_jct(runs[("1.0", w, a)]), _mean_jct(runs[("1.0", w, b)])
+            names = sorted(set(ja) & set(jb))
+            x, y = [jb[n] for n in names], [ja[n] for n in names]
+            wins = sum(ya < xb for ya, xb in zip(y, x, strict=True))
+            ax.scatter(x, y, s=8, alpha=0.6)
+            lo, hi = min(x + y), max(x + y)
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+            ax.set(xscale="log", yscale="log", xlabel=f"{b} JCT s", ylabel=f"{a} JCT s")
+            ax.set_title(f"{w}: {a} faster on {wins}/{len(names)}", fontsize=9)
+        for ax in list(axes.flat)[len(wls) :]:
+            ax.set_visible(False)
+        fig.suptitle(f"per-job JCT at 1.0x (epochs rule; seed means): {a} vs {b}")
+        fig.tight_layout()
+        path = Path(out_dir) / f"optimus_pollux_jobs_{a.replace('+', 'plus')}.png"
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
 def jobs_table(files: list[str], pair: tuple[str, str]) -> tuple[str, dict[str, object]]:
     """Per-job JCT of two schedulers on the workloads both ran (seed means)."""
     runs = _group(files)
@@ -234,17 +351,30 @@ def main() -> int:
     p.add_argument("--patience", type=int, default=0, help="GA early stop (0: off)")
     p.add_argument("--out", default="optimus_pollux_baseline.json")
     p.add_argument("--summary", nargs="*", default=None)
-    p.add_argument("--pair", default="optimus+,pollux")
+    p.add_argument("--pair", default="optimus+,pollux", help="a,b[;c,d...]: per-job tables")
     p.add_argument("--jobs", default=None, help="with --summary: write the per-job JSON here")
+    p.add_argument("--plots", default=None, help="with --summary: write the scatter plots here")
+    p.add_argument("--plot-pairs", default="optimus+,pollux;optimus+rw,pollux")
+    p.add_argument(
+        "--extras", default="", help="with --summary: schedulers of the p99/makespan table"
+    )
     args = p.parse_args()
     if args.summary is not None:
         files = args.summary or [args.out]
         print(summary(files))
         if args.jobs:
-            pair = tuple(args.pair.split(","))
-            text, data = jobs_table(files, (pair[0], pair[1]))
-            print(text)
-            Path(args.jobs).write_text(json.dumps(data, indent=1))
+            for i, spec in enumerate(args.pair.split(";")):
+                a, b = spec.split(",")
+                text, data = jobs_table(files, (a, b))
+                print(text)
+                if i == 0:  # the JSON holds the first pair
+                    Path(args.jobs).write_text(json.dumps(data, indent=1))
+        if args.extras:
+            print(extras_table(files, args.extras.split(",")))
+        if args.plots:
+            pairs = [tuple(x.split(",")) for x in args.plot_pairs.split(";")]
+            for path in plot_pairs(files, [(x[0], x[1]) for x in pairs], args.plots):
+                print(f"\n![{Path(path).stem}]({Path(path).name})")
         return 0
     run(args)
     return 0

@@ -602,6 +602,7 @@ def allocate(
     restart_penalty: float = 0.0,
     min_gain: float = 0.0,
     utility_exponent: float = 1.0,
+    jct_gains: bool = False,
 ) -> Allocation:
     """Allocate PS and workers to jobs (see the module docstring for the algorithm).
 
@@ -619,7 +620,8 @@ def allocate(
             so every job with tasks has a placement (``Allocation.placement``).
         previous: last round's placements, kept for jobs whose counts did not change
             (with ``node_capacity`` only).
-        current, restart_penalty, min_gain, utility_exponent: ``method="incremental"``
+        current, restart_penalty, min_gain, utility_exponent, jct_gains:
+            ``method="incremental"``
             only, see :func:`allocate_incremental` (``current`` defaults to the counts
             of ``previous``).
 
@@ -640,6 +642,7 @@ def allocate(
             restart_penalty=restart_penalty,
             min_gain=min_gain,
             utility_exponent=utility_exponent,
+            jct_gains=jct_gains,
         )
     else:
         agg = _allocate_aggregate(
@@ -1061,6 +1064,7 @@ def allocate_incremental(
     restart_penalty: float = 0.0,
     min_gain: float = 0.0,
     utility_exponent: float = 1.0,
+    jct_gains: bool = False,
 ) -> Allocation:
     """Restart-aware allocation from the current tasks, on ``sum F(T_j)`` (``optimus+``).
 
@@ -1074,13 +1078,20 @@ def allocate_incremental(
     best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is added only when it
     improves ``F`` by at least ``min_gain``; a task is taken from another job only when
     the gain exceeds that job's loss (with its own restart penalty).  Ties: earlier
-    ``arrival``, then ``job_id``.
+    ``arrival``, then ``job_id``.  With ``jct_gains`` (``optimus+rw``, where ``F`` has
+    no natural unit of gain) the ``min_gain`` test is on the relative time saved,
+    ``(T(now) - T(new) - pen) / T(now)``; the restart penalty of a job that loses a task
+    is charged as seconds of the taker's time (``pen * F'(T_taker)``: a second of delay
+    costs the same whoever pays it); and with ``a > 1`` a waiting job takes tasks from
+    running jobs only when its start gain ``F(inf) - F(T(min))`` exceeds their losses
+    (else it waits).
 
     Returns:
         The allocation (``method="incremental"``).
     """
     cap = _check(jobs, capacity)
     inc = _Incremental(jobs, cap, current, restart_penalty, min_gain, float(utility_exponent))
+    inc.jct_gains = jct_gains
     inc.admit_waiting()
     inc.grow()
     return inc.result()
@@ -1131,6 +1142,8 @@ class _Incremental:
         self.a = a
         self.restart_penalty = restart_penalty
         self.min_gain = min_gain
+        self.jct_gains = False
+        self.taker_rate = 0.0  # F'(T) of the job taking tasks (jct_gains)
         self.counts: dict[str, list[int]] = {}
         self.running: set[str] = set()
         self.changed: set[str] = set()
@@ -1186,6 +1199,7 @@ class _Incremental:
                 if not np.any(np.minimum(self.demand(jid, dw, dp), short) > 0):
                     continue
                 loss = self.loss_of(jid, dw, dp) * self.share(jid, dw, dp)
+                loss += self.penalty(jid) * self.taker_rate
                 if best is None or (loss, self.rank[jid]) < (best[0], best[1]):
                     best = (loss, self.rank[jid], jid, dw, dp)
         return best
@@ -1193,6 +1207,9 @@ class _Incremental:
     def take(self, need: FloatArray, exclude: str, budget: float) -> bool:
         """Free ``need`` by removing tasks of jobs losing less than ``budget`` in total."""
         plan: list[str] = []
+        if self.jct_gains:
+            w, p = self.counts.get(exclude) or _mins(self.by_id[exclude])
+            self.taker_rate = max(self.t_of(exclude, w, p), 1e-9) ** (-self.a)
         trial = self.free.copy()
         spent = 0.0
         saved = {k: list(v) for k, v in self.counts.items()}
@@ -1219,7 +1236,10 @@ class _Incremental:
         for j in waiting:
             w0, p0 = _mins(j)
             need = self.demand(j.job_id, w0, p0)
-            if not _fits_room(need, self.free) and not self.take(need, j.job_id, math.inf):
+            budget = math.inf
+            if self.jct_gains and self.a > 1.0:  # F(inf) = 0: a start gains -F(T(min))
+                budget = -self.fu(j.job_id, w0, p0)
+            if not _fits_room(need, self.free) and not self.take(need, j.job_id, budget):
                 continue
             self.free -= need
             self.counts[j.job_id] = [w0, p0]
@@ -1236,18 +1256,30 @@ class _Incremental:
                 continue
             pj = self.penalty(jid)
             g = base - self.fu(jid, w + dw, p + dp, pj)
+            t_new = self.t_of(jid, w + dw, p + dp) + pj
             if pj > 0:
                 # a restart is paid once: credit the best of up to RESTART_LOOKAHEAD tasks
                 for m in range(2, RESTART_LOOKAHEAD + 1):
                     if w + m * dw > _max_workers(j) or p + m * dp > _max_ps(j):
                         break
-                    g = max(g, (base - self.fu(jid, w + m * dw, p + m * dp, pj)) / m)
-            if g < self.min_gain:
+                    gm = (base - self.fu(jid, w + m * dw, p + m * dp, pj)) / m
+                    if gm > g:
+                        g, t_new = gm, self.t_of(jid, w + m * dw, p + m * dp) + pj
+            if self._below_min(g, self.t_of(jid, w, p), t_new):
                 continue  # not worth a task that another job may need later
             g /= self.share(jid, dw, dp)
             if out is None or g > out[0]:
                 out = (g, dw, dp)
         return out
+
+    def _below_min(self, g: float, t_now: float, t_new: float) -> bool:
+        """Whether a gain ``g`` (in ``F``; time ``t_now`` to ``t_new``, restart included)
+        is below ``min_gain``."""
+        if not self.jct_gains:
+            return g < self.min_gain
+        if not math.isfinite(t_now):
+            return not math.isfinite(t_new)  # a job without tasks: any start is a gain
+        return (t_now - t_new) / max(t_now, 1e-9) < self.min_gain
 
     def _push(self, heap: list[tuple[float, int, str, int, int]], jid: str) -> None:
         bg = self.best_gain(jid)

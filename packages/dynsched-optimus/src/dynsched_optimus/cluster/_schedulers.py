@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -549,6 +550,9 @@ class OptimusScheduler(_Base):
         allocation_only: ablation: spread placement instead of Theorem 1.
         hedge_quantile: ``optimus+``: end of the remaining-steps interval used.
         shortest_weight: ``optimus+``: utility exponent ``a`` (1: ``log T``).
+        remaining_work: ``optimus+rw`` (allocation by marginal gain in predicted JCT,
+            :class:`~dynsched_optimus.scheduler.RemainingWorkAllocation`; its options
+            ``remaining_estimate``, ``jct_exponent``, ``max_slowdown``, ``min_gain``).
         **kwargs: passed to :func:`~dynsched_optimus.scheduler.make_optimus`
             (``damping``, ``prior_s``, ``prerun_s``, ``prerun_limit``, ``hysteresis``,
             ``min_gain``, ``extrapolation``, ``compact``).
@@ -562,9 +566,12 @@ class OptimusScheduler(_Base):
         allocation_only: bool = False,
         hedge_quantile: str = "low",
         shortest_weight: float = 1.0,
+        remaining_work: bool = False,
         **kwargs: Any,
     ) -> None:
         variant = "optimus+" if plus else ("optimus-oracle" if oracle else "optimus")
+        if remaining_work:
+            variant = "optimus+rw"
         self.name = variant
         if plus and kwargs.get("batch") == "fixed":
             self.name = "optimus+fixed-batch"
@@ -581,6 +588,8 @@ class OptimusScheduler(_Base):
         self._capacity = np.zeros((1, 4))
         self._empty: dict[tuple[object, ...], Placement | None] = {}
         self.last_decision: ScheduleDecision | None = None
+        #: CPU seconds of each :meth:`schedule` call (the policy's decision time)
+        self.decision_seconds: list[float] = []
 
     def prerun_configs(self, job: SimJob, capacity: np.ndarray) -> list[Placement]:
         """The policy's pre-run request, each configuration placed on an empty cluster."""
@@ -610,9 +619,11 @@ class OptimusScheduler(_Base):
         self._capacity = cap
         self.truth.jobs = {j.name: j for j in jobs}
         self.truth.capacity = cap
+        t0 = time.process_time()
         dec = self.policy.schedule(
             now, [observe(j) for j in jobs], cap, restart_delay_s=cluster.restart_delay_s
         )
+        self.decision_seconds.append(time.process_time() - t0)
         self.last_decision = dec
         by_name = {j.name: j for j in jobs}
         out = _as_placements(dec.placements, by_name, cap.shape[0])
@@ -660,6 +671,8 @@ SCHEDULERS: dict[str, Callable[..., _Base | PolluxScheduler]] = {
     "optimus": lambda **kw: OptimusScheduler(**kw),
     "optimus-oracle": lambda **kw: OptimusScheduler(oracle=True, **kw),
     "optimus+": lambda **kw: OptimusScheduler(plus=True, **kw),
+    # optimus+ allocating by marginal gain in predicted JCT (remaining work / goodput)
+    "optimus+rw": lambda **kw: OptimusScheduler(remaining_work=True, **kw),
     # ablation: optimus+ with every job keeping its submitted batch size
     "optimus+fixed-batch": lambda **kw: OptimusScheduler(plus=True, batch="fixed", **kw),
     # Pollux (OSDI'21): goodput speedups, fairness power mean, genetic search (_pollux.py)
