@@ -77,6 +77,7 @@ from dynsched_optimus._online_speed import fit_allreduce_speed, predict_allreduc
 from dynsched_optimus._placement import JobPlacement, PlacementRequest, PlacementResult, place
 from dynsched_optimus._speed import PSSpeedModel, fit_speed, plan_sampling
 from dynsched_optimus._types import FloatArray
+from dynsched_optimus._validators import number_at_least, one_of
 
 __all__ = [
     "BATCH_FIXED_SHARE",
@@ -812,6 +813,12 @@ class GreedyAllocation:
         return allocate(ajobs, cap, damping=self.damping)
 
 
+#: Which end of a job's remaining-work interval an allocation uses (``IncrementalAllocation``'s
+#: ``hedge``, ``RemainingWorkAllocation``'s ``estimate``; ``"mid"``: the convergence fit's
+#: central estimate)
+REMAINING_ESTIMATES: tuple[str, ...] = ("low", "mid", "high")
+
+
 @attrs.frozen
 class IncrementalAllocation:
     """``optimus+``: restart-aware, incremental, on ``sum log T`` (hedged estimates).
@@ -822,29 +829,47 @@ class IncrementalAllocation:
         utility_exponent: ``1``: ``log T``; other ``a``: ``T**(1 - a) / (1 - a)``.
     """
 
-    hedge: str = attrs.field(default="low", validator=attrs.validators.in_(("low", "mid", "high")))
+    hedge: str = attrs.field(default="low", validator=one_of(REMAINING_ESTIMATES))
     min_gain: float = 0.01
     utility_exponent: float = 1.0
 
     def allocate(self, rnd: Round, est: Estimator, restarts: RestartPlanner) -> Allocation:
-        pick = {"low": "low", "mid": "estimate", "high": "high"}[self.hedge]
-        rem = {k: getattr(v, pick) for k, v in rnd.remaining.items()}
-        ajobs = _allocation_jobs(rnd, est, rem, use_models=False)
-        cap = tuple(float(x) for x in rnd.node_capacity.sum(axis=0))
-        return allocate(
-            ajobs,
-            cap,
-            method="incremental",
-            current=restarts.current(rnd),
-            restart_penalty=restarts.penalty_s(rnd),
-            min_gain=self.min_gain,
-            utility_exponent=self.utility_exponent,
-        )
+        rem = _remaining(rnd, self.hedge)
+        return _incremental(rnd, est, restarts, rem, self.min_gain, self.utility_exponent)
 
 
-#: ``RemainingWorkAllocation(estimate=...)``: which remaining-work estimate it divides by
-#: goodput (``"mid"``: the convergence fit's central estimate)
-REMAINING_ESTIMATES: tuple[str, ...] = ("low", "mid", "high")
+def _remaining(rnd: Round, end: str) -> dict[str, float]:
+    """Each job's remaining work at ``end`` (one of :data:`REMAINING_ESTIMATES`) of the
+    convergence model's interval (``"mid"``: its central estimate)."""
+    pick = {"low": "low", "mid": "estimate", "high": "high"}[end]
+    return {k: getattr(v, pick) for k, v in rnd.remaining.items()}
+
+
+def _incremental(
+    rnd: Round,
+    est: Estimator,
+    restarts: RestartPlanner,
+    rem: Mapping[str, float],
+    min_gain: float,
+    exponent: float,
+    *,
+    jct_gains: bool = False,
+) -> Allocation:
+    """The restart-aware incremental allocation of the round on remaining work ``rem``."""
+    ajobs = _allocation_jobs(rnd, est, rem, use_models=False)
+    cap = tuple(float(x) for x in rnd.node_capacity.sum(axis=0))
+    return allocate(
+        ajobs,
+        cap,
+        method="incremental",
+        current=restarts.current(rnd),
+        restart_penalty=restarts.penalty_s(rnd),
+        min_gain=min_gain,
+        utility_exponent=exponent,
+        jct_gains=jct_gains,
+    )
+
+
 #: ``optimus+rw``: exponent ``a`` of the JCT utility ``T**(1 - a) / (1 - a)``; 1 is
 #: ``optimus+``'s ``log T`` (the remaining work cancels out), 2 makes the gain of a task
 #: its gain in completion rate ``(s' - s) / R`` (Smith's rule with speedups); 1.5 between
@@ -856,22 +881,6 @@ RW_EXPONENT = 1.5
 RW_MAX_SLOWDOWN = 4.0
 #: ``optimus+rw``: least relative predicted-JCT saving a task must bring (judgement)
 RW_MIN_GAIN = 0.01
-
-
-def _float_at_least(lo: float) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
-    def check(_inst: Any, att: attrs.Attribute[Any], value: Any) -> None:
-        if not isinstance(value, (int, float)) or not (float(value) >= lo) or value != value:
-            raise OptimusError(f"{att.name}={value!r}: allowed values are numbers >= {lo}")
-
-    return check
-
-
-def _in(allowed: tuple[str, ...]) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
-    def check(_inst: Any, att: attrs.Attribute[Any], value: Any) -> None:
-        if value not in allowed:
-            raise OptimusError(f"{att.name}={value!r}: allowed values are {list(allowed)}")
-
-    return check
 
 
 def _work_done(est: Estimator, obs: JobObservation) -> float:
@@ -906,10 +915,10 @@ class RemainingWorkAllocation:
         OptimusError: a field out of range (the message names it and the allowed values).
     """
 
-    estimate: str = attrs.field(default="mid", validator=_in(REMAINING_ESTIMATES))
-    exponent: float = attrs.field(default=RW_EXPONENT, validator=_float_at_least(0.0))
-    max_slowdown: float = attrs.field(default=RW_MAX_SLOWDOWN, validator=_float_at_least(1.0))
-    min_gain: float = attrs.field(default=RW_MIN_GAIN, validator=_float_at_least(0.0))
+    estimate: str = attrs.field(default="mid", validator=one_of(REMAINING_ESTIMATES))
+    exponent: float = attrs.field(default=RW_EXPONENT, validator=number_at_least(0.0))
+    max_slowdown: float = attrs.field(default=RW_MAX_SLOWDOWN, validator=number_at_least(1.0))
+    min_gain: float = attrs.field(default=RW_MIN_GAIN, validator=number_at_least(0.0))
 
     def weights(self, rnd: Round, est: Estimator, rem: Mapping[str, float]) -> dict[str, float]:
         """The aging factor of each job: 1 when not behind, else ``slowdown /
@@ -932,21 +941,11 @@ class RemainingWorkAllocation:
         return out
 
     def allocate(self, rnd: Round, est: Estimator, restarts: RestartPlanner) -> Allocation:
-        pick = {"low": "low", "mid": "estimate", "high": "high"}[self.estimate]
-        rem = {k: getattr(v, pick) for k, v in rnd.remaining.items()}
+        rem = _remaining(rnd, self.estimate)
         wts = self.weights(rnd, est, rem)
         scaled = {k: v / wts[k] for k, v in rem.items()}
-        ajobs = _allocation_jobs(rnd, est, scaled, use_models=False)
-        cap = tuple(float(x) for x in rnd.node_capacity.sum(axis=0))
-        return allocate(
-            ajobs,
-            cap,
-            method="incremental",
-            current=restarts.current(rnd),
-            restart_penalty=restarts.penalty_s(rnd),
-            min_gain=self.min_gain,
-            utility_exponent=self.exponent,
-            jct_gains=True,
+        return _incremental(
+            rnd, est, restarts, scaled, self.min_gain, self.exponent, jct_gains=True
         )
 
 
@@ -1293,9 +1292,10 @@ class VariantOptions:
     compact: bool = True
     spread: bool = False
     batch: str = "goodput"
-    remaining_estimate: str = "mid"
-    jct_exponent: float = RW_EXPONENT
-    max_slowdown: float = RW_MAX_SLOWDOWN
+    # validated here so that an error names the keyword of make_optimus
+    remaining_estimate: str = attrs.field(default="mid", validator=one_of(REMAINING_ESTIMATES))
+    jct_exponent: float = attrs.field(default=RW_EXPONENT, validator=number_at_least(0.0))
+    max_slowdown: float = attrs.field(default=RW_MAX_SLOWDOWN, validator=number_at_least(1.0))
 
     def __attrs_post_init__(self) -> None:
         if self.batch not in BATCH_MODES:
