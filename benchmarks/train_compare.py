@@ -48,6 +48,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,20 +94,33 @@ def arm_config(arm: str) -> dict[str, Any]:
     return cfg
 
 
-def _planner_options(config: Any, args: argparse.Namespace) -> Any:
+def _planner(config: Any, args: argparse.Namespace) -> Any:
     from dynsched_core.planner import RolePlanner, RolePlannerOptions
 
     opts = RolePlannerOptions(every_n_syncs=args.planner_every, move_cost_s=args.planner_move_cost)
     return RolePlanner(opts, config=config)
 
 
-def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
+def run_one(
+    policy: str,
+    seed: int,
+    args: argparse.Namespace,
+    model: Path,
+    *,
+    config_dict: dict[str, Any] | None = None,
+    planner: Any = None,
+    on_step: Callable[[Any, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """One run of arm ``policy``: its `arm_config` (or ``config_dict``) and, for a
+    ``+planner`` arm, a `RolePlanner` (or ``planner``); ``on_step(runner, row)`` after
+    each step."""
     from dynsched_core import DynamicScheduleConfig
     from dynsched_ray import RayRunOptions
     from dynsched_ray.training import TrainRunner, TrainRunnerOptions, TrainSettings, lag_bound
 
-    config = DynamicScheduleConfig.from_dict(arm_config(policy))
-    planner = _planner_options(config, args) if policy.endswith(PLANNER_SUFFIX) else None
+    config = DynamicScheduleConfig.from_dict(config_dict or arm_config(policy))
+    if planner is None and policy.endswith(PLANNER_SUFFIX):
+        planner = _planner(config, args)
     out = Path(args.out) / "runs" / f"{policy}-s{seed}"
     settings = TrainSettings(
         out_dir=str(out),
@@ -123,6 +137,7 @@ def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> di
         RayRunOptions(name=f"cmp-{policy.replace('+', '-')}-{seed}"),
         model=model,
         progress=lambda line: print(f"  [{policy} s{seed}] {line}", flush=True),
+        on_step=None if on_step is None else lambda row: on_step(runner, row),
         runner_options=TrainRunnerOptions(record_events=True, planner=planner),
     )
     t0 = time.monotonic()
@@ -142,6 +157,7 @@ def run_one(policy: str, seed: int, args: argparse.Namespace, model: Path) -> di
         "seed": seed,
         "steps": len(rows),
         "reward": rewards,
+        "loss": [float(r["loss"]) for r in rows],
         "exact_match": [float(r["exact_match"]) for r in rows],
         "loop_s": [round(r["loop_time_s"] - loop0, 4) for r in rows],
         "step_time_s": [float(r["step_time_s"]) for r in rows],

@@ -27,7 +27,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -40,7 +39,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_worker_niceness", "0")  # see train_compare.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_compare import CONFIG, quarter_means, tost
+from train_compare import CONFIG, tost
+from train_compare import run_one as compare_run
 
 ARMS = ("unresized", "resized")
 
@@ -85,64 +85,26 @@ def scripted_planner(config: Any, grow_at: int, shrink_at: int) -> Any:
 
 
 def run_one(arm: str, seed: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    """`train_compare.run_one` on the arm's config (the scripted planner for ``resized``),
+    plus the trainer workers after each step and the moves."""
     from dynsched_core import DynamicScheduleConfig
-    from dynsched_ray import RayRunOptions
-    from dynsched_ray.training import TrainRunner, TrainRunnerOptions, TrainSettings
 
-    config = DynamicScheduleConfig.from_dict(arm_config(arm))
+    cfg = arm_config(arm)
+    config = DynamicScheduleConfig.from_dict(cfg)
     planner = scripted_planner(config, args.grow_at, args.shrink_at) if arm == "resized" else None
-    settings = TrainSettings(
-        out_dir=str(Path(args.out) / "runs" / f"{arm}-s{seed}"),
-        model_cache=args.model_cache,
-        engine="hf",
-        steps=args.steps,
-        seed=seed,
-        lr=args.lr,
-        max_tokens=args.max_tokens,
-    )
     workers: list[int] = []  # trainer workers after each step (the group's size)
 
-    def on_step(row: dict[str, Any]) -> None:
+    def on_step(runner: Any, _row: dict[str, Any]) -> None:
         group = runner.trainer_group
         workers.append(len(group.workers) if group is not None else 0)
 
-    runner = TrainRunner(
-        config,
-        settings,
-        RayRunOptions(name=f"resize-{arm}-{seed}"),
-        model=model,
-        progress=lambda line: print(f"  [{arm} s{seed}] {line}", flush=True),
-        on_step=on_step,
-        runner_options=TrainRunnerOptions(planner=planner),
-    )
-    summary = asyncio.run(runner.train())
-    rows = list(summary.rows)
-    rewards = [float(r["reward"]) for r in rows]
-    result = summary.result
-    ids = list(result.consumed_sample_ids)
+    run = compare_run(arm, seed, args, model, config_dict=cfg, planner=planner, on_step=on_step)
     at = {"to_trainer": args.grow_at, "to_rollout": args.shrink_at}
     moves = [
         {"direction": m.direction, "at_sync": at[m.direction], "seconds": round(s, 3)}
         for m, s in (planner.moves if planner is not None else [])
     ]
-    print(
-        f"{arm} seed {seed}: loss last {rows[-1]['loss']:.4f}, moves {len(moves)}, "
-        f"wall {summary.wall_s:.1f}s",
-        flush=True,
-    )
-    return {
-        "arm": arm,
-        "seed": seed,
-        "loss": [float(r["loss"]) for r in rows],
-        "reward": rewards,
-        "last_quarter_reward": quarter_means(rewards)[1],
-        "trainer_workers": workers,
-        "moves": moves,
-        "wall_s": round(summary.wall_s, 2),
-        "steps": len(rows),
-        "samples_consumed": result.loop.samples_consumed,
-        "duplicate_samples": len(ids) - len(set(ids)),
-    }
+    return {**run, "arm": arm, "trainer_workers": workers, "moves": moves}
 
 
 def check(runs: list[dict[str, Any]], first_resize_step: int) -> dict[str, Any]:
@@ -222,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-cache", default=".cache/dynsched-train-model")
     ap.add_argument("--num-cpus", type=int, default=4)
     args = ap.parse_args(argv)
+    args.engine = "hf"  # train_compare.run_one's engine
     syncs = args.steps // CONFIG["async_training"]["trigger_parameter_sync_step"]
     if not 1 <= args.grow_at < args.shrink_at < syncs:
         ap.error(f"need 1 <= --grow-at < --shrink-at < {syncs} (the run's syncs)")
@@ -257,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "total_wall_s": round(time.monotonic() - t0, 1),
         "verdict": verdict,
-        "runs": runs,
+        "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
     }
     (out / "summary.json").write_text(json.dumps(doc, indent=1))
     print(json.dumps({k: v for k, v in verdict.items() if k != "per_step"}, indent=1))

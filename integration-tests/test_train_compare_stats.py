@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "train_compare.py"
 
 
-def _module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("train_compare_under_test", _PATH)
+def _load(file: str):  # type: ignore[no-untyped-def]
+    """A benchmark script as a module (``benchmarks/`` is not a package)."""
+    path = _PATH.with_name(file)
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_under_test", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
@@ -25,7 +27,7 @@ def _module():  # type: ignore[no-untyped-def]
     return mod
 
 
-tc = _module()
+tc = _load("train_compare.py")
 
 
 def test_tost_hand_computed() -> None:
@@ -81,17 +83,7 @@ def test_bad_arm_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # ---------------------------------------------------------------- train_resize.py
-def _resize_module():  # type: ignore[no-untyped-def]
-    path = _PATH.with_name("train_resize.py")
-    spec = importlib.util.spec_from_file_location("train_resize_under_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tr = _resize_module()
+tr = _load("train_resize.py")
 
 
 def _run(arm: str, seed: int, loss: list[float]) -> dict:  # type: ignore[type-arg]
