@@ -1090,8 +1090,9 @@ def allocate_incremental(
         The allocation (``method="incremental"``).
     """
     cap = _check(jobs, capacity)
-    inc = _Incremental(jobs, cap, current, restart_penalty, min_gain, float(utility_exponent))
-    inc.jct_gains = jct_gains
+    inc = _Incremental(
+        jobs, cap, current, restart_penalty, min_gain, float(utility_exponent), jct_gains
+    )
     inc.admit_waiting()
     inc.grow()
     return inc.result()
@@ -1128,6 +1129,7 @@ class _Incremental:
         restart_penalty: float,
         min_gain: float,
         a: float,
+        jct_gains: bool,
     ) -> None:
         self.jobs = jobs
         self.cap = cap
@@ -1142,8 +1144,7 @@ class _Incremental:
         self.a = a
         self.restart_penalty = restart_penalty
         self.min_gain = min_gain
-        self.jct_gains = False
-        self.taker_rate = 0.0  # F'(T) of the job taking tasks (jct_gains)
+        self.jct_gains = jct_gains
         self.counts: dict[str, list[int]] = {}
         self.running: set[str] = set()
         self.changed: set[str] = set()
@@ -1183,11 +1184,13 @@ class _Incremental:
         return drop / self.share(jid, dw, dp)
 
     def _cheapest(
-        self, need: FloatArray, trial: FloatArray, exclude: str
+        self, need: FloatArray, trial: FloatArray, exclude: str, taker_rate: float
     ) -> tuple[float, int, str, int, int] | None:
         """The task (of another job) whose removal loses least and frees some of what
-        is short: ``(loss, rank, job_id, workers, ps)``."""
+        is short: ``(loss, rank, job_id, workers, ps)``; a victim's restart penalty is
+        charged at ``taker_rate`` (``F'(T)`` of the job taking tasks; 0 unless jct_gains)."""
         best: tuple[float, int, str, int, int] | None = None
+        short = np.maximum(need - trial, 0.0)
         for jid, (w, p) in self.counts.items():
             if jid == exclude:
                 continue
@@ -1195,11 +1198,10 @@ class _Incremental:
             for dw, dp in ((1, 0), (0, 1)):
                 if (dw and w <= mw) or (dp and p <= mp):
                     continue
-                short = np.maximum(need - trial, 0.0)
                 if not np.any(np.minimum(self.demand(jid, dw, dp), short) > 0):
                     continue
                 loss = self.loss_of(jid, dw, dp) * self.share(jid, dw, dp)
-                loss += self.penalty(jid) * self.taker_rate
+                loss += self.penalty(jid) * taker_rate
                 if best is None or (loss, self.rank[jid]) < (best[0], best[1]):
                     best = (loss, self.rank[jid], jid, dw, dp)
         return best
@@ -1207,14 +1209,15 @@ class _Incremental:
     def take(self, need: FloatArray, exclude: str, budget: float) -> bool:
         """Free ``need`` by removing tasks of jobs losing less than ``budget`` in total."""
         plan: list[str] = []
+        taker_rate = 0.0
         if self.jct_gains:
             w, p = self.counts.get(exclude) or _mins(self.by_id[exclude])
-            self.taker_rate = max(self.t_of(exclude, w, p), 1e-9) ** (-self.a)
+            taker_rate = max(self.t_of(exclude, w, p), 1e-9) ** (-self.a)
         trial = self.free.copy()
         spent = 0.0
         saved = {k: list(v) for k, v in self.counts.items()}
         while not _fits_room(need, trial):
-            best = self._cheapest(need, trial, exclude)
+            best = self._cheapest(need, trial, exclude, taker_rate)
             if best is None or spent + best[0] >= budget:
                 for k, v in saved.items():
                     self.counts[k] = v
@@ -1249,23 +1252,25 @@ class _Incremental:
         """The best next task of ``jid``: ``(gain per dominant share, workers, ps)``."""
         j = self.by_id[jid]
         w, p = self.counts[jid]
-        base = self.fu(jid, w, p)
+        t_now = self.t_of(jid, w, p)
+        base = _utility(t_now, self.a)
+        pj = self.penalty(jid)
         out = None
         for dw, dp in ((1, 0), (0, 1)):
             if w + dw > _max_workers(j) or p + dp > _max_ps(j):
                 continue
-            pj = self.penalty(jid)
-            g = base - self.fu(jid, w + dw, p + dp, pj)
             t_new = self.t_of(jid, w + dw, p + dp) + pj
+            g = base - _utility(t_new, self.a)
             if pj > 0:
                 # a restart is paid once: credit the best of up to RESTART_LOOKAHEAD tasks
                 for m in range(2, RESTART_LOOKAHEAD + 1):
                     if w + m * dw > _max_workers(j) or p + m * dp > _max_ps(j):
                         break
-                    gm = (base - self.fu(jid, w + m * dw, p + m * dp, pj)) / m
+                    t_m = self.t_of(jid, w + m * dw, p + m * dp) + pj
+                    gm = (base - _utility(t_m, self.a)) / m
                     if gm > g:
-                        g, t_new = gm, self.t_of(jid, w + m * dw, p + m * dp) + pj
-            if self._below_min(g, self.t_of(jid, w, p), t_new):
+                        g, t_new = gm, t_m
+            if self._below_min(g, t_now, t_new):
                 continue  # not worth a task that another job may need later
             g /= self.share(jid, dw, dp)
             if out is None or g > out[0]:
