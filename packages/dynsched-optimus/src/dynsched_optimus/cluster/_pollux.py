@@ -665,7 +665,7 @@ class PolluxScheduler:
         **kwargs: fields of :class:`PolluxOptions`, when ``options`` is not given.
 
     Attributes:
-        decision_seconds: wall-clock seconds of each round's decision.
+        decision_seconds: CPU seconds of each round's decision (as the Optimus schedulers' ``decision_seconds``).
     """
 
     name = "pollux"
@@ -689,7 +689,7 @@ class PolluxScheduler:
         """Most GPUs ``job`` may get this round (exploration cap, model and batch caps)."""
         if not job.adaptive or batch is None:
             return max(job.max_workers_for(None), 1)
-        seen = max((k[1] for k in getattr(job, "step_samples", {})), default=0)
+        seen = max((k[1] for k in job.step_samples), default=0)
         cap = max(int(self.options.explore * seen), 1)
         return max(min(cap, self.options.max_replicas, batch.max_replicas), 1)
 
@@ -723,20 +723,24 @@ class PolluxScheduler:
         return table, batches
 
     def _problem(
-        self, jobs: Sequence[SimJob], cluster: ClusterState, now: float
+        self,
+        jobs: Sequence[SimJob],
+        ranges: Sequence[BatchRange | None],
+        cluster: ClusterState,
+        now: float,
     ) -> tuple[PolluxProblem, list[np.ndarray]]:
-        """The round's optimisation problem and each job's best-batch table."""
+        """The round's optimisation problem and each job's best-batch table
+        (``ranges``: each job's `_batch_range`)."""
         cap = np.asarray(cluster.capacity, dtype=float)
         num_nodes = cap.shape[0]
         demand = np.array([j.worker_demand for j in jobs], dtype=float)
         total = np.where(cap.sum(axis=0) > 0, cap.sum(axis=0), np.inf)
         share = np.max(demand / total, axis=1)
-        max_r = [self.max_replicas(j, _batch_range(j)) for j in jobs]
+        max_r = [self.max_replicas(j, b) for j, b in zip(jobs, ranges, strict=True)]
         width = max(max_r)
         speed = np.zeros((len(jobs), num_nodes + 1, width + 1))
         batches = []
-        for i, job in enumerate(jobs):
-            b = _batch_range(job)
+        for i, (job, b) in enumerate(zip(jobs, ranges, strict=True)):
             fair = max(math.ceil(1.0 / share[i] / len(jobs)), 1)
             if b is not None:
                 fair = min(fair, b.max_replicas)
@@ -783,7 +787,7 @@ class PolluxScheduler:
         self, now: float, jobs: Sequence[SimJob], cluster: ClusterState
     ) -> dict[str, Placement]:
         """Placements (with each job's batch) for this round."""
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         if not jobs:
             return {}
         ps_jobs = [j.name for j in jobs if j.max_ps > 0]
@@ -794,8 +798,9 @@ class PolluxScheduler:
             )
         order = sorted(jobs, key=lambda j: (j.attained_service, j.submit_time, j.name))
         for job in order:
-            self.models.setdefault(job.name, _JobModel()).update(getattr(job, "step_samples", {}))
-        problem, batches = self._problem(order, cluster, now)
+            self.models.setdefault(job.name, _JobModel()).update(job.step_samples)
+        ranges = [_batch_range(j) for j in order]
+        problem, batches = self._problem(order, ranges, cluster, now)
         names = [j.name for j in order]
         best, _, pop = genetic_search(
             problem,
@@ -811,16 +816,17 @@ class PolluxScheduler:
             row = best[i]
             if row.sum() == 0:
                 continue
-            out[job.name] = self._placement(job, row, batches[i])
-        self.decision_seconds.append(time.perf_counter() - t0)
+            out[job.name] = self._placement(job, ranges[i], row, batches[i])
+        self.decision_seconds.append(time.process_time() - t0)
         return out
 
-    def _placement(self, job: SimJob, row: np.ndarray, batches: np.ndarray) -> Placement:
-        """The job's placement with the batch it picks for the GPUs it got."""
+    def _placement(
+        self, job: SimJob, b: BatchRange | None, row: np.ndarray, batches: np.ndarray
+    ) -> Placement:
+        """The job's placement with the batch it picks (within ``b``) for the GPUs it got."""
         n, r = int(np.count_nonzero(row)), int(row.sum())
         cur = job.placement
         batch = None
-        b = _batch_range(job)
         if job.adaptive and b is not None:
             chosen = int(batches[n, r]) if batches.size and batches[n, r] > 0 else 0
             if chosen <= 0:  # no model yet: the smallest batch every GPU can take
