@@ -51,6 +51,8 @@ def gradient_stats(
             dist.all_reduce(t)
         dist.all_reduce(counts)
     n_all, k_all, sq_all, loss_all = (float(v) for v in counts)
+    if k_all < 2:  # one micro-batch in all (a local batch of 1 on one rank)
+        raise ValueError("gradient_stats needs >= 2 micro-batches over all ranks, got 1")
     g_sqr = 0.0
     for p, t in zip(params, total, strict=True):
         p.grad = t / n_all

@@ -274,10 +274,6 @@ def parse_job(data: object, base: Path | None = None) -> JobSpec:
         kw["report_timeout_s"] = _number("report_timeout_s", kw["report_timeout_s"])
     if "adaptive_batch" in kw:
         kw["adaptive_batch"] = _adaptive(kw["adaptive_batch"], kw["batch_size"])
-    if "batch_change" in kw and kw["batch_change"] not in BATCH_CHANGES:
-        raise ValueError(
-            f"field 'batch_change' must be one of {list(BATCH_CHANGES)}, got {kw['batch_change']!r}"
-        )
     name = kw.pop("name")
     return JobSpec(str(name), str(path.resolve() if base is not None else path), **kw)
 

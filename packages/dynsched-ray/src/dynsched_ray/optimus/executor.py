@@ -300,11 +300,11 @@ class WorkerGroup:
     def request_batch(self, batch: int) -> None:
         """Ask every rank to train with global ``batch`` from a step they agree on (a job
         with ``batch_change: in_place``); a group not yet launched starts with it."""
-        self.pending_batch = int(batch)
         if self._start_refs is None:
             self.options = attrs.evolve(self.options, batch_size=int(batch))
-            self.batch, self.pending_batch = int(batch), None
+            self.batch = int(batch)
             return
+        self.pending_batch = int(batch)
         if self.started_at is not None:  # else: asked once the ranks run
             for a in self.actors:
                 a.request_batch.remote(int(batch))

@@ -435,8 +435,7 @@ def _record(
             ((r[0], r[2] if r[2] is not None else row.batch, r[3], r[4]) for r in reports),
             ab.init_batch,
         )
-        steps = sorted(by_step)
-        reached = [by_step[s] for s in steps if s <= done]
+        reached = [v for s, v in by_step.items() if s <= done]  # in step order
         goodput = {
             "grad_stats": stats,
             "progress": reached[-1] if reached else 0.0,
@@ -481,9 +480,10 @@ def status_lines(store: JobStore) -> list[str]:
         step, loss = last if last is not None else (0, float("nan"))
         workers = r.placement.workers if r.placement is not None else 0
         left = r.remaining
-        speed = _work_rate(store, r)
         eta = "-"
-        if left is not None and speed and r.state == "running":
+        # the work rate reads the job's whole history: only for a running job's ETA
+        speed = _work_rate(store, r) if left is not None and r.state == "running" else None
+        if speed and left is not None:
             eta = time.strftime("%H:%M:%S", time.localtime(time.time() + left / speed))
         shown = "-" if left is None or r.state not in ACTIVE_STATES else f"{left:.0f}"
         lines.append(
