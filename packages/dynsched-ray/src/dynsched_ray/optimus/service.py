@@ -197,10 +197,15 @@ class OptimusService:
         if self._row(name).state != "running":
             return  # stopping: the batch decided for its restart stays
         old, new, step = int(event["old"]), int(event["batch"]), int(event["step"])
-        self.store.update(name, batch=new)
-        self.store.add_batch_change(name, step, old, new, "in_place")
+        self._set_batch(name, step, old, new, "in_place")
         self.in_place_changes += 1
         self.say(f"job {name!r}: batch {old} -> {new} in place after step {step}")
+
+    def _set_batch(self, name: str, step: int, old: int, new: int, how: str) -> None:
+        """The job's batch is ``new`` from after ``step``: stored, and the change recorded
+        (``how``: ``in_place``, ``restart`` or ``start``)."""
+        self.store.update(name, batch=new)
+        self.store.add_batch_change(name, step, old, new, how)
 
     def _end_run(self, name: str, state: str, **fields: object) -> None:
         g = self.groups.pop(name)
@@ -267,15 +272,13 @@ class OptimusService:
             return
         if same and (row.spec.batch_change == "in_place" or not g.launched):
             if not g.launched:  # a group not started yet starts with it
-                self.store.update(row.name, batch=row.batch)
-                self.store.add_batch_change(row.name, g.first_step, g.batch, row.batch, "start")
+                self._set_batch(row.name, g.first_step, g.batch, row.batch, "start")
             g.request_batch(row.batch)
             return
         if row.batch != g.batch:
             step = self.store.last_report(row.name)
-            self.store.update(row.name, batch=row.batch)
             how = "restart" if g.launched else "start"
-            self.store.add_batch_change(row.name, step[0] if step else 0, g.batch, row.batch, how)
+            self._set_batch(row.name, step[0] if step else 0, g.batch, row.batch, how)
         if not g.started:  # still starting: give its bundles back (killed, requeued)
             self._end_run(row.name, "queued")
             return
