@@ -23,13 +23,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dynsched_optimus import allocate
 from dynsched_optimus._allocation import allocate_incremental
+from dynsched_optimus._scheduler import IncrementalAllocation, RemainingWorkAllocation
 from optimus_allocation_placement import instance
 
-#: Each variant's allocator settings (its decision from an empty cluster: no restart penalty
-#: applies).
+#: Each variant's allocator settings, taken from its strategy's defaults (its decision from
+#: an empty cluster: no restart penalty applies)
 VARIANTS = {
-    "optimus+": {"utility_exponent": 1.0},
-    "optimus+rw": {"utility_exponent": 1.5, "jct_gains": True, "min_gain": 0.01},
+    "optimus+": {
+        "utility_exponent": IncrementalAllocation().utility_exponent,
+        "min_gain": IncrementalAllocation().min_gain,
+    },
+    "optimus+rw": {
+        "utility_exponent": RemainingWorkAllocation().exponent,
+        "min_gain": RemainingWorkAllocation().min_gain,
+        "jct_gains": True,
+    },
 }
 
 
