@@ -20,13 +20,15 @@ from dynsched_core.planner import RolePlanner, RolePlannerOptions
 
 from dynsched_sim._cluster import SimCluster
 from dynsched_sim._mover import ResizeCosts, SimRoleMover
-from dynsched_sim._scenario import Scenario
+from dynsched_sim._scenario import Configuration, Scenario
 
 __all__ = [
     "PLANNER_SUFFIX",
     "PlannerSpec",
     "build_planner",
+    "planned_splits",
     "planner_enabled",
+    "reachable_configurations",
     "resolve",
     "trainer_memory_min_gpus",
 ]
@@ -100,14 +102,69 @@ def trainer_memory_min_gpus(scenario: Scenario, hybrid: bool) -> int:
     return max(1, math.ceil(one / room - 1e-9))
 
 
+def _memory_floor(spec: PlannerSpec, scenario: Scenario, hybrid: bool) -> int:
+    """The planner's ``trainer_memory_min_gpus``: the option raised to the scenario's."""
+    return max(spec.options.trainer_memory_min_gpus, trainer_memory_min_gpus(scenario, hybrid))
+
+
+def reachable_configurations(
+    spec: PlannerSpec, scenario: Scenario, conf: Configuration
+) -> tuple[Configuration, ...]:
+    """Every split a run of ``conf`` re-planned by ``spec`` can be in, ``conf`` first.
+
+    The planner moves whole replicas (``g = engine.gpus_per_replica`` GPUs) between the
+    trainer and the standalone pool and never proposes a split below its minimums
+    (`RolePlanner.candidates`): the trainer keeps at least ``max(min_trainer_gpus,
+    trainer_memory_min_gpus)`` GPUs (the latter raised to the scenario's memory floor, as
+    `build_planner` does) and the pool ``min_standalone_replicas`` replicas. From the
+    starting split ``(t0, s0)`` (``s0 = rollout_gpus // g``) every move of any size keeps
+    the trainer at ``t0 + j g`` with ``-max(0, (t0 - floor) // g) <= j <= max(0, s0 -
+    min_standalone_replicas)``, and every such ``j`` is reachable one replica at a time;
+    the GPUs left over by ``rollout_gpus % g`` never change role. A superset of what the
+    planner's predictions (staleness bound, gains) let it choose.
+    """
+    g = scenario.engine.gpus_per_replica
+    o = spec.options
+    floor = max(o.min_trainer_gpus, _memory_floor(spec, scenario, conf.hybrid))
+    t0, s0 = conf.trainer_gpus, conf.rollout_gpus // g
+    low = -max(0, (t0 - floor) // g)
+    high = max(0, s0 - o.min_standalone_replicas)
+    out = [conf]
+    for j in range(low, high + 1):
+        if j:
+            out.append(
+                Configuration(
+                    name=f"{conf.name}@{t0 + j * g}",
+                    trainer_gpus=t0 + j * g,
+                    rollout_gpus=conf.rollout_gpus - j * g,
+                    hybrid=conf.hybrid,
+                )
+            )
+    return tuple(out)
+
+
+def planned_splits(
+    scenario: Scenario,
+    conf: Configuration,
+    planner: PlannerSpec | RolePlannerOptions | bool | None = None,
+) -> tuple[Configuration, ...]:
+    """The splits a run of ``conf`` can be in when re-planned (`resolve` ``planner``: the
+    argument, else the enclosing `planner_enabled` block), for `lower_bound`'s
+    ``splits``; ``()`` when the run has no planner (none asked for, or the trainer GPUs
+    are not whole replicas: `run_configuration` then runs without one)."""
+    spec = resolve(planner)
+    if spec is None or conf.trainer_gpus % scenario.engine.gpus_per_replica:
+        return ()
+    return reachable_configurations(spec, scenario, conf)
+
+
 def build_planner(
     spec: PlannerSpec, scenario: Scenario, cluster: SimCluster, cfg: DynamicScheduleConfig
 ) -> tuple[RolePlanner, SimRoleMover]:
     """The planner of a run (its memory floor raised to the scenario's) and its mover
     (`SimRoleMover.bind` it to the loop)."""
-    floor = trainer_memory_min_gpus(scenario, cluster.conf.hybrid)
     options = attrs.evolve(
         spec.options,
-        trainer_memory_min_gpus=max(spec.options.trainer_memory_min_gpus, floor),
+        trainer_memory_min_gpus=_memory_floor(spec, scenario, cluster.conf.hybrid),
     )
     return RolePlanner(options, config=cfg), SimRoleMover(cluster, spec.costs)
