@@ -59,10 +59,34 @@ waiting that a real schedule has
 ``efficiency = bound / achieved <= 1`` for every policy; `tests/test_bound.py` and
 ``benchmarks/sim_bound_validity.py`` check it on every built-in scenario and hundreds of
 random ones.
+
+*Re-planned runs.* With the role planner (`dynsched_sim._planner`) the split changes
+while the run goes on, so ``conf``'s own bound is no bound: a run that moves to a better
+split can finish before it. Given every split ``sigma`` the run can be in
+(`reachable_configurations`: the same GPUs, the trainer at each size the planner's
+minimums allow), the bound relaxes each rate on its own, since at any instant the run is
+in one split, each training step runs on one split's trainer (moves happen at sync
+boundaries, with the trainer idle) and moves only add time:
+
+* tokens: ``P_s = max P_s(sigma)`` and ``P_h = max P_h(sigma)`` (so the rate of every pool
+  combination the single-split argument uses is at most its relaxed value), and besides,
+  from the start and from every ``O_w``, no split produces faster than ``P_all = max
+  (P_s + P_h)(sigma)`` (the whole cluster of one split), so ``t_k >= need / P_all``;
+* slots: ``C = max C(sigma)`` (the samples in flight never exceed the largest cap held);
+* syncs: ``y = min y(sigma)`` (0 when a split has no standalone replica);
+* trainer: a step of ``K >= K_min`` tokens takes at least ``f(K) = min_sigma (o_sigma +
+  swap_sigma + c_sigma K)``; ``f`` is concave, so ``m`` steps over ``K`` tokens take at
+  least ``(m - 1) f(K_min) + f(K - (m - 1) K_min)`` (the least of a concave sum over
+  ``{K_i >= K_min, sum K_i = K}`` is at a vertex); this replaces ``train(j..k)``.
+
+The minimum over splits of the single-split bounds would not do: a run can train on a large
+trainer and generate on a large pool at different times, beating every single split. With
+one split (no planner) every relaxed value is the split's own and the bound is unchanged.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -89,6 +113,8 @@ class LowerBound:
         standalone_tokens_per_s: ``P_s``.
         hybrid_tokens_per_s: ``P_h``.
         step_starts_s: Lower bounds on the start of each step's training.
+        trainer_gpus: Trainer sizes of the splits the bound relaxes over (one for a run
+            whose split never changes).
     """
 
     seconds: float
@@ -96,6 +122,7 @@ class LowerBound:
     standalone_tokens_per_s: float
     hybrid_tokens_per_s: float
     step_starts_s: tuple[float, ...] = attrs.field(repr=False, eq=False)
+    trainer_gpus: tuple[int, ...] = ()
 
 
 def _admitted(v: int, rule: str, t: int, q: int, m: int) -> int:
@@ -205,14 +232,20 @@ class _Relaxation:
     def __init__(
         self,
         scenario: Scenario,
-        conf: Configuration,
+        splits: Sequence[Configuration],
         workload: Workload,
         cfg: DynamicScheduleConfig,
     ) -> None:
         self.steps, self.q = scenario.steps, cfg.required_samples
         self.t_sync = cfg.trigger_parameter_sync_step
         # every step trains q samples, each of at least the workload's fewest tokens
-        self._rates(scenario, conf, cfg, self.q * float(workload.group_tokens().min()))
+        self.k_min = self.q * float(workload.group_tokens().min())
+        self._rates(scenario, splits[0], cfg, self.k_min)
+        self.trainers: list[tuple[float, float]] = []  # (per step, per token) of each split
+        self.pools: list[tuple[float, float]] = []  # (P_s, P_s + P_h) of each split
+        self.p_all: float | None = None  # the best pool of one split (several splits only)
+        if len(splits) > 1:
+            self._relax(scenario, splits, cfg)
         self._prompts(workload, cfg, scenario.engine.prefill_s_per_token)
         self.starts: list[float] = []  # t_k
         self.why: list[str] = []  # what set t_k
@@ -241,6 +274,26 @@ class _Relaxation:
         # split; with hybrid replicas it drops at each deactivation while the samples
         # admitted under the larger cap finish, so only the largest cap is safe)
         self.slots = min((n_s + n_h) * cfg.concurrent_samples_per_replica, cfg.max_required_samples)
+
+    def _relax(
+        self, scenario: Scenario, splits: Sequence[Configuration], cfg: DynamicScheduleConfig
+    ) -> None:
+        """Several splits (a re-planned run): every rate at its best over the splits, each
+        on its own (module docstring, *Re-planned runs*)."""
+        p_s, p_h, p_all, y, slots = [], [], [], [], []
+        for conf in splits:
+            self._rates(scenario, conf, cfg, self.k_min)
+            p_s.append(self.p_s)
+            p_h.append(self.p_h)
+            p_all.append(self.p_s + self.p_h)
+            y.append(self.y)
+            slots.append(self.slots)
+            self.trainers.append((self.per_step, self.c_g))
+            self.pools.append((self.p_s, self.p_s + self.p_h))
+        self.p_s, self.p_h, self.p_all = max(p_s), max(p_h), max(p_all)
+        self.y, self.slots = min(y), max(slots)
+        self.per_step = min(o for o, _ in self.trainers)
+        self.c_g = min(c for _, c in self.trainers)
 
     def _prompts(self, workload: Workload, cfg: DynamicScheduleConfig, prefill_s: float) -> None:
         """``A(v)`` per window and the per-prompt ``R``, ``K`` and ``s`` sums over the first
@@ -280,7 +333,22 @@ class _Relaxation:
         if j > 1:
             rest = self.sk.largest(0, a[(j - 2) // self.t_sync], (j - 1) * q)
             tokens = max(tokens, self.sk.smallest(0, a[vk], k * q) - rest)
+        if self.trainers:
+            return self._train_relaxed(k - j + 1, tokens)
         return (k - j + 1) * self.per_step + self.c_g * tokens
+
+    def _train_relaxed(self, m: int, tokens: float) -> float:
+        """Least training time of ``m`` steps over ``tokens`` tokens when each step may run
+        on any split's trainer: each step takes at least ``f(K) = min over splits of
+        (per_step + c K)`` for its ``K >= K_min`` tokens; ``f`` is concave, so the sum over
+        the steps, at a fixed total, is least at a vertex of ``{K_i >= K_min, sum K_i =
+        tokens}``: ``m - 1`` steps of ``K_min`` and one of the rest."""
+
+        def f(k: float) -> float:
+            return min(o + c * k for o, c in self.trainers)
+
+        rest = max(self.k_min, tokens - (m - 1) * self.k_min)
+        return (m - 1) * f(self.k_min) + f(rest)
 
     def syncs(self, j: int, k: int) -> int:
         """Sync steps among ``j..k`` (inclusive)."""
@@ -321,7 +389,11 @@ class _Relaxation:
                 need_w,
                 [(self.p_s, self.opens[w] + y * (v - w)), (self.p_h, self.opens[w] + train_in)],
             )
+            if self.p_all is not None:  # re-planned: no split produces faster than p_all
+                t_w = max(t_w, self.opens[w] + need_w / self.p_all)
             t_tok = max(t_tok, t_w)
+        if self.p_all is not None:
+            t_tok = max(t_tok, need / self.p_all)
         return t_tok
 
     def _slots_start(self, k: int, v: int) -> float:
@@ -355,14 +427,56 @@ class _Relaxation:
         self.why.append(best)
 
     def run_end(self) -> tuple[float, str]:
-        """The bound on the run's end and the constraint of the step it chains from."""
+        """The bound on the run's end and the constraint of the step it chains from
+        (``"fluid"``: the time-sharing bound of a re-planned run, `fluid_end`)."""
         end, binding = 0.0, "trainer"
         steps = self.steps
         for j in range(1, steps + 1):
             t = self.starts[j - 1] + self.train_lb(j, steps) + self.y * self.syncs(j, steps)
             if t > end:
                 end, binding = t, self.why[j - 1] if self.starts[j - 1] > 0 else "trainer"
+        if self.trainers:
+            fluid = self.fluid_end()
+            if fluid > end:
+                end, binding = fluid, "fluid"
         return end, binding
+
+    def fluid_end(self) -> float:
+        """The time-sharing bound of a re-planned run (module docstring, *Re-planned
+        runs*): ``max over gamma of S (A - B K_min) + B K + gamma R`` with ``A(gamma) =
+        min (1 - gamma P_s)(o + c K_min)`` and ``B(gamma) = min c (1 - gamma P_s)`` over the
+        splits, ``0 <= gamma <= 1 / max P_all``; concave and piecewise linear in
+        ``gamma``, so its largest value is at an end or where two splits' lines cross."""
+        q, top = self.q, self.a[-1]
+        need_k = self.sk.smallest(0, top, self.steps * q)
+        need_r = self.sr.smallest(0, top, self.steps * q)
+        p_max = max(p_all for _, p_all in self.pools)
+        if p_max <= 0 or not (math.isfinite(need_k) and math.isfinite(need_r)):
+            return 0.0
+        k0 = self.k_min
+        # lines (intercept, slope in gamma) of A's and B's pieces, one per split
+        lines_a = [
+            ((o + c * k0), -(o + c * k0) * p_s)
+            for (o, c), (p_s, _) in zip(self.trainers, self.pools, strict=True)
+        ]
+        lines_b = [
+            (c, -c * p_s) for (_, c), (p_s, _) in zip(self.trainers, self.pools, strict=True)
+        ]
+        g_max = 1.0 / p_max
+        gammas = {0.0, g_max}
+        for lines in (lines_a, lines_b):
+            for (u0, u1), (w0, w1) in itertools.combinations(lines, 2):
+                if u1 != w1:
+                    g = (w0 - u0) / (u1 - w1)
+                    if 0.0 < g < g_max:
+                        gammas.add(g)
+
+        def value(g: float) -> float:
+            a = min(u0 + u1 * g for u0, u1 in lines_a)
+            b = min(u0 + u1 * g for u0, u1 in lines_b)
+            return self.steps * max(0.0, a - b * k0) + b * need_k + g * need_r
+
+        return max(value(g) for g in gammas)
 
 
 def lower_bound(
@@ -370,15 +484,35 @@ def lower_bound(
     conf: Configuration,
     workload: Workload,
     config: DynamicScheduleConfig | None = None,
+    *,
+    splits: Sequence[Configuration] = (),
 ) -> LowerBound:
     """The lower bound of the module docstring for ``conf`` on ``workload``.
+
+    ``splits``: for a run whose split changes while it goes on (the role planner,
+    `dynsched_sim._planner.reachable_configurations`), every split it can be in; the
+    bound then relaxes over all of them and ``conf`` (module docstring, *Re-planned
+    runs*). Empty (default): ``conf``'s bound alone.
 
     Raises:
         ValueError: the workload has fewer admissible prompts than the run consumes.
     """
     cfg = config if config is not None else scenario.schedule_config(conf)
-    run = _Relaxation(scenario, conf, workload, cfg)
+    every = [conf]
+    seen = {(conf.trainer_gpus, conf.rollout_gpus, conf.hybrid)}
+    for c in splits:
+        if (c.trainer_gpus, c.rollout_gpus, c.hybrid) not in seen:
+            seen.add((c.trainer_gpus, c.rollout_gpus, c.hybrid))
+            every.append(c)
+    run = _Relaxation(scenario, every, workload, cfg)
     for k in range(1, scenario.steps + 1):
         run.step_start(k)
     end, binding = run.run_end()
-    return LowerBound(end, binding, run.p_s, run.p_h, tuple(run.starts))
+    return LowerBound(
+        end,
+        binding,
+        run.p_s,
+        run.p_h,
+        tuple(run.starts),
+        tuple(sorted({c.trainer_gpus for c in every})),
+    )

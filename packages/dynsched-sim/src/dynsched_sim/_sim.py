@@ -24,7 +24,13 @@ from dynsched_metrics import CycleMetrics, MetricsAggregator
 from dynsched_sim._bound import LowerBound, lower_bound
 from dynsched_sim._cluster import SimCluster, build_cluster, prompt_source
 from dynsched_sim._mover import SimRoleMover
-from dynsched_sim._planner import PLANNER_SUFFIX, PlannerSpec, build_planner, resolve
+from dynsched_sim._planner import (
+    PLANNER_SUFFIX,
+    PlannerSpec,
+    build_planner,
+    reachable_configurations,
+    resolve,
+)
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._trainer import SimTrainer
 from dynsched_sim._vloop import VirtualTimeEventLoop, deferred_interrupts, stop_quietly
@@ -59,7 +65,8 @@ class RunResult:
         policy: Policy name.
         seed: Workload seed.
         wall_clock_s: Simulated wall-clock of the training run.
-        lower_bound_s: `dynsched_sim.lower_bound` of the configuration.
+        lower_bound_s: `dynsched_sim.lower_bound` of the configuration (with a planner:
+            relaxed over every split the planner can reach).
         efficiency: ``lower_bound_s / wall_clock_s``.
         summary: Counters (samples, switches, aborts, re-routed requests, ...).
         true_utilization: Ground truth per pool (``trainer``, ``standalone``,
@@ -198,7 +205,9 @@ async def _run(
     left = (
         await floop.queue.get(await floop.queue.size(), timeout=0.0) if result.samples_left else []
     )
-    bound = lower_bound(scenario, conf, cluster.workload, cfg)
+    # a re-planned run can be in any split the planner reaches: the bound relaxes over them
+    splits = () if spec is None else reachable_configurations(spec, scenario, conf)
+    bound = lower_bound(scenario, conf, cluster.workload, cfg, splits=splits)
     return _Outcome(
         cluster,
         result,
