@@ -77,7 +77,21 @@ boundaries, with the trainer idle) and moves only add time:
 * trainer: a step of ``K >= K_min`` tokens takes at least ``f(K) = min_sigma (o_sigma +
   swap_sigma + c_sigma K)``; ``f`` is concave, so ``m`` steps over ``K`` tokens take at
   least ``(m - 1) f(K_min) + f(K - (m - 1) K_min)`` (the least of a concave sum over
-  ``{K_i >= K_min, sum K_i = K}`` is at a vertex); this replaces ``train(j..k)``.
+  ``{K_i >= K_min, sum K_i = K}`` is at a vertex); this replaces ``train(j..k)``;
+* time-sharing (the rates above are each at their best at once; this couples them): say
+  the run spends ``x_sigma`` seconds in split ``sigma``, its trainer busy ``a_sigma <=
+  x_sigma`` of them on the steps ``I_sigma`` (``a_sigma >= sum (o_sigma + c_sigma K_i)``
+  over them), producing at most ``P_s(sigma) a_sigma + P_all(sigma) (x_sigma -
+  a_sigma)`` tokens (hybrid replicas decode only while the trainer does not train). For
+  ``0 <= gamma <= 1 / max P_all``, ``B = min_sigma c_sigma (1 - gamma P_s(sigma))`` and
+  ``A = min_sigma (1 - gamma P_s(sigma)) (o_sigma + c_sigma K_min)`` (``A >= B K_min``),
+  every step of ``K_i >= K_min`` tokens in ``sigma`` has ``(A - B K_min) + B K_i <= (1 -
+  gamma P_s(sigma)) (o_sigma + c_sigma K_i)``, so ``x_sigma >= (A - B K_min) |I_sigma| + B
+  sum K_i + gamma (tokens made in sigma)``; summed over the splits, the run takes at least
+  ``S (A - B K_min) + B K + gamma R`` with ``K = SK(v(S), S q)`` and ``R = SR(v(S), S
+  q)`` (weak duality of the linear program over the time spent in each split, which this
+  solves exactly: the value is concave and piecewise linear in ``gamma``, largest where
+  two splits' lines cross or at an end). The run ends no earlier than its largest value.
 
 The minimum over splits of the single-split bounds would not do: a run can train on a large
 trainer and generate on a large pool at different times, beating every single split. With
@@ -109,7 +123,8 @@ class LowerBound:
         seconds: The lower bound on the run's wall-clock.
         binding: Which constraint set the start of the step the final bound chains from:
             ``"tokens"``, ``"slots"``, ``"stragglers"`` or ``"trainer"`` (serial training
-            from step 1).
+            from step 1); ``"fluid"`` when the time-sharing bound of a re-planned run is
+            the larger.
         standalone_tokens_per_s: ``P_s``.
         hybrid_tokens_per_s: ``P_h``.
         step_starts_s: Lower bounds on the start of each step's training.
