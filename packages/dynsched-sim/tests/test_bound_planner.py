@@ -178,3 +178,29 @@ def test_runs_without_a_planner_keep_their_bound(name: str) -> None:
     conf = next(c for c in sc.configurations if c.hybrid)
     r = run_configuration(sc, conf, "default", planner=False)
     assert r.lower_bound_s == _starting_split_bound(sc, conf, "default", sc.seed)
+
+
+def test_plan_prunes_with_the_bound_of_the_runs_it_would_simulate() -> None:
+    """`dynsched plan` skips a candidate whose bound is at or above the best simulated time;
+    inside `planner_enabled` its runs are re-planned, so that bound is the relaxed one."""
+    from dynsched_sim._plan import Candidate, _mean_bound
+
+    sc = load_scenario("training-bound")
+    cand = Candidate(
+        trainer_gpus=16,
+        rollout_gpus=16,
+        hybrid=True,
+        policy="default",
+        concurrency=sc.schedule_config(
+            sc.configuration("dynamic-16-16")
+        ).concurrent_samples_per_replica,
+        staleness_threshold=float(sc.schedule["staleness_threshold"]),
+    )
+    seeds = [sc.seed]
+    own = _mean_bound(sc, cand, seeds)
+    with planner_enabled():
+        relaxed = _mean_bound(sc, cand, seeds)
+        r = run_configuration(cand.scenario_for(sc), cand.configuration(), "default")
+    assert r.policy == "default+planner"
+    assert relaxed == pytest.approx(r.lower_bound_s, rel=1e-12)
+    assert relaxed < r.wall_clock_s < own  # the old pruning bound was above this run
