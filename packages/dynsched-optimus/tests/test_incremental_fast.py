@@ -181,7 +181,7 @@ def test_large_instance_same_as_greedy() -> None:
         assert got2.tasks != got.tasks
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(80))
 def test_same_allocation_with_identical_jobs(seed: int) -> None:
     """Copies of a few job types (equal gains everywhere): ties go by arrival, then id,
     in both engines."""
@@ -205,7 +205,8 @@ def test_same_allocation_with_identical_jobs(seed: int) -> None:
         )
     n = len(jobs)
     cap = (float(n * rng.integers(6, 60)), float(n * rng.integers(16, 200)), float(n * 4))
-    current = {j.job_id: (1, 2) for j in jobs if rng.random() < 0.3}
+    # running copies at different sizes: one copy's later tasks equal another's first
+    current = {j.job_id: (1, int(rng.integers(1, 6))) for j in jobs if rng.random() < 0.5}
     kw = {
         "restart_penalty": float(rng.choice([0.0, 60.0])),
         "min_gain": 0.0,
@@ -215,3 +216,40 @@ def test_same_allocation_with_identical_jobs(seed: int) -> None:
     got = allocate_incremental(jobs, cap, current=current, **kw)  # type: ignore[arg-type]
     want = oracle.oracle_allocate_incremental(jobs, cap, current=current, **kw)  # type: ignore[arg-type]
     assert got.tasks == want.tasks
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n_sorted=st.integers(0, 60),
+    n_new=st.integers(0, 60),
+    distinct=st.integers(1, 8),
+)
+def test_merge_order_is_the_full_sort(seed: int, n_sorted: int, n_new: int, distinct: int) -> None:
+    """The fast path's merge of newly generated tasks into the sorted ones gives the
+    order of a full sort by (key, rank, position), ties between jobs included."""
+    from dynsched_optimus._incremental import _FastGrow
+
+    rng = np.random.default_rng(seed)
+    n_jobs = 6
+    fg = _FastGrow.__new__(_FastGrow)
+    fg.rank = rng.permutation(n_jobs).astype(np.int64)
+    keys = -rng.integers(1, distinct + 1, n_sorted + n_new).astype(np.float64)
+    own = rng.integers(0, n_jobs, n_sorted + n_new).astype(np.int64)
+    # positions grow along each job's chain: older (sorted) tasks first
+    pos = np.zeros(len(own), dtype=np.int64)
+    seen: dict[int, int] = {}
+    for i, o in enumerate(own.tolist()):
+        pos[i] = seen.get(o, 0)
+        seen[o] = pos[i] + 1
+    # a job's key never rises along its chain (a running minimum)
+    for o in range(n_jobs):
+        idx = np.flatnonzero(own == o)
+        keys[idx] = np.maximum.accumulate(keys[idx])
+    old = np.lexsort((pos[:n_sorted], fg.rank[own[:n_sorted]], keys[:n_sorted]))
+    fg.p_key = np.concatenate([keys[:n_sorted][old], keys[n_sorted:]])
+    fg.p_own = np.concatenate([own[:n_sorted][old], own[n_sorted:]])
+    fg.p_pos = np.concatenate([pos[:n_sorted][old], pos[n_sorted:]])
+    fg.n_sorted = n_sorted
+    order = fg._order()
+    want = np.lexsort((fg.p_pos, fg.rank[fg.p_own], fg.p_key))
+    assert order.tolist() == want.tolist()

@@ -186,7 +186,8 @@ class _Incremental:
             np.maximum(np.max(self.wd / self.tot_safe, axis=1, initial=0.0), 1e-12).tolist(),
             np.maximum(np.max(self.pd / self.tot_safe, axis=1, initial=0.0), 1e-12).tolist(),
         )
-        self.masks = ([_bits(r) for r in self.wd], [_bits(r) for r in self.pd])
+        bit = 1 << np.arange(nr, dtype=np.int64)
+        self.masks = (((self.wd > 0) @ bit).tolist(), ((self.pd > 0) @ bit).tolist())
         self._tfns: dict[str, Callable[[int, int], float]] = {}
         self.a = a
         self.restart_penalty = restart_penalty
@@ -680,6 +681,7 @@ class _FastGrow:
         self.p_k = np.zeros(0, dtype=np.int64)
         self.p_key = np.zeros(0)
         self.p_pos = np.zeros(0, dtype=np.int64)
+        self.n_sorted = 0  # leading pending elements already in merge order
 
     def _generate(self, which: IntArray) -> None:
         """Extend the active chains among ``which``, each by up to its ``rounds``."""
@@ -714,9 +716,30 @@ class _FastGrow:
             self.p_key = np.concatenate([self.p_key, *keys])
             self.p_pos = np.concatenate([self.p_pos, *poss])
 
+    def _order(self) -> IntArray:
+        """The merge order of the pending elements: by key, rank, position.  The first
+        ``n_sorted`` are in order already: the new ones are sorted and merged in (a full
+        sort where two keys are equal)."""
+        m = self.n_sorted
+        new = m + np.lexsort((self.p_pos[m:], self.rank[self.p_own[m:]], self.p_key[m:]))
+        a_key, b_key = self.p_key[:m], self.p_key[new]
+        at = np.searchsorted(a_key, b_key, side="right") + np.arange(len(new))
+        order = np.empty(len(self.p_key), dtype=np.int64)
+        from_b = np.zeros(len(order), dtype=bool)
+        from_b[at] = True
+        order[from_b] = new
+        order[~from_b] = np.arange(m)
+        # equal keys of one job keep their positions (new ones come later in a chain);
+        # equal keys of two jobs: rank decides, by a full sort
+        key, own = self.p_key[order], self.p_own[order]
+        if np.any((key[1:] == key[:-1]) & (own[1:] != own[:-1])):
+            return np.lexsort((self.p_pos, self.rank[self.p_own], self.p_key))
+        return order
+
     def _safe_count(self) -> int:
         """Sort the pending elements; how many lead every ungenerated one."""
-        order = np.lexsort((self.p_pos, self.rank[self.p_own], self.p_key))
+        order = self._order()
+        self.n_sorted = len(order)
         for name in ("p_own", "p_g", "p_k", "p_key", "p_pos"):
             setattr(self, name, getattr(self, name)[order])
         live = np.flatnonzero(self.active & ~self.dropped)
@@ -780,6 +803,7 @@ class _FastGrow:
                 self.p_k[n_safe:],
             )
             self.p_key, self.p_pos = self.p_key[n_safe:], self.p_pos[n_safe:]
+            self.n_sorted = len(self.p_key)
             live = np.flatnonzero(self.active & ~self.dropped)
             if not live.size and not len(self.p_own):
                 self._sync()
