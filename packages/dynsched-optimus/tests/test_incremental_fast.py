@@ -76,7 +76,7 @@ def instance(
     for j in jobs:
         if rng.random() < 0.4:
             w = int(rng.integers(1, 6))
-            p = int(rng.integers(1, 4)) if j.kind == "ps" else 0
+            p = int(rng.integers(0, 4)) if j.kind == "ps" else 0  # 0: a PS job short of PS
             current[j.job_id] = (p, w)
     settings = {
         "restart_penalty": float(rng.choice([0.0, 30.0, 600.0])),
