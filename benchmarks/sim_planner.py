@@ -222,7 +222,8 @@ def _table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any]) ->
 
 
 def _instrument() -> str:
-    """The simulator these runs measure: the checkout's commit (``+dirty`` with local edits)."""
+    """The simulator these runs measure: the checkout's commit (``+dirty`` with local edits
+    to the packages or this script)."""
     import subprocess
 
     def git(*a: str) -> str:
@@ -231,7 +232,8 @@ def _instrument() -> str:
         ).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    code = ("packages", "benchmarks/sim_planner.py")  # not the results being written
+    dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no", "--", *code) else ""
     return f"simulator of commit {commit}{dirty}"
 
 
