@@ -23,11 +23,14 @@ best static split on every scenario; geometric mean >= 10% below ``default`` on 
 held-out draws.
 
     OMP_NUM_THREADS=1 python benchmarks/sim_planner.py [--quick] [--jobs N] [--out FILE]
-        [--family builtin heldout fresh]
+        [--family builtin heldout fresh] [--per-family] [--until HH:MM]
 
 ``--quick``: 2 seeds of each built-in and the first 5 draws of each held-out family with 1
 seed. Writes ``benchmarks/results/sim_planner.json`` (``sim_planner_quick.json`` with
-``--quick``).
+``--quick``); ``--per-family`` writes one file per family instead,
+``sim_planner_FAMILY.json``, rewritten after every scenario (a family cut short by
+``--until HH:MM``, UTC, is kept with ``complete: false``). Progress and an estimate of the
+time left go to stderr. ``instrument`` names the commit measured.
 """
 
 from __future__ import annotations
@@ -218,28 +221,96 @@ def _table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any]) ->
     return "\n".join(lines)
 
 
-def run(families: list[str], quick: bool, jobs: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"quick": quick, "families": {}}
-    for family in families:
-        keys, k = _keys(family, quick)
-        tasks = [t for key in keys for t in _tasks(key, _seeds(key, k))]
-        t0 = time.perf_counter()
-        print(f"{family}: {len(tasks)} runs", file=sys.stderr, flush=True)
-        if jobs > 1:
-            with ProcessPoolExecutor(jobs) as pool:
-                rows = list(pool.map(_one, tasks, chunksize=1))
-        else:
-            rows = [_one(t) for t in tasks]
-        summaries = [_summarise(key, [r for r in rows if r["key"] == key]) for key in keys]
-        fam = _family(summaries)
-        print(_table(family, summaries, fam), flush=True)
-        out["families"][family] = {
-            "summary": fam,
-            "scenarios": summaries,
-            "runs": rows,
-            "wall_s": time.perf_counter() - t0,
-        }
-    return out
+def _instrument() -> str:
+    """The simulator these runs measure: the checkout's commit (``+dirty`` with local edits
+    to the packages or this script)."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        return subprocess.run(
+            ["git", *a], cwd=Path(__file__).parent, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    code = ("packages", "benchmarks/sim_planner.py")  # not the results being written
+    dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no", "--", *code) else ""
+    return f"simulator of commit {commit}{dirty}"
+
+
+def _write(path: Path | None, result: dict[str, Any]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+
+
+def run(
+    families: list[str],
+    quick: bool,
+    jobs: int,
+    *,
+    progress: Any = None,
+    until: float | None = None,
+) -> dict[str, Any]:
+    """Run the families; after every scenario ``progress(result, family)`` is called with
+    the partial result (main writes it out). A family that ends early (``until``: a
+    wall-clock time after which no scenario is started that the running estimate says
+    would not finish) is marked ``complete: false``; its summary covers the scenarios that
+    finished."""
+    result: dict[str, Any] = {"instrument": _instrument(), "quick": quick, "families": {}}
+    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    try:
+        for family in families:
+            keys, k = _keys(family, quick)
+            per_key = {key: _tasks(key, _seeds(key, k)) for key in keys}
+            total = sum(len(t) for t in per_key.values())
+            t0 = time.perf_counter()
+            print(f"{family}: {len(keys)} scenarios, {total} runs", file=sys.stderr, flush=True)
+            rows: list[dict[str, Any]] = []
+            summaries: list[dict[str, Any]] = []
+            entry: dict[str, Any] = {"complete": False, "scenarios_planned": len(keys)}
+            result["families"][family] = entry
+            for i, key in enumerate(keys):
+                done = len(rows)
+                if until is not None and done:
+                    per_run = (time.perf_counter() - t0) / done
+                    if time.time() + per_run * len(per_key[key]) > until:
+                        print(f"{family}: stopping before {key} (deadline)", file=sys.stderr)
+                        break
+                tasks = per_key[key]
+                got = list(pool.map(_one, tasks, chunksize=1)) if pool else [_one(t) for t in tasks]
+                rows += got
+                summaries.append(_summarise(key, got))
+                el = time.perf_counter() - t0
+                eta = el / len(rows) * (total - len(rows))
+                print(
+                    f"{family}: {i + 1}/{len(keys)} {key} ({len(rows)}/{total} runs) "
+                    f"{el:.0f} s, about {eta:.0f} s left",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                entry.update(
+                    summary=_family(summaries),
+                    scenarios=summaries,
+                    runs=rows,
+                    wall_s=el,
+                    complete=len(summaries) == len(keys),
+                )
+                if progress is not None:
+                    progress(result, family)
+            if summaries:
+                print(_table(family, summaries, entry["summary"]), flush=True)
+    finally:
+        if pool:
+            pool.shutdown()
+    return result
+
+
+def _one_family(result: dict[str, Any], family: str) -> dict[str, Any]:
+    """One family of the result, as written to its own file."""
+    return {**result, "families": {family: result["families"][family]}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,12 +319,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--out", default=None, help="JSON file (default: benchmarks/results/...)")
+    ap.add_argument(
+        "--per-family",
+        action="store_true",
+        help="one file per family: sim_planner_FAMILY.json (sim_planner_quick_FAMILY.json "
+        "with --quick), in --out's folder if given",
+    )
+    ap.add_argument(
+        "--until",
+        default=None,
+        help="HH:MM (UTC): start no scenario expected to end after it; keep what finished",
+    )
     args = ap.parse_args(argv)
-    result = run(args.family, args.quick, max(1, args.jobs))
-    name = "sim_planner_quick.json" if args.quick else "sim_planner.json"
-    path = Path(args.out) if args.out else RESULTS / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    stem = "sim_planner_quick" if args.quick else "sim_planner"
+    until = None
+    if args.until:
+        import datetime as dt
+
+        hh, mm = map(int, args.until.split(":"))
+        now = dt.datetime.now(dt.UTC)
+        end = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+        if end <= now:
+            end += dt.timedelta(days=1)
+        until = end.timestamp()
+    if args.per_family:
+        folder = Path(args.out) if args.out else RESULTS
+
+        def out(family: str) -> Path:
+            return folder / f"{stem}_{family}.json"
+
+        def each(result: dict[str, Any], family: str) -> None:
+            _write(out(family), _one_family(result, family))
+
+        result = run(args.family, args.quick, max(1, args.jobs), progress=each, until=until)
+        for family in result["families"]:
+            print(f"wrote {out(family)}")
+        return 0
+    path = Path(args.out) if args.out else RESULTS / f"{stem}.json"
+    result = run(
+        args.family,
+        args.quick,
+        max(1, args.jobs),
+        progress=lambda r, _f: _write(path, r),
+        until=until,
+    )
+    _write(path, result)
     print(f"wrote {path}")
     return 0
 

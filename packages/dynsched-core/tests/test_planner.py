@@ -42,6 +42,13 @@ def test_split_and_move_records_validate_and_name_the_field() -> None:
         s.moved("to_trainer", 3)
     with pytest.raises(ValueError, match="RolePlannerOptions.every_n_syncs"):
         RolePlannerOptions(every_n_syncs=0)
+    # the last standalone replica is never retired: 0 refused, naming the field and range
+    with pytest.raises(
+        ValueError, match=r"RolePlannerOptions.min_standalone_replicas must be an int >= 1, got 0"
+    ):
+        RolePlannerOptions(min_standalone_replicas=0)
+    with pytest.raises(TypeError, match=r"min_standalone_replicas must be an int >= 1"):
+        RolePlannerOptions(min_standalone_replicas=1.0)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- fitting
@@ -222,7 +229,7 @@ def test_not_ready_before_enough_intervals_and_no_move_that_cannot_pay() -> None
     step_s=st.one_of(st.floats(0.1, 5.0), st.floats(5.0, 500.0)),
     latency_s=st.one_of(st.floats(1.0, 500.0), st.floats(500.0, 5000.0)),
     mem_floor=st.integers(1, 64),
-    min_standalone=st.integers(0, 3),
+    min_standalone=st.integers(1, 3),
     bound=st.one_of(st.none(), st.floats(0.0, 3.0)),
     max_move=st.integers(1, 3),
     T=st.integers(1, 4),
@@ -276,6 +283,6 @@ def test_the_planner_never_plans_a_split_violating_memory_or_the_staleness_bound
     if move.direction == "to_rollout":
         assert after.trainer_gpus >= max(mem_floor, 1)
     else:
-        assert after.standalone_replicas >= min_standalone
+        assert after.standalone_replicas >= min_standalone >= 1
     if bound is not None:
         assert planner.staleness_of(after, planner.predict(after)) <= bound

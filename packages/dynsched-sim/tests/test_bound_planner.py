@@ -137,7 +137,7 @@ def test_reachable_splits_follow_the_planner_minimums() -> None:
     floor = trainer_memory_min_gpus(sc, True)
     assert floor <= 8
     assert sizes() == [8, 16, 24]  # one standalone replica always kept
-    assert sizes(min_standalone_replicas=0) == [8, 16, 24, 32]
+    assert sizes(min_standalone_replicas=2) == [8, 16]
     assert sizes(min_trainer_gpus=16) == [16, 24]
     assert sizes(min_trainer_gpus=17, min_standalone_replicas=2) == [16]  # only the start
     assert sizes(trainer_memory_min_gpus=9) == [16, 24]

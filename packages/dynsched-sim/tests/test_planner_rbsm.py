@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from unittest import mock
 
-from dynsched_core import EventBus, FullyAsyncLoop
+import pytest
+from dynsched_core import ConfigError, EventBus, FullyAsyncLoop
 from dynsched_core.events import RoleMoveEvent
 from dynsched_core.planner import RoleMove, RolePlanner, RolePlannerOptions, RoleSplit
 from dynsched_sim import VirtualTimeEventLoop, load_scenario, run_configuration
+from dynsched_sim import _sim as sim_module
 from dynsched_sim._cluster import build_cluster, prompt_source
 from dynsched_sim._mover import ResizeCosts, SimRoleMover
-from dynsched_sim._planner import planner_enabled, trainer_memory_min_gpus
+from dynsched_sim._planner import build_planner, planner_enabled, trainer_memory_min_gpus
 from dynsched_sim._sim import _reclaimer
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -210,3 +213,47 @@ def test_simulate_planner_flag_runs_every_configuration_planned(tmp_path: Any) -
     runs = json.loads((out / "result.json").read_text())["runs"]
     assert runs and all(r["policy"].endswith("+planner") for r in runs)
     assert all("role_moves" in r["summary"] for r in runs)
+
+
+class _ToTrainer(RolePlanner):
+    """Moves one standalone replica to the trainer at every sync its candidates allow."""
+
+    def decide(self, split: RoleSplit, *, now: float) -> RoleMove | None:
+        for c in self.candidates(split):
+            if c.trainer_gpus > split.trainer_gpus:
+                return RoleMove(direction="to_trainer", replicas=1, before=split, after=c)
+        return None
+
+
+def _to_trainer(spec: Any, scenario: Any, cluster: Any, cfg: Any) -> Any:
+    planner, mover = build_planner(spec, scenario, cluster, cfg)
+    return _ToTrainer(planner.options, config=cfg), mover
+
+
+@pytest.mark.parametrize(
+    ("conf_name", "policy"),
+    [("static-16-16", "static_fully_async"), ("dynamic-16-16", "default")],
+)
+def test_the_planner_never_retires_the_last_standalone_replica(conf_name: str, policy: str) -> None:
+    """``balanced`` with a planner that moves a replica to the trainer whenever its
+    candidates allow. With ``min_standalone_replicas=0`` it retired the last standalone
+    replica: static-16-16 stalled (`SampleWaitTimeoutError`: nothing generates), and
+    dynamic-16-16 failed samples (`NoRoutableReplicaError`: the requests the move and every
+    later hybrid deactivation aborted waited 60 s for a replica while the trainer trained).
+    0 is refused now; at the minimum, 1, the run keeps one replica and trains every sample."""
+    sc = load_scenario("balanced").with_steps(16)
+    conf = sc.configuration(conf_name)
+    with (
+        mock.patch.object(sim_module, "build_planner", _to_trainer),
+        pytest.raises(ConfigError, match=r"min_standalone_replicas must be an int >= 1, got 0"),
+    ):
+        run_configuration(
+            sc, conf, policy, planner=RolePlannerOptions(min_standalone_replicas=0, every_n_syncs=1)
+        )
+    with mock.patch.object(sim_module, "build_planner", _to_trainer):
+        r = run_configuration(
+            sc, conf, policy, planner=RolePlannerOptions(min_standalone_replicas=1, every_n_syncs=1)
+        )
+    assert r.summary["role_moves"] == 1 and r.summary["final_standalone_replicas"] == 1
+    assert r.summary["final_trainer_gpus"] == conf.total_gpus - sc.engine.gpus_per_replica
+    assert all(r.conservation.values()), r.conservation

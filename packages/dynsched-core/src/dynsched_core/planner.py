@@ -171,6 +171,19 @@ class RoleMover(Protocol):
         ...
 
 
+def _min_standalone(inst: Any, attr: attrs.Attribute[int], value: int) -> None:
+    """An int >= 1: the planner never retires the last standalone replica."""
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        raise v.field_error(
+            inst,
+            attr,
+            f"must be an int >= 1, got {value}: retiring the last standalone replica leaves "
+            "the requests the move aborts nowhere to resume (static runs stall, dynamic runs "
+            "fail samples)",
+        )
+    v.int_ge(1)(inst, attr, value)
+
+
 @attrs.frozen(kw_only=True)
 class RolePlannerOptions:
     """Settings of a `RolePlanner` (every default is a judgement; see each line).
@@ -185,8 +198,13 @@ class RolePlannerOptions:
         max_move_replicas: Most replicas moved at once (judgement: 1, one step at a time
             so the models see every size they extrapolate to).
         min_trainer_gpus: The trainer never shrinks below this (judgement: 1).
-        min_standalone_replicas: Standalone replicas always kept (judgement: 1, so the
-            requests a move aborts always have somewhere to resume).
+        min_standalone_replicas: Standalone replicas always kept, >= 1 (judgement: 1, so
+            the requests a move aborts always have somewhere to resume; 0 is refused: with
+            no standalone replica a static run has nothing that generates and a dynamic
+            one's aborted requests wait for a hybrid replica only the client's
+            ``no_replica_timeout_s``, less than a training phase, and fail). A run that
+            starts with fewer (a colocated one) is never moved below its start: the
+            planner only moves GPUs to the rollout side there.
         staleness_bound: Most predicted mean staleness (policy versions behind per sample)
             a planned split may have; None: no bound.
         trainer_memory_min_gpus: The fewest GPUs that hold the trainer's model state
@@ -204,7 +222,7 @@ class RolePlannerOptions:
     horizon_syncs: int = attrs.field(default=8, validator=v.int_ge(1))
     max_move_replicas: int = attrs.field(default=1, validator=v.int_ge(1))
     min_trainer_gpus: int = attrs.field(default=1, validator=v.int_ge(1))
-    min_standalone_replicas: int = attrs.field(default=1, validator=v.int_ge(0))
+    min_standalone_replicas: int = attrs.field(default=1, validator=_min_standalone)
     staleness_bound: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(v.float_ge(0.0))
     )
