@@ -1,0 +1,45 @@
+"""``benchmarks/optimus_incremental_scale.py`` runs end to end on a small size, writes every
+case of every variant with the allocations it timed, and refuses a bad ``--repeat``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "optimus_incremental_scale.py"
+
+
+def _load():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(_PATH.parent))
+    spec = importlib.util.spec_from_file_location("optimus_incremental_scale_under_test", _PATH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_small_run_writes_every_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load()
+    out = tmp_path / "scale.json"
+    assert bench.main(["--jobs", "20", "--repeat", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["variant"] for r in rows} == {"optimus+", "optimus+rw"}
+    for r in rows:
+        for case in ("empty", "steady", "placed", "placed_empty"):
+            assert r[f"{case}_cpu_s"] >= 0.0
+        assert r["tasks_empty"] > 0 and r["tasks_steady"] > 0
+        assert r["tasks_placed"] <= r["tasks_steady"]  # placing can only cut tasks
+    assert "placed from empty" in capsys.readouterr().out
+
+
+def test_bad_repeat_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load()
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--repeat", "0"])
+    assert e.value.code == 2
+    assert "--repeat must be >= 1, got 0" in capsys.readouterr().err
