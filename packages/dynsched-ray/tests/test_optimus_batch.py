@@ -130,7 +130,9 @@ def test_a_restart_job_restarts_with_the_new_batch(tmp_path: Path) -> None:
     assert any("re-allocated from 2 worker(s) to 2 worker(s), batch 16 -> 32" in s for s in lines)
     r0, _ = _rank_logs(tmp_path / "out")
     resumed = min(s for s in r0 if r0[s][2] not in first)  # the new run's first step
-    assert resumed > at  # it stopped after the decision, at a checkpoint, and resumed there
+    # recorded at the checkpoint the new run resumed from (it trained with the old batch
+    # until it stopped there, after the decision)
+    assert at == resumed - 1
     _continues_from(store, "b", [resumed - 1])
     assert [r0[s][:2] for s in sorted(r0)] == [(16, 8)] * (resumed - 1) + [(32, 16)] * (
         STEPS - resumed + 1

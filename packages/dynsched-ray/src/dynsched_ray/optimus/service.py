@@ -98,6 +98,9 @@ class OptimusService:
         self._heard: dict[str, float] = {}
         self._next_decision = 0.0
         self._resized_at: dict[str, float] = {}
+        # batch decided for a job's next run, with how it changes (restart or start): the
+        # change is recorded when that run starts, at the step it resumes from
+        self._next_batch: dict[str, tuple[int, str]] = {}
         self.decisions = 0
         #: re-allocations made, and the seconds from each stop request to the first
         #: report at the new size (the re-allocation overhead the paper measures)
@@ -212,6 +215,8 @@ class OptimusService:
         g.release()
         self._heard.pop(name, None)
         self.store.update(name, state=state, placement=None, **fields)
+        if state != "queued":
+            self._next_batch.pop(name, None)
         self._next_decision = 0.0  # freed workers: decide again now
 
     def _row(self, name: str) -> JobRow:
@@ -251,6 +256,8 @@ class OptimusService:
         for row in rows:
             new = dec.placements.get(row.name)
             batch = dec.batch_sizes.get(row.name)
+            if batch is None and row.state == "queued" and row.name in self._next_batch:
+                batch = self._next_batch[row.name][0]  # decided when it was stopped
             if batch is not None:  # the row as decided: its batch is the one to train with
                 row = attrs.evolve(row, batch=int(batch))
             if row.state == "running":
@@ -275,10 +282,8 @@ class OptimusService:
                 self._set_batch(row.name, g.first_step, g.batch, row.batch, "start")
             g.request_batch(row.batch)
             return
-        if row.batch != g.batch:
-            step = self.store.last_report(row.name)
-            how = "restart" if g.launched else "start"
-            self._set_batch(row.name, step[0] if step else 0, g.batch, row.batch, how)
+        if row.batch != g.batch:  # recorded when the next run starts (its resume step)
+            self._next_batch[row.name] = (row.batch, "restart" if g.launched else "start")
         if not g.started:  # still starting: give its bundles back (killed, requeued)
             self._end_run(row.name, "queued")
             return
@@ -309,9 +314,10 @@ class OptimusService:
             batch_change=spec.batch_change,
         )
         stored = self._row(row.name).batch
+        _decided, how = self._next_batch.pop(row.name, (row.batch, "start"))
         if stored != row.batch:
             self.store.add_batch_change(
-                row.name, 0 if ckpt is None else ckpt[0], stored, row.batch, "start"
+                row.name, 0 if ckpt is None else ckpt[0], stored, row.batch, how
             )
         g = WorkerGroup(spec, placement, labels, options)
         g.first_step = 0 if ckpt is None else ckpt[0]
