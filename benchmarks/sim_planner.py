@@ -72,6 +72,11 @@ PLAN_SEEDS = 3
 PLAN_SHORTLIST = 4
 #: The two arms that start from the plan's pick.
 PLAN_ARMS = ("plan", "plan+planner")
+#: Every static split at the plan's concurrency and staleness threshold (run where they
+#: differ from the scenario's). The *best tuned static split* is the best of these and of
+#: the static splits at the scenario's own knobs: a baseline that gets the knobs the plan
+#: tuned (the best static split of the issue's targets keeps the scenario's knobs).
+STATIC_AT_PLAN = "static@plan"
 
 
 def _scenario(key: str) -> Any:
@@ -177,6 +182,10 @@ def _one(task: tuple[Any, ...]) -> dict[str, Any]:
         arm, cand = conf_name, _candidate(policy)
         sc, conf, policy = cand.scenario_for(sc), cand.configuration(), cand.policy
         conf_name = conf.name
+    elif conf_name == STATIC_AT_PLAN:
+        arm, (pick, conf_name) = conf_name, policy
+        sc = _candidate(pick).scenario_for(sc)
+        conf, policy = next(c for c in _static_splits(sc) if c.name == conf_name), STATIC_POLICY
     else:
         confs = {c.name: c for c in (*sc.configurations, *_static_splits(sc))}
         conf = confs[conf_name]
@@ -196,12 +205,42 @@ def _one(task: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
+STATIC_POLICY = "static_fully_async"
+
+
 def _plan_tasks(key: str, pick: dict[str, Any], seeds: list[int]) -> list[tuple[Any, ...]]:
-    """The plan arms' runs of one scenario (the pick with and without the role planner)."""
+    """The plan arms' runs of one scenario: the pick with and without the role planner,
+    and (where the pick's concurrency or threshold differs from the scenario's) every
+    static split at the pick's concurrency and threshold."""
     overlap = set(seeds) & set(pick["planning_seeds"])
     if overlap:
         raise ValueError(f"{key}: planning seeds overlap evaluation seeds {sorted(overlap)}")
-    return [(key, arm, pick, arm.endswith("+planner"), s) for s in seeds for arm in PLAN_ARMS]
+    out = [(key, arm, pick, arm.endswith("+planner"), s) for s in seeds for arm in PLAN_ARMS]
+    c, dyn = pick["candidate"], pick["dynamic"]
+    if (c["concurrency"], c["staleness_threshold"]) != (
+        dyn["concurrency"],
+        dyn["staleness_threshold"],
+    ):
+        sc = _candidate(pick).scenario_for(_scenario(key))
+        for conf in _static_splits(sc):
+            try:
+                sc.schedule_config(conf, STATIC_POLICY)
+            except ValueError:
+                continue  # the core refuses this split at the pick's knobs
+            out += [(key, STATIC_AT_PLAN, (pick, conf.name), False, s) for s in seeds]
+    return out
+
+
+def _task_id(task: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A plan-arm task as ``(arm, configuration, seed)``, as `_row_id` names its run."""
+    _key, arm, what, _planner, seed = task
+    if arm == STATIC_AT_PLAN:
+        return (arm, what[1], seed)
+    return (arm, _candidate(what).split, seed)
+
+
+def _row_id(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row.get("arm"), row["configuration"], row["seed"])
 
 
 def _tasks(key: str, seeds: list[int]) -> list[tuple[str, str, str, bool, int]]:
@@ -245,6 +284,24 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     spread = max(vs_static) - min(vs_static)
     ratio = mean(planner) / mean(statics[best])
     extra: dict[str, Any] = {}
+    tuned: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in plan_rows:
+        if r["arm"] == STATIC_AT_PLAN:
+            tuned.setdefault(r["configuration"], {})[r["seed"]] = r
+    tuned = {c: d for c, d in tuned.items() if set(d) == set(seeds)}
+    best_t = min(tuned, key=lambda c: mean(tuned[c])) if tuned else None
+    if any(r["arm"] in PLAN_ARMS for r in plan_rows):
+        # the best of the statics at the pick's knobs and at the scenario's own
+        t_d, label = statics[best], f"{best} at the scenario's knobs"
+        if best_t is not None and mean(tuned[best_t]) < mean(t_d):
+            t_d, label = tuned[best_t], f"{best_t} at the plan's knobs"
+        extra.update(
+            {
+                "best_tuned_static": label,
+                "best_tuned_static_s": mean(t_d),
+                "statics_at_plan_knobs_s": {c: mean(d) for c, d in tuned.items()},
+            }
+        )
     for name in PLAN_ARMS:
         got = {r["seed"]: r for r in plan_rows if r["arm"] == name}
         if set(got) != set(seeds):
@@ -268,6 +325,16 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 f"{f}_final_trainer_gpus": [got[s]["final_trainer_gpus"] for s in seeds],
                 f"staleness_{f}": mean(got, "staleness_mean"),
                 f"{f}_conserved": all(got[s]["conserved"] for s in seeds),
+            }
+        )
+        vs_t = [got[s]["wall_clock_s"] / t_d[s]["wall_clock_s"] for s in seeds]
+        r_t = mean(got) / mean(t_d)
+        extra.update(
+            {
+                f"{f}_vs_best_tuned_static": r_t,
+                f"{f}_vs_best_tuned_static_seed_range": [min(vs_t), max(vs_t)],
+                f"{f}_within_1pct_of_best_tuned_static": r_t <= 1.01
+                or r_t - 1.0 <= max(vs_t) - min(vs_t),
             }
         )
     return {
@@ -316,6 +383,12 @@ def _plan_family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                     s[f"staleness_{f}"] <= s["staleness_default"] + 1e-9 for s in got
                 ),
                 f"{f}_all_conserved": all(s[f"{f}_conserved"] for s in got),
+                f"geomean_{f}_vs_best_tuned_static": _geomean(
+                    s[f"{f}_vs_best_tuned_static"] for s in got
+                ),
+                f"{f}_within_1pct_of_best_tuned_static": sum(
+                    s[f"{f}_within_1pct_of_best_tuned_static"] for s in got
+                ),
             }
         )
     return out
@@ -408,7 +481,8 @@ def _plan_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any
     lines = [
         f"== {family}: plan / plan+planner (the plan's pick, planning seeds disjoint) ==",
         f"{'scenario':<24}{'pick':>34}{'default':>9}{'plan':>9}{'plan+pl':>9}{'best st':>9}"
-        f"{'p+p/best':>9}{'p+p/def':>9}{'p/best':>8}{'eff':>6}{'stale p+p/def':>15}",
+        f"{'p+p/best':>9}{'p+p/def':>9}{'p/best':>8}{'p+p/tuned':>10}{'eff':>6}"
+        f"{'stale p+p/def':>15}",
     ]
     for s in summaries:
         if "plan_planner_s" not in s or "plan_s" not in s:
@@ -418,7 +492,8 @@ def _plan_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any
             f"{s['scenario']:<24}{pick:>34}{s['default_s']:>9.0f}{s['plan_s']:>9.0f}"
             f"{s['plan_planner_s']:>9.0f}{s['best_static_s']:>9.0f}"
             f"{s['plan_planner_vs_best_static']:>9.3f}{s['plan_planner_vs_default']:>9.3f}"
-            f"{s['plan_vs_best_static']:>8.3f}{s['plan_planner_efficiency_min']:>6.2f}"
+            f"{s['plan_vs_best_static']:>8.3f}{s['plan_planner_vs_best_tuned_static']:>10.3f}"
+            f"{s['plan_planner_efficiency_min']:>6.2f}"
             f"{format(s['staleness_plan_planner'], '.2f') + '/' + format(s['staleness_default'], '.2f'):>15}"
         )
     if "plan_planner_scenarios" in fam:
@@ -429,7 +504,9 @@ def _plan_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any
             f"{fam['geomean_plan_vs_default']:.3f}, /best static "
             f"{fam['geomean_plan_vs_best_static']:.3f}; within 1% of best static: plan+planner "
             f"{fam['plan_planner_within_1pct_of_best_static']}/{n}, plan "
-            f"{fam['plan_within_1pct_of_best_static']}/{fam['plan_scenarios']}; min efficiency "
+            f"{fam['plan_within_1pct_of_best_static']}/{fam['plan_scenarios']}; plan+planner / "
+            f"best tuned static {fam['geomean_plan_planner_vs_best_tuned_static']:.3f} (within "
+            f"1%: {fam['plan_planner_within_1pct_of_best_tuned_static']}/{n}); min efficiency "
             f"{fam['min_plan_planner_efficiency']:.2f}; staleness <= default "
             f"{fam['plan_planner_staleness_at_or_below_default']}/{n}"
         )
@@ -496,7 +573,7 @@ def run(
                 if not old.get("runs"):
                     raise ValueError(f"--plan-only: no existing runs of family {family}")
                 for r in old["runs"]:
-                    if not r.get("arm"):
+                    if not r.get("arm") or plans:  # plan-arm runs kept with their plans
                         old_rows.setdefault(r["key"], []).append(r)
                 keys = [key for key in keys if key in old_rows]
             seeds_of = {key: _seeds(key, k) for key in keys}
@@ -529,7 +606,12 @@ def run(
                 if plan_arms and not stopped:
                     if key not in plans:
                         plans[key] = _make_plan(key, quick)
-                    tasks += _plan_tasks(key, plans[key], seeds_of[key])
+                    have = {_row_id(r) for r in old_rows.get(key, []) if r.get("arm")}
+                    tasks += [
+                        t
+                        for t in _plan_tasks(key, plans[key], seeds_of[key])
+                        if _task_id(t) not in have
+                    ]
                 got = list(pool.map(_one, tasks, chunksize=1)) if pool else [_one(t) for t in tasks]
                 rows += got
                 summary = _summarise(key, old_rows.get(key, []) + got)

@@ -49,7 +49,8 @@ def test_planning_seeds_never_overlap_evaluation_seeds(quick: bool) -> None:
 
 
 def test_plan_tasks_refuse_overlapping_seeds() -> None:
-    pick = {"planning_seeds": [3, 4], "candidate": {}}
+    knobs = {"concurrency": 16, "staleness_threshold": 0.5}
+    pick = {"planning_seeds": [3, 4], "candidate": knobs, "dynamic": knobs}
     with pytest.raises(ValueError, match="overlap"):
         sp._plan_tasks("balanced", pick, [0, 1, 2, 3])
     assert len(sp._plan_tasks("balanced", pick, [0, 1])) == 2 * len(sp.PLAN_ARMS)
@@ -87,6 +88,7 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
             f"{arm}_within_1pct_of_best_static",
             f"{arm}_efficiency_min",
             f"staleness_{arm}",
+            f"{arm}_vs_best_tuned_static",
         ):
             assert field in s, field
         for field in (
@@ -95,13 +97,16 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
             f"{arm}_within_1pct_of_best_static",
             f"min_{arm}_efficiency",
             f"{arm}_staleness_at_or_below_default",
+            f"geomean_{arm}_vs_best_tuned_static",
         ):
             assert field in fam["summary"], field
     note = s["plan"]
     assert not set(note["planning_seeds"]) & set(note["evaluation_seeds"])
     assert note["evaluation_seeds"] == s["seeds"]
-    assert {r.get("arm") for r in fam["runs"]} == {None, "plan", "plan+planner"}
-    # a rerun reuses the cached plan instead of planning again
+    assert {None, "plan", "plan+planner"} <= {r.get("arm") for r in fam["runs"]}
+    assert s["best_tuned_static_s"] <= s["best_static_s"]
+    # a rerun reuses the cached plan and the plan arms' runs
     monkeypatch.setattr(sp, "_make_plan", lambda *a: pytest.fail("replanned"))
+    monkeypatch.setattr(sp, "_one", lambda *a: pytest.fail("rerun"))
     again = sp.run(["builtin"], True, 1, existing={"builtin": fam}, plan_only=True)
-    assert again["families"]["builtin"]["scenarios"][0]["plan"]["pick"] == note["pick"]
+    assert again["families"]["builtin"]["scenarios"][0] == s
