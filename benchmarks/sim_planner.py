@@ -28,10 +28,14 @@ seeds (the scenario's seed + ``PLAN_SEED_SHIFT`` onwards: never an evaluation se
 run from the scenario's seed up; both recorded per scenario), then runs the plan's best
 candidate (split, hybrid, policy, concurrency, staleness threshold) on the evaluation
 seeds; ``plan+planner`` runs the same candidate with the run-time role planner on top.
+Where the pick's concurrency or threshold differs from the scenario's, ``static@plan`` runs
+every static split at the pick's knobs; the *best tuned static split* (the best of those
+and of the static splits at the scenario's knobs) is the baseline that gets the knobs the
+plan tuned, reported beside the best static split of the targets.
 The plan of each scenario (its pick, planning seeds and seconds) is kept in the family's
-``plans`` and reused when the file is rerun. ``--plan-only`` runs only these two arms
-against the existing ``sim_planner_FAMILY.json`` files (their other arms' runs are kept)
-and merges them in; ``--no-plan`` leaves them out.
+``plans`` and reused when the file is rerun. ``--plan-only`` runs only the plan arms
+against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
+only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
 
     OMP_NUM_THREADS=1 python benchmarks/sim_planner.py [--quick] [--jobs N] [--out FILE]
         [--family builtin heldout fresh] [--per-family] [--until HH:MM]
