@@ -20,10 +20,26 @@ against the lower bound and its mean staleness against ``default``'s; per family
 geometric means and how many scenarios are within 1% of the best static split (a
 difference inside the seed spread counts as none). Targets (issue 29): within 1% of the
 best static split on every scenario; geometric mean >= 10% below ``default`` on the
-held-out draws.
+held-out draws; moonshot: geometric mean >= 3% below the best static split.
+
+Two more arms put the offline planner (`dynsched_sim._plan.plan`, what ``dynsched plan``
+runs) in front: ``plan`` plans the dynamic configuration's GPU budget on planning workload
+seeds (the scenario's seed + ``PLAN_SEED_SHIFT`` onwards: never an evaluation seed, which
+run from the scenario's seed up; both recorded per scenario), then runs the plan's best
+candidate (split, hybrid, policy, concurrency, staleness threshold) on the evaluation
+seeds; ``plan+planner`` runs the same candidate with the run-time role planner on top.
+Where the pick's concurrency or threshold differs from the scenario's, ``static@plan`` runs
+every static split at the pick's knobs; the *best tuned static split* (the best of those
+and of the static splits at the scenario's knobs) is the baseline that gets the knobs the
+plan tuned, reported beside the best static split of the targets.
+The plan of each scenario (its pick, planning seeds and seconds) is kept in the family's
+``plans`` and reused when the file is rerun. ``--plan-only`` runs only the plan arms
+against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
+only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
 
     OMP_NUM_THREADS=1 python benchmarks/sim_planner.py [--quick] [--jobs N] [--out FILE]
         [--family builtin heldout fresh] [--per-family] [--until HH:MM]
+        [--no-plan | --plan-only]
 
 ``--quick``: 2 seeds of each built-in and the first 5 draws of each held-out family with 1
 seed. Writes ``benchmarks/results/sim_planner.json`` (``sim_planner_quick.json`` with
@@ -51,6 +67,20 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 RESULTS = Path(__file__).parent / "results"
 FAMILIES = ("builtin", "heldout", "fresh")
 FIRST = {"heldout": 1000, "fresh": 2000}
+#: Planning workload seeds start at the scenario's seed plus this: above every evaluation
+#: seed of every family (built-ins 0-4, draws 1000-1021 and 2000-2021).
+PLAN_SEED_SHIFT = 100_000
+#: `plan`'s settings: workload seeds simulated per candidate (1 with ``--quick``) and
+#: splits shortlisted (its defaults).
+PLAN_SEEDS = 3
+PLAN_SHORTLIST = 4
+#: The two arms that start from the plan's pick.
+PLAN_ARMS = ("plan", "plan+planner")
+#: Every static split at the plan's concurrency and staleness threshold (run where they
+#: differ from the scenario's). The *best tuned static split* is the best of these and of
+#: the static splits at the scenario's own knobs: a baseline that gets the knobs the plan
+#: tuned (the best static split of the issue's targets keeps the scenario's knobs).
+STATIC_AT_PLAN = "static@plan"
 
 
 def _scenario(key: str) -> Any:
@@ -82,16 +112,91 @@ def _static_splits(sc: Any) -> list[Any]:
     return out
 
 
-def _one(task: tuple[str, str, str, bool, int]) -> dict[str, Any]:
-    """One simulated run: ``(scenario key, configuration name, policy, planner, seed)``."""
+def _planning_scenario(sc: Any) -> Any:
+    """The scenario the plan is made on: its workload seeds shifted off the evaluation
+    seeds (`PLAN_SEED_SHIFT`)."""
+    import attrs
+
+    return attrs.evolve(sc, seed=sc.seed + PLAN_SEED_SHIFT)
+
+
+def _make_plan(key: str, quick: bool) -> dict[str, Any]:
+    """Plan the scenario's dynamic GPU budget on the planning seeds; the pick as JSON."""
+    from dynsched_sim._plan import plan
+
+    sc = _scenario(key)
+    dyn = _dynamic(sc)
+    p = plan(
+        _planning_scenario(sc),
+        gpus=dyn.total_gpus,
+        seeds=1 if quick else PLAN_SEEDS,
+        shortlist=PLAN_SHORTLIST,
+    )
+    c = p.best.candidate
+    base = sc.schedule_config(dyn)
+    notes = []
+    if c.trainer_gpus + c.rollout_gpus != dyn.total_gpus:
+        notes.append(f"GPUs {c.trainer_gpus + c.rollout_gpus} != dynamic {dyn.total_gpus}")
+    if c.staleness_threshold != float(base.staleness_threshold):
+        notes.append(
+            f"staleness threshold {c.staleness_threshold:g} != dynamic's "
+            f"{float(base.staleness_threshold):g}"
+        )
+    if c.concurrency != base.concurrent_samples_per_replica:
+        notes.append(
+            f"concurrency {c.concurrency} != dynamic's {base.concurrent_samples_per_replica}"
+        )
+    if not c.hybrid:
+        notes.append("static split (no lending)")
+    return {
+        "candidate": c.to_json(),
+        "planning_seeds": list(p.seeds),
+        "planned_time_s": p.best.time_s.mean,
+        "staleness_bound": p.staleness_bound,
+        "simulated_candidates": len(p.ranked),
+        "seconds": p.seconds,
+        "dynamic": {
+            "configuration": dyn.name,
+            "trainer_gpus": dyn.trainer_gpus,
+            "rollout_gpus": dyn.rollout_gpus,
+            "concurrency": base.concurrent_samples_per_replica,
+            "staleness_threshold": float(base.staleness_threshold),
+        },
+        "differs": notes,
+    }
+
+
+def _candidate(pick: dict[str, Any]) -> Any:
+    import attrs
+    from dynsched_sim._plan import Candidate
+
+    c = pick["candidate"]
+    return Candidate(**{k: c[k] for k in attrs.fields_dict(Candidate)})
+
+
+def _one(task: tuple[Any, ...]) -> dict[str, Any]:
+    """One simulated run: ``(scenario key, configuration name, policy, planner, seed)``, or
+    for a plan arm ``(scenario key, arm, plan pick, planner, seed)``."""
     from dynsched_sim import run_configuration
 
     key, conf_name, policy, planner, seed = task
     sc = _scenario(key)
-    confs = {c.name: c for c in (*sc.configurations, *_static_splits(sc))}
-    r = run_configuration(sc, confs[conf_name], policy, seed=seed, planner=planner)
+    arm = None
+    if conf_name in PLAN_ARMS:
+        arm, cand = conf_name, _candidate(policy)
+        sc, conf, policy = cand.scenario_for(sc), cand.configuration(), cand.policy
+        conf_name = conf.name
+    elif conf_name == STATIC_AT_PLAN:
+        arm, (pick, conf_name) = conf_name, policy
+        sc = _candidate(pick).scenario_for(sc)
+        conf, policy = next(c for c in _static_splits(sc) if c.name == conf_name), STATIC_POLICY
+    else:
+        confs = {c.name: c for c in (*sc.configurations, *_static_splits(sc))}
+        conf = confs[conf_name]
+    r = run_configuration(sc, conf, policy, seed=seed, planner=planner)
     return {
         "key": key,
+        **({"arm": arm} if arm else {}),
         "configuration": conf_name,
         "policy": r.policy,
         "seed": seed,
@@ -102,6 +207,44 @@ def _one(task: tuple[str, str, str, bool, int]) -> dict[str, Any]:
         "final_trainer_gpus": r.summary.get("final_trainer_gpus"),
         "conserved": all(r.conservation.values()),
     }
+
+
+STATIC_POLICY = "static_fully_async"
+
+
+def _plan_tasks(key: str, pick: dict[str, Any], seeds: list[int]) -> list[tuple[Any, ...]]:
+    """The plan arms' runs of one scenario: the pick with and without the role planner,
+    and (where the pick's concurrency or threshold differs from the scenario's) every
+    static split at the pick's concurrency and threshold."""
+    overlap = set(seeds) & set(pick["planning_seeds"])
+    if overlap:
+        raise ValueError(f"{key}: planning seeds overlap evaluation seeds {sorted(overlap)}")
+    out = [(key, arm, pick, arm.endswith("+planner"), s) for s in seeds for arm in PLAN_ARMS]
+    c, dyn = pick["candidate"], pick["dynamic"]
+    if (c["concurrency"], c["staleness_threshold"]) != (
+        dyn["concurrency"],
+        dyn["staleness_threshold"],
+    ):
+        sc = _candidate(pick).scenario_for(_scenario(key))
+        for conf in _static_splits(sc):
+            try:
+                sc.schedule_config(conf, STATIC_POLICY)
+            except ValueError:
+                continue  # the core refuses this split at the pick's knobs
+            out += [(key, STATIC_AT_PLAN, (pick, conf.name), False, s) for s in seeds]
+    return out
+
+
+def _task_id(task: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A plan-arm task as ``(arm, configuration, seed)``, as `_row_id` names its run."""
+    _key, arm, what, _planner, seed = task
+    if arm == STATIC_AT_PLAN:
+        return (arm, what[1], seed)
+    return (arm, _candidate(what).split, seed)
+
+
+def _row_id(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row.get("arm"), row["configuration"], row["seed"])
 
 
 def _tasks(key: str, seeds: list[int]) -> list[tuple[str, str, str, bool, int]]:
@@ -123,6 +266,8 @@ def _geomean(xs: Iterable[float]) -> float:
 def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One scenario: planner vs default vs the best static split, with seed spread."""
     seeds = sorted({r["seed"] for r in rows})
+    plan_rows = [r for r in rows if r.get("arm")]
+    rows = [r for r in rows if not r.get("arm")]
 
     def arm(pred: Any) -> dict[int, dict[str, Any]]:
         return {r["seed"]: r for r in rows if pred(r)}
@@ -142,6 +287,60 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     vs_default = [planner[s]["wall_clock_s"] / default[s]["wall_clock_s"] for s in seeds]
     spread = max(vs_static) - min(vs_static)
     ratio = mean(planner) / mean(statics[best])
+    extra: dict[str, Any] = {}
+    tuned: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in plan_rows:
+        if r["arm"] == STATIC_AT_PLAN:
+            tuned.setdefault(r["configuration"], {})[r["seed"]] = r
+    tuned = {c: d for c, d in tuned.items() if set(d) == set(seeds)}
+    best_t = min(tuned, key=lambda c: mean(tuned[c])) if tuned else None
+    if any(r["arm"] in PLAN_ARMS for r in plan_rows):
+        # the best of the statics at the pick's knobs and at the scenario's own
+        t_d, label = statics[best], f"{best} at the scenario's knobs"
+        if best_t is not None and mean(tuned[best_t]) < mean(t_d):
+            t_d, label = tuned[best_t], f"{best_t} at the plan's knobs"
+        extra.update(
+            {
+                "best_tuned_static": label,
+                "best_tuned_static_s": mean(t_d),
+                "statics_at_plan_knobs_s": {c: mean(d) for c, d in tuned.items()},
+            }
+        )
+    for name in PLAN_ARMS:
+        got = {r["seed"]: r for r in plan_rows if r["arm"] == name}
+        if set(got) != set(seeds):
+            continue
+        f = name.replace("+", "_")
+        vs_s = [got[s]["wall_clock_s"] / statics[best][s]["wall_clock_s"] for s in seeds]
+        vs_d = [got[s]["wall_clock_s"] / default[s]["wall_clock_s"] for s in seeds]
+        r_s = mean(got) / mean(statics[best])
+        extra.update(
+            {
+                f"{f}_s": mean(got),
+                f"{f}_vs_best_static": r_s,
+                f"{f}_vs_best_static_seed_range": [min(vs_s), max(vs_s)],
+                f"{f}_vs_default": mean(got) / mean(default),
+                f"{f}_vs_default_seed_range": [min(vs_d), max(vs_d)],
+                f"{f}_within_1pct_of_best_static": r_s <= 1.01
+                or r_s - 1.0 <= max(vs_s) - min(vs_s),
+                f"{f}_efficiency_min": min(got[s]["efficiency"] for s in seeds),
+                f"{f}_efficiency_mean": mean(got, "efficiency"),
+                f"{f}_moves": [got[s]["role_moves"] for s in seeds],
+                f"{f}_final_trainer_gpus": [got[s]["final_trainer_gpus"] for s in seeds],
+                f"staleness_{f}": mean(got, "staleness_mean"),
+                f"{f}_conserved": all(got[s]["conserved"] for s in seeds),
+            }
+        )
+        vs_t = [got[s]["wall_clock_s"] / t_d[s]["wall_clock_s"] for s in seeds]
+        r_t = mean(got) / mean(t_d)
+        extra.update(
+            {
+                f"{f}_vs_best_tuned_static": r_t,
+                f"{f}_vs_best_tuned_static_seed_range": [min(vs_t), max(vs_t)],
+                f"{f}_within_1pct_of_best_tuned_static": r_t <= 1.01
+                or r_t - 1.0 <= max(vs_t) - min(vs_t),
+            }
+        )
     return {
         "scenario": key,
         "seeds": seeds,
@@ -162,7 +361,41 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "staleness_planner": mean(planner, "staleness_mean"),
         "staleness_default": mean(default, "staleness_mean"),
         "all_conserved": all(r["conserved"] for r in rows),
+        **extra,
     }
+
+
+def _plan_family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plan arms' family figures, over the scenarios that have them."""
+    out: dict[str, Any] = {}
+    for name in PLAN_ARMS:
+        f = name.replace("+", "_")
+        got = [s for s in summaries if f"{f}_s" in s]
+        if not got:
+            continue
+        out.update(
+            {
+                f"{f}_scenarios": len(got),
+                f"geomean_{f}_vs_default": _geomean(s[f"{f}_vs_default"] for s in got),
+                f"geomean_{f}_vs_best_static": _geomean(s[f"{f}_vs_best_static"] for s in got),
+                f"{f}_within_1pct_of_best_static": sum(
+                    s[f"{f}_within_1pct_of_best_static"] for s in got
+                ),
+                f"min_{f}_efficiency": min(s[f"{f}_efficiency_min"] for s in got),
+                f"mean_{f}_efficiency": sum(s[f"{f}_efficiency_mean"] for s in got) / len(got),
+                f"{f}_staleness_at_or_below_default": sum(
+                    s[f"staleness_{f}"] <= s["staleness_default"] + 1e-9 for s in got
+                ),
+                f"{f}_all_conserved": all(s[f"{f}_conserved"] for s in got),
+                f"geomean_{f}_vs_best_tuned_static": _geomean(
+                    s[f"{f}_vs_best_tuned_static"] for s in got
+                ),
+                f"{f}_within_1pct_of_best_tuned_static": sum(
+                    s[f"{f}_within_1pct_of_best_tuned_static"] for s in got
+                ),
+            }
+        )
+    return out
 
 
 def _family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -176,6 +409,7 @@ def _family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "staleness_at_or_below_default": sum(
             s["staleness_planner"] <= s["staleness_default"] + 1e-9 for s in summaries
         ),
+        **_plan_family(summaries),
     }
 
 
@@ -246,6 +480,65 @@ def _write(path: Path | None, result: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def _plan_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any]) -> str:
+    """The plan arms: the pick, plan and plan+planner against default and the best static."""
+    lines = [
+        f"== {family}: plan / plan+planner (the plan's pick, planning seeds disjoint) ==",
+        f"{'scenario':<24}{'pick':>34}{'default':>9}{'plan':>9}{'plan+pl':>9}{'best st':>9}"
+        f"{'p+p/best':>9}{'p+p/def':>9}{'p/best':>8}{'p+p/tuned':>10}{'eff':>6}"
+        f"{'stale p+p/def':>15}",
+    ]
+    for s in summaries:
+        if "plan_planner_s" not in s or "plan_s" not in s:
+            continue
+        pick = s["plan"]["pick"]
+        lines.append(
+            f"{s['scenario']:<24}{pick:>34}{s['default_s']:>9.0f}{s['plan_s']:>9.0f}"
+            f"{s['plan_planner_s']:>9.0f}{s['best_static_s']:>9.0f}"
+            f"{s['plan_planner_vs_best_static']:>9.3f}{s['plan_planner_vs_default']:>9.3f}"
+            f"{s['plan_vs_best_static']:>8.3f}{s['plan_planner_vs_best_tuned_static']:>10.3f}"
+            f"{s['plan_planner_efficiency_min']:>6.2f}"
+            f"{format(s['staleness_plan_planner'], '.2f') + '/' + format(s['staleness_default'], '.2f'):>15}"
+        )
+    if "plan_planner_scenarios" in fam:
+        n = fam["plan_planner_scenarios"]
+        lines.append(
+            f"geomean plan+planner/default {fam['geomean_plan_planner_vs_default']:.3f}, "
+            f"/best static {fam['geomean_plan_planner_vs_best_static']:.3f}; plan/default "
+            f"{fam['geomean_plan_vs_default']:.3f}, /best static "
+            f"{fam['geomean_plan_vs_best_static']:.3f}; within 1% of best static: plan+planner "
+            f"{fam['plan_planner_within_1pct_of_best_static']}/{n}, plan "
+            f"{fam['plan_within_1pct_of_best_static']}/{fam['plan_scenarios']}; plan+planner / "
+            f"best tuned static {fam['geomean_plan_planner_vs_best_tuned_static']:.3f} (within "
+            f"1%: {fam['plan_planner_within_1pct_of_best_tuned_static']}/{n}); min efficiency "
+            f"{fam['min_plan_planner_efficiency']:.2f}; staleness <= default "
+            f"{fam['plan_planner_staleness_at_or_below_default']}/{n}"
+        )
+    return "\n".join(lines)
+
+
+def _plan_settings(quick: bool) -> dict[str, Any]:
+    return {
+        "seed_shift": PLAN_SEED_SHIFT,
+        "seeds": 1 if quick else PLAN_SEEDS,
+        "shortlist": PLAN_SHORTLIST,
+        "gpus": "the dynamic configuration's total",
+        "staleness_bound": "the scenario's staleness_threshold (plan's default)",
+    }
+
+
+def _plan_note(pick: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    c = pick["candidate"]
+    return {
+        "pick": f"{c['name']}",
+        "planning_seeds": pick["planning_seeds"],
+        "evaluation_seeds": seeds,
+        "planned_time_s": pick["planned_time_s"],
+        "seconds": pick["seconds"],
+        "differs": pick["differs"],
+    }
+
+
 def run(
     families: list[str],
     quick: bool,
@@ -253,55 +546,106 @@ def run(
     *,
     progress: Any = None,
     until: float | None = None,
+    plan_arms: bool = True,
+    plan_only: bool = False,
+    existing: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the families; after every scenario ``progress(result, family)`` is called with
     the partial result (main writes it out). A family that ends early (``until``: a
     wall-clock time after which no scenario is started that the running estimate says
     would not finish) is marked ``complete: false``; its summary covers the scenarios that
-    finished."""
+    finished.
+
+    ``plan_arms``: also the ``plan`` and ``plan+planner`` arms. ``existing``: per family,
+    a previous result's entry; its ``plans`` are reused (same plan settings), and with
+    ``plan_only`` its runs of the other arms are kept and only the plan arms are run (a
+    scenario the deadline cuts keeps its other arms' summary, without the plan arms)."""
+    existing = existing or {}
+    plan_arms = plan_arms or plan_only
     result: dict[str, Any] = {"instrument": _instrument(), "quick": quick, "families": {}}
     pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
     try:
         for family in families:
             keys, k = _keys(family, quick)
-            per_key = {key: _tasks(key, _seeds(key, k)) for key in keys}
+            old = existing.get(family, {})
+            settings = _plan_settings(quick)
+            plans: dict[str, Any] = (
+                dict(old.get("plans", {})) if (old.get("plan_settings") == settings) else {}
+            )
+            old_rows: dict[str, list[dict[str, Any]]] = {}
+            if plan_only:
+                if not old.get("runs"):
+                    raise ValueError(f"--plan-only: no existing runs of family {family}")
+                for r in old["runs"]:
+                    if not r.get("arm") or plans:  # plan-arm runs kept with their plans
+                        old_rows.setdefault(r["key"], []).append(r)
+                keys = [key for key in keys if key in old_rows]
+            seeds_of = {key: _seeds(key, k) for key in keys}
+            per_key = {key: [] if plan_only else _tasks(key, seeds_of[key]) for key in keys}
             total = sum(len(t) for t in per_key.values())
             t0 = time.perf_counter()
             print(f"{family}: {len(keys)} scenarios, {total} runs", file=sys.stderr, flush=True)
             rows: list[dict[str, Any]] = []
             summaries: list[dict[str, Any]] = []
             entry: dict[str, Any] = {"complete": False, "scenarios_planned": len(keys)}
+            if plan_only:
+                entry.update({n: v for n, v in old.items() if n not in ("plans",)})
+                entry["complete"] = False
+                entry["plan_arms_instrument"] = result["instrument"]
+            if plan_arms:
+                entry["plan_settings"] = settings
+                entry["plans"] = plans
             result["families"][family] = entry
+            stopped, done_keys = False, 0
             for i, key in enumerate(keys):
-                done = len(rows)
-                if until is not None and done:
-                    per_run = (time.perf_counter() - t0) / done
-                    if time.time() + per_run * len(per_key[key]) > until:
+                if until is not None and done_keys and not stopped:
+                    el = time.perf_counter() - t0
+                    est = el / done_keys if plan_arms else el / len(rows) * len(per_key[key])
+                    if time.time() + est > until:
                         print(f"{family}: stopping before {key} (deadline)", file=sys.stderr)
-                        break
-                tasks = per_key[key]
+                        stopped = True
+                if stopped and not plan_only:
+                    break
+                tasks = list(per_key[key])
+                if plan_arms and not stopped:
+                    if key not in plans:
+                        plans[key] = _make_plan(key, quick)
+                    have = {_row_id(r) for r in old_rows.get(key, []) if r.get("arm")}
+                    tasks += [
+                        t
+                        for t in _plan_tasks(key, plans[key], seeds_of[key])
+                        if _task_id(t) not in have
+                    ]
                 got = list(pool.map(_one, tasks, chunksize=1)) if pool else [_one(t) for t in tasks]
                 rows += got
-                summaries.append(_summarise(key, got))
+                summary = _summarise(key, old_rows.get(key, []) + got)
+                if plan_arms and not stopped:
+                    summary["plan"] = _plan_note(plans[key], seeds_of[key])
+                summaries.append(summary)
+                if not stopped:
+                    done_keys += 1
                 el = time.perf_counter() - t0
-                eta = el / len(rows) * (total - len(rows))
+                eta = el / done_keys * (len(keys) - i - 1)
                 print(
-                    f"{family}: {i + 1}/{len(keys)} {key} ({len(rows)}/{total} runs) "
+                    f"{family}: {i + 1}/{len(keys)} {key} ({len(rows)} runs) "
                     f"{el:.0f} s, about {eta:.0f} s left",
                     file=sys.stderr,
                     flush=True,
                 )
+                all_rows = [r for key_rows in old_rows.values() for r in key_rows] + rows
                 entry.update(
                     summary=_family(summaries),
                     scenarios=summaries,
-                    runs=rows,
-                    wall_s=el,
-                    complete=len(summaries) == len(keys),
+                    runs=all_rows if plan_only else rows,
+                    complete=done_keys == len(keys),
+                    **({"plan_wall_s": el} if plan_only else {"wall_s": el}),
                 )
                 if progress is not None:
                     progress(result, family)
             if summaries:
                 print(_table(family, summaries, entry["summary"]), flush=True)
+                if plan_arms:
+                    print(_plan_table(family, summaries, entry["summary"]), flush=True)
     finally:
         if pool:
             pool.shutdown()
@@ -330,8 +674,31 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="HH:MM (UTC): start no scenario expected to end after it; keep what finished",
     )
+    arms = ap.add_mutually_exclusive_group()
+    arms.add_argument("--no-plan", action="store_true", help="leave out the plan arms")
+    arms.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="run only the plan arms and merge them into the existing result file(s)",
+    )
     args = ap.parse_args(argv)
     stem = "sim_planner_quick" if args.quick else "sim_planner"
+
+    def load(path: Path, families: list[str]) -> dict[str, dict[str, Any]]:
+        """The families of an existing result file (plans reused; with --plan-only its
+        runs kept), each noting the instrument its other arms were measured with."""
+        if not path.exists():
+            return {}
+        old = json.loads(path.read_text())
+        if old.get("quick") != args.quick:
+            return {}
+        return {
+            f: {"other_arms_instrument": old.get("instrument"), **e}
+            for f, e in old.get("families", {}).items()
+            if f in families
+        }
+
+    kw: dict[str, Any] = {"plan_arms": not args.no_plan, "plan_only": args.plan_only}
     until = None
     if args.until:
         import datetime as dt
@@ -351,7 +718,18 @@ def main(argv: list[str] | None = None) -> int:
         def each(result: dict[str, Any], family: str) -> None:
             _write(out(family), _one_family(result, family))
 
-        result = run(args.family, args.quick, max(1, args.jobs), progress=each, until=until)
+        existing: dict[str, dict[str, Any]] = {}
+        for family in args.family:
+            existing.update(load(out(family), [family]))
+        result = run(
+            args.family,
+            args.quick,
+            max(1, args.jobs),
+            progress=each,
+            until=until,
+            existing=existing,
+            **kw,
+        )
         for family in result["families"]:
             print(f"wrote {out(family)}")
         return 0
@@ -362,6 +740,8 @@ def main(argv: list[str] | None = None) -> int:
         max(1, args.jobs),
         progress=lambda r, _f: _write(path, r),
         until=until,
+        existing=load(path, args.family),
+        **kw,
     )
     _write(path, result)
     print(f"wrote {path}")
