@@ -10,17 +10,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from dynsched_optimus._allocation import Allocation, AllocationJob, _check, _ranks, _time_fn
+from dynsched_optimus._incremental import (
+    RESTART_LOOKAHEAD,
+    _fits_room,
+    _max_ps,
+    _max_workers,
+    _mins,
+    _utility,
+)
 from dynsched_optimus._types import FloatArray
-
-RESTART_LOOKAHEAD = 4
-
-
-def _utility(t: float, a: float) -> float:
-    """``F(T)``: ``log T`` for ``a = 1``, else ``T**(1 - a) / (1 - a)`` (``a = 0``: ``T``)."""
-    if not math.isfinite(t):
-        return 1e18
-    t = max(t, 1e-9)
-    return math.log(t) if a == 1.0 else t ** (1.0 - a) / (1.0 - a)
 
 
 def oracle_allocate_incremental(
@@ -33,29 +31,7 @@ def oracle_allocate_incremental(
     utility_exponent: float = 1.0,
     jct_gains: bool = False,
 ) -> Allocation:
-    """Restart-aware allocation from the current tasks, on ``sum F(T_j)`` (``optimus+``).
-
-    Start from ``current`` (``job_id -> (ps, workers)``); waiting jobs (shortest
-    estimated time at their minimum first: 1 PS + 1 worker, or 1 worker for an all-reduce
-    job) get their minimum from free capacity or from the running jobs that lose least;
-    then one task at a time goes to the largest gain ``F(T(now)) - F(T(new) + pen)`` per
-    dominant share, ``F = log`` (``utility_exponent = 1``: time saved relative to the
-    job's remaining time) or ``T**(1 - a) / (1 - a)``.  ``pen = restart_penalty`` (in
-    seconds) is charged once per running job whose tasks change and credited against the
-    best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is added only when it
-    improves ``F`` by at least ``min_gain``; a task is taken from another job only when
-    the gain exceeds that job's loss (with its own restart penalty).  Ties: earlier
-    ``arrival``, then ``job_id``.  With ``jct_gains`` (``optimus+rw``, where ``F`` has
-    no natural unit of gain) the ``min_gain`` test is on the relative time saved,
-    ``(T(now) - T(new) - pen) / T(now)``; the restart penalty of a job that loses a task
-    is charged as seconds of the taker's time (``pen * F'(T_taker)``: a second of delay
-    costs the same whoever pays it); and with ``a > 1`` a waiting job takes tasks from
-    running jobs only when its start gain ``F(inf) - F(T(min))`` exceeds their losses
-    (else it waits).
-
-    Returns:
-        The allocation (``method="incremental"``).
-    """
+    """`allocate_incremental` one task at a time (the specification of the fast engines)."""
     cap = _check(jobs, capacity)
     inc = _Incremental(
         jobs, cap, current, restart_penalty, min_gain, float(utility_exponent), jct_gains
@@ -63,25 +39,6 @@ def oracle_allocate_incremental(
     inc.admit_waiting()
     inc.grow()
     return inc.result()
-
-
-def _mins(j: AllocationJob) -> tuple[int, int]:
-    """``(workers, ps)`` a job needs to run."""
-    return (1, 1) if j.kind == "ps" else (1, 0)
-
-
-def _max_workers(j: AllocationJob) -> int:
-    return j.max_workers if j.max_workers is not None else 1 << 30
-
-
-def _max_ps(j: AllocationJob) -> int:
-    if j.kind != "ps":
-        return 0
-    return j.max_ps if j.max_ps is not None else 1 << 30
-
-
-def _fits_room(need: FloatArray, room: FloatArray) -> bool:
-    return bool(np.all(need <= room + 1e-9))
 
 
 class _Incremental:

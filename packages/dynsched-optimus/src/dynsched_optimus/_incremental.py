@@ -189,6 +189,7 @@ class _Incremental:
         bit = 1 << np.arange(nr, dtype=np.int64)
         self.masks = (((self.wd > 0) @ bit).tolist(), ((self.pd > 0) @ bit).tolist())
         self._tfns: dict[str, Callable[[int, int], float]] = {}
+        self._model: tuple[tuple[int, ...], _Model] | None = None
         self.a = a
         self.restart_penalty = restart_penalty
         self.min_gain = min_gain
@@ -198,7 +199,6 @@ class _Incremental:
         self.changed: set[str] = set()
         self.version: dict[str, int] = {}
         self.victims: dict[tuple[int, int], list[VictimEntry]] | None = None
-        self.newly_changed: set[str] = set()
         held = []
         for i, j in enumerate(jobs):
             p, w = current.get(j.job_id, (0, 0))
@@ -215,10 +215,9 @@ class _Incremental:
 
     # ---- job arithmetic
     def demand(self, jid: str, dw: int, dp: int) -> FloatArray:
+        """What one task holds (``(dw, dp)`` is ``(1, 0)`` or ``(0, 1)``)."""
         i = self.index[jid]
-        if dw + dp == 1:  # one task (the same values: 1 * x + 0 * y == x)
-            return self.wd[i] if dw else self.pd[i]
-        return np.asarray(dw * self.wd[i] + dp * self.pd[i], dtype=np.float64)
+        return self.wd[i] if dw else self.pd[i]
 
     def t_of(self, jid: str, w: int, p: int) -> float:
         if w <= 0 or (self.by_id[jid].kind == "ps" and p <= 0):
@@ -241,13 +240,25 @@ class _Incremental:
             return self.restart_penalty
         return 0.0
 
-    def loss_of(self, jid: str, dw: int, dp: int) -> float:
+    def loss_of(self, jid: str, dw: int, dp: int, f_now: float | None = None) -> float:
+        """What removing one task of ``jid`` loses in ``F``, per dominant share
+        (``f_now``: ``F`` at its current tasks, where already known)."""
         w, p = self.counts[jid]
         mw, mp = _mins(self.by_id[jid])
         if w - dw < mw or p - dp < mp:
             return math.inf
-        drop = self.fu(jid, w - dw, p - dp, self.penalty(jid)) - self.fu(jid, w, p)
+        if f_now is None:
+            f_now = self.fu(jid, w, p)
+        drop = self.fu(jid, w - dw, p - dp, self.penalty(jid)) - f_now
         return drop / self.share(jid, dw, dp)
+
+    def model(self, rows: Sequence[int]) -> _Model:
+        """The numpy step-time model of the jobs ``rows`` (kept for the next call with
+        the same jobs: the victim heaps and the fast growth use the same)."""
+        key = tuple(rows)
+        if self._model is None or self._model[0] != key:
+            self._model = (key, _Model(self, rows))
+        return self._model[1]
 
     # ---- victim heaps
     def touch(self, jid: str) -> None:
@@ -259,21 +270,13 @@ class _Incremental:
     def _push_victim(self, jid: str, v: int) -> None:
         w, p = self.counts[jid]
         mw, mp = _mins(self.by_id[jid])
-        pen = self.penalty(jid)
-        group = 1 if pen > 0 else 0
+        group = 1 if self.penalty(jid) > 0 else 0
         i = self.index[jid]
-        f_now = None
+        f_now = self.fu(jid, w, p)
         for k, (dw, dp) in enumerate(_TASKS):
             if (dw and w <= mw) or (dp and p <= mp):
                 continue
-            # loss_of(jid, dw, dp) * share, with F now computed once
-            if w - dw < mw or p - dp < mp:
-                loss = math.inf
-            else:
-                if f_now is None:
-                    f_now = self.fu(jid, w, p)
-                sh = self.shares[k][i]
-                loss = ((self.fu(jid, w - dw, p - dp, pen) - f_now) / sh) * sh
+            loss = self.loss_of(jid, dw, dp, f_now) * self.shares[k][i]
             heap = self.victims.setdefault((group, self.masks[k][i]), [])  # type: ignore[union-attr]
             heapq.heappush(heap, (loss, self.rank[jid], k, v, jid))
 
@@ -286,7 +289,7 @@ class _Incremental:
             return
         # the same entries as _push_victim, computed in numpy with its float operations
         rows = [self.index[jid] for jid in ids]
-        model = _Model(self, rows)
+        model = self.model(rows)
         s = np.arange(len(ids))
         cnt = np.array([self.counts[jid] for jid in ids], dtype=np.float64).reshape(-1, 2)
         w, p = cnt[:, 0], cnt[:, 1]
@@ -364,8 +367,7 @@ class _Incremental:
         self, need: FloatArray, exclude: str, budget: float
     ) -> list[tuple[str, int, int]] | None:
         """Free ``need`` by removing tasks of jobs losing less than ``budget`` in total;
-        the tasks taken ``(job_id, workers, ps)``, or None (nothing changed).  The
-        victims whose restart this take starts are left in ``newly_changed``."""
+        the tasks taken ``(job_id, workers, ps)``, or None (nothing changed)."""
         if self.victims is None:
             self._build_victims()
         victims = self.victims
@@ -399,10 +401,9 @@ class _Incremental:
             tentative.add(jid)
             skip.add(jid)
         self.free = trial
-        victims_ = list(dict.fromkeys(jid for jid, _w, _p in plan))
-        self.newly_changed = {v for v in victims_ if v in self.running and v not in self.changed}
-        self.changed.update(victims_)
-        for jid in victims_:
+        victims = list(dict.fromkeys(jid for jid, _w, _p in plan))
+        self.changed.update(victims)
+        for jid in victims:
             self.touch(jid)
         return plan
 
@@ -412,7 +413,7 @@ class _Incremental:
         waiting = [j for j in self.jobs if j.job_id not in self.counts and j.remaining_steps > 0]
         if not waiting:
             return
-        t_min = _min_times(waiting)
+        t_min = [self.t_of(j.job_id, *_mins(j)) for j in waiting]
         order = sorted(range(len(waiting)), key=lambda i: (t_min[i], self.rank[waiting[i].job_id]))
         ids = [waiting[i].job_id for i in order]
         mins = [_mins(waiting[i]) for i in order]
@@ -558,15 +559,6 @@ def _vectorisable(jobs: Sequence[AllocationJob]) -> bool:
     return bool(jobs) and all(j.kind == "ps" and isinstance(j.speed, PSSpeedModel) for j in jobs)
 
 
-def _min_times(jobs: Sequence[AllocationJob]) -> list[float]:
-    """Each job's estimated time at its minimum tasks (as ``_Incremental.t_of``)."""
-    out = []
-    for j in jobs:
-        w0, p0 = _mins(j)
-        out.append(_time_fn(j)(p0, w0) if w0 > 0 and (j.kind != "ps" or p0 > 0) else math.inf)
-    return out
-
-
 class _Model:
     """The step-time coefficients of the jobs ``rows`` (all on a PSSpeedModel), for
     numpy evaluation with the scalar engine's float operations."""
@@ -659,7 +651,7 @@ class _FastGrow:
         n = len(self.ids)
         self.rounds = np.full(n, rounds, dtype=np.int64)  # per job, per extension
         self.rows = [inc.index[j] for j in self.ids]
-        self.model = _Model(inc, self.rows)
+        self.model = inc.model(self.rows)
         self.rank = np.array([inc.rank[j] for j in self.ids], dtype=np.int64)
         cnt = np.array([inc.counts[j] for j in self.ids], dtype=np.float64).reshape(n, 2)
         # the generated state (ahead of the merge) and the merged state
@@ -847,11 +839,10 @@ class _FastGrow:
         e = inc.entry(self.ids[taker])
         if e is not None:
             heap.append(e)
-        first: dict[int, int] = {}
-        for j in range(at + 1, len(self.p_own)):
-            o = int(self.p_own[j])
-            if o != taker and not self.dropped[o] and o not in first:
-                first[o] = j
+        later = self.p_own[at + 1 :]
+        owners, where = np.unique(later, return_index=True)
+        keep = (owners != taker) & ~self.dropped[owners]
+        first = dict(zip(owners[keep].tolist(), (where[keep] + at + 1).tolist(), strict=True))
         for o, j in first.items():
             dw, dp = _TASKS[int(self.p_k[j])]
             jid = self.ids[o]

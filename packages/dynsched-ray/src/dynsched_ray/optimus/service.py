@@ -314,7 +314,7 @@ class OptimusService:
             batch_change=spec.batch_change,
         )
         stored = self._row(row.name).batch
-        _decided, how = self._next_batch.pop(row.name, (row.batch, "start"))
+        how = self._next_batch.pop(row.name, (row.batch, "start"))[1]
         if stored != row.batch:
             self.store.add_batch_change(
                 row.name, 0 if ckpt is None else ckpt[0], stored, row.batch, how
