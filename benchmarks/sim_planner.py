@@ -33,7 +33,20 @@ every static split at the pick's knobs; the *best tuned static split* (the best 
 and of the static splits at the scenario's knobs) is the baseline that gets the knobs the
 plan tuned, reported beside the best static split of the targets.
 The plan of each scenario (its pick, planning seeds and seconds) is kept in the family's
-``plans`` and reused when the file is rerun. ``--plan-only`` runs only the plan arms
+``plans`` and reused when the file is rerun.
+
+Two staleness-constrained arms, ``plan@default-staleness`` and
+``plan+planner@default-staleness``, plan the same budget on the same planning seeds with
+one more bound: the plan's pick must keep its *simulated* mean staleness over the
+planning seeds at or below that of the scenario's ``default`` configuration (its dynamic
+configuration with ``default``) simulated on those same planning seeds
+(`plan`'s ``simulated_staleness_bound``). Both sides are measured by the simulator on the
+same seeds, so the comparison carries no closed-form error; the closed-form bound (the
+scenario's threshold) still prefilters, as in ``plan``. The evaluation seeds are never
+used to set the bound. Where no simulated candidate meets it, the arm runs the
+``default`` configuration itself (which meets it by construction; counted as a
+fallback). Their plans are cached in ``stale_plans``, with whether the bound changed the
+pick from ``plan``'s. ``--plan-only`` runs only the plan arms
 against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
 only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
 
@@ -76,6 +89,17 @@ PLAN_SEEDS = 3
 PLAN_SHORTLIST = 4
 #: The two arms that start from the plan's pick.
 PLAN_ARMS = ("plan", "plan+planner")
+#: The two arms that start from the pick of a plan whose simulated mean staleness on the
+#: planning seeds is bounded by ``default``'s on the same seeds.
+STALE_ARMS = ("plan@default-staleness", "plan+planner@default-staleness")
+
+
+def _field(arm: str) -> str:
+    """An arm's prefix in the summary fields: ``plan_planner``,
+    ``plan_planner_at_default_staleness``."""
+    return arm.replace("+", "_").replace("@default-staleness", "_at_default_staleness")
+
+
 #: Every static split at the plan's concurrency and staleness threshold (run where they
 #: differ from the scenario's). The *best tuned static split* is the best of these and of
 #: the static splits at the scenario's own knobs: a baseline that gets the knobs the plan
@@ -132,7 +156,90 @@ def _make_plan(key: str, quick: bool) -> dict[str, Any]:
         seeds=1 if quick else PLAN_SEEDS,
         shortlist=PLAN_SHORTLIST,
     )
-    c = p.best.candidate
+    pick = _pick_json(sc, p.best.candidate)
+    return {
+        "candidate": pick.pop("candidate"),
+        "planning_seeds": list(p.seeds),
+        "planned_time_s": p.best.time_s.mean,
+        "staleness_bound": p.staleness_bound,
+        "simulated_candidates": len(p.ranked),
+        "seconds": p.seconds,
+        **pick,
+    }
+
+
+def _default_candidate(sc: Any) -> Any:
+    """The scenario's ``default`` configuration as a plan `Candidate`."""
+    from dynsched_sim._plan import Candidate
+
+    dyn = _dynamic(sc)
+    base = sc.schedule_config(dyn)
+    return Candidate(
+        trainer_gpus=dyn.trainer_gpus,
+        rollout_gpus=dyn.rollout_gpus,
+        hybrid=True,
+        policy="default",
+        concurrency=base.concurrent_samples_per_replica,
+        staleness_threshold=float(base.staleness_threshold),
+    )
+
+
+def _make_stale_plan(key: str, quick: bool, unconstrained: dict[str, Any]) -> dict[str, Any]:
+    """Plan as `_make_plan`, with the simulated mean staleness of the pick on the planning
+    seeds bounded by ``default``'s on the same seeds (module doc); the pick as JSON, with
+    whether it differs from the ``unconstrained`` plan's pick."""
+    from dynsched_sim import run_configuration
+    from dynsched_sim._plan import PlanError, plan
+
+    start = time.perf_counter()
+    sc = _scenario(key)
+    dyn, psc = _dynamic(sc), _planning_scenario(sc)
+    n = 1 if quick else PLAN_SEEDS
+    seeds = list(range(psc.seed, psc.seed + n))  # the seeds plan() simulates
+    runs = [run_configuration(psc, dyn, "default", seed=s) for s in seeds]
+    # the same mean as plan()'s PlannedCandidate.simulated_staleness
+    bound = sum(r.staleness.get("mean", 0.0) for r in runs) / len(runs)
+    fallback = ""
+    try:
+        p = plan(
+            psc,
+            gpus=dyn.total_gpus,
+            seeds=n,
+            shortlist=PLAN_SHORTLIST,
+            simulated_staleness_bound=bound,
+        )
+        cand, planned_s = p.best.candidate, p.best.time_s.mean
+        planned_stale = p.best.simulated_staleness
+        simulated, over = len(p.ranked), sum(r.simulated_staleness > bound + 1e-9 for r in p.ranked)
+        if list(p.seeds) != seeds:
+            raise AssertionError(f"{key}: plan seeds {p.seeds} != {seeds}")
+    except PlanError as e:
+        if "simulated_staleness_bound" not in str(e):
+            raise
+        fallback = str(e)
+        cand = _default_candidate(sc)
+        planned_s = sum(r.wall_clock_s for r in runs) / len(runs)
+        planned_stale, simulated, over = bound, 0, 0
+    free = unconstrained["candidate"]["name"]
+    return {
+        **_pick_json(sc, cand),
+        "planning_seeds": seeds,
+        "planned_time_s": planned_s,
+        "planned_simulated_staleness": planned_stale,
+        "simulated_staleness_bound": bound,
+        "default_planning_time_s": sum(r.wall_clock_s for r in runs) / len(runs),
+        "simulated_candidates": simulated,
+        "simulated_over_bound": over,
+        "fallback": fallback,
+        "unconstrained_pick": free,
+        "changed": cand.name != free,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _pick_json(sc: Any, c: Any) -> dict[str, Any]:
+    """A pick: the candidate, the scenario's dynamic configuration, how they differ."""
+    dyn = _dynamic(sc)
     base = sc.schedule_config(dyn)
     notes = []
     if c.trainer_gpus + c.rollout_gpus != dyn.total_gpus:
@@ -150,11 +257,6 @@ def _make_plan(key: str, quick: bool) -> dict[str, Any]:
         notes.append("static split (no lending)")
     return {
         "candidate": c.to_json(),
-        "planning_seeds": list(p.seeds),
-        "planned_time_s": p.best.time_s.mean,
-        "staleness_bound": p.staleness_bound,
-        "simulated_candidates": len(p.ranked),
-        "seconds": p.seconds,
         "dynamic": {
             "configuration": dyn.name,
             "trainer_gpus": dyn.trainer_gpus,
@@ -182,7 +284,7 @@ def _one(task: tuple[Any, ...]) -> dict[str, Any]:
     key, conf_name, policy, planner, seed = task
     sc = _scenario(key)
     arm = None
-    if conf_name in PLAN_ARMS:
+    if conf_name in (*PLAN_ARMS, *STALE_ARMS):
         arm, cand = conf_name, _candidate(policy)
         sc, conf, policy = cand.scenario_for(sc), cand.configuration(), cand.policy
         conf_name = conf.name
@@ -233,6 +335,15 @@ def _plan_tasks(key: str, pick: dict[str, Any], seeds: list[int]) -> list[tuple[
                 continue  # the core refuses this split at the pick's knobs
             out += [(key, STATIC_AT_PLAN, (pick, conf.name), False, s) for s in seeds]
     return out
+
+
+def _stale_tasks(key: str, pick: dict[str, Any], seeds: list[int]) -> list[tuple[Any, ...]]:
+    """The staleness-constrained arms' runs of one scenario: the pick of the plan bounded
+    by ``default``'s simulated staleness, with and without the role planner."""
+    overlap = set(seeds) & set(pick["planning_seeds"])
+    if overlap:
+        raise ValueError(f"{key}: planning seeds overlap evaluation seeds {sorted(overlap)}")
+    return [(key, arm, pick, "+planner" in arm, s) for s in seeds for arm in STALE_ARMS]
 
 
 def _task_id(task: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -294,7 +405,7 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
             tuned.setdefault(r["configuration"], {})[r["seed"]] = r
     tuned = {c: d for c, d in tuned.items() if set(d) == set(seeds)}
     best_t = min(tuned, key=lambda c: mean(tuned[c])) if tuned else None
-    if any(r["arm"] in PLAN_ARMS for r in plan_rows):
+    if any(r["arm"] in (*PLAN_ARMS, *STALE_ARMS) for r in plan_rows):
         # the best of the statics at the pick's knobs and at the scenario's own
         t_d, label = statics[best], f"{best} at the scenario's knobs"
         if best_t is not None and mean(tuned[best_t]) < mean(t_d):
@@ -306,11 +417,11 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "statics_at_plan_knobs_s": {c: mean(d) for c, d in tuned.items()},
             }
         )
-    for name in PLAN_ARMS:
+    for name in (*PLAN_ARMS, *STALE_ARMS):
         got = {r["seed"]: r for r in plan_rows if r["arm"] == name}
         if set(got) != set(seeds):
             continue
-        f = name.replace("+", "_")
+        f = _field(name)
         vs_s = [got[s]["wall_clock_s"] / statics[best][s]["wall_clock_s"] for s in seeds]
         vs_d = [got[s]["wall_clock_s"] / default[s]["wall_clock_s"] for s in seeds]
         r_s = mean(got) / mean(statics[best])
@@ -368,8 +479,8 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _plan_family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """The plan arms' family figures, over the scenarios that have them."""
     out: dict[str, Any] = {}
-    for name in PLAN_ARMS:
-        f = name.replace("+", "_")
+    for name in (*PLAN_ARMS, *STALE_ARMS):
+        f = _field(name)
         got = [s for s in summaries if f"{f}_s" in s]
         if not got:
             continue
@@ -393,6 +504,20 @@ def _plan_family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                 f"{f}_within_1pct_of_best_tuned_static": sum(
                     s[f"{f}_within_1pct_of_best_tuned_static"] for s in got
                 ),
+            }
+        )
+    notes = [s["stale_plan"] for s in summaries if "stale_plan" in s]
+    if notes:
+        out.update(
+            {
+                "stale_plans": len(notes),
+                "stale_plan_changed_picks": sum(n["changed"] for n in notes),
+                "stale_plan_fallbacks": sum(bool(n["fallback"]) for n in notes),
+                "stale_plan_within_bound_on_planning_seeds": sum(
+                    n["planned_simulated_staleness"] <= n["simulated_staleness_bound"] + 1e-9
+                    for n in notes
+                ),
+                "stale_plan_seconds": sum(n["seconds"] for n in notes),
             }
         )
     return out
@@ -517,6 +642,45 @@ def _plan_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any
     return "\n".join(lines)
 
 
+def _stale_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any]) -> str:
+    """The staleness-constrained arms against default and the best static split."""
+    f, g = _field(STALE_ARMS[0]), _field(STALE_ARMS[1])
+    lines = [
+        f"== {family}: plan@default-staleness (simulated staleness <= default's on the "
+        "planning seeds) ==",
+        f"{'scenario':<24}{'pick':>34}{'chg':>4}{'bound':>7}{'pick st':>8}{'default':>9}"
+        f"{'p@ds':>9}{'p+p@ds':>9}{'best st':>9}{'p/def':>7}{'p/best':>8}{'p+p/def':>8}"
+        f"{'stale p/def':>13}",
+    ]
+    for s in summaries:
+        if f"{f}_s" not in s or f"{g}_s" not in s:
+            continue
+        n = s["stale_plan"]
+        lines.append(
+            f"{s['scenario']:<24}{n['pick']:>34}{'y' if n['changed'] else '-':>4}"
+            f"{n['simulated_staleness_bound']:>7.3f}{n['planned_simulated_staleness']:>8.3f}"
+            f"{s['default_s']:>9.0f}{s[f + '_s']:>9.0f}{s[g + '_s']:>9.0f}"
+            f"{s['best_static_s']:>9.0f}{s[f + '_vs_default']:>7.3f}"
+            f"{s[f + '_vs_best_static']:>8.3f}{s[g + '_vs_default']:>8.3f}"
+            f"{format(s['staleness_' + f], '.3f') + '/' + format(s['staleness_default'], '.3f'):>13}"
+        )
+    if f"{f}_scenarios" in fam:
+        n = fam[f"{f}_scenarios"]
+        lines.append(
+            f"geomean plan@ds/default {fam[f'geomean_{f}_vs_default']:.3f}, /best static "
+            f"{fam[f'geomean_{f}_vs_best_static']:.3f}; plan+planner@ds/default "
+            f"{fam[f'geomean_{g}_vs_default']:.3f}, /best static "
+            f"{fam[f'geomean_{g}_vs_best_static']:.3f}; within 1% of best static: plan@ds "
+            f"{fam[f'{f}_within_1pct_of_best_static']}/{n}, plan+planner@ds "
+            f"{fam[f'{g}_within_1pct_of_best_static']}/{n}; staleness <= default: plan@ds "
+            f"{fam[f'{f}_staleness_at_or_below_default']}/{n}, plan+planner@ds "
+            f"{fam[f'{g}_staleness_at_or_below_default']}/{n}; picks changed by the bound "
+            f"{fam['stale_plan_changed_picks']}/{fam['stale_plans']} (fallbacks "
+            f"{fam['stale_plan_fallbacks']}); min efficiency {fam[f'min_{f}_efficiency']:.2f}"
+        )
+    return "\n".join(lines)
+
+
 def _plan_settings(quick: bool) -> dict[str, Any]:
     return {
         "seed_shift": PLAN_SEED_SHIFT,
@@ -524,6 +688,33 @@ def _plan_settings(quick: bool) -> dict[str, Any]:
         "shortlist": PLAN_SHORTLIST,
         "gpus": "the dynamic configuration's total",
         "staleness_bound": "the scenario's staleness_threshold (plan's default)",
+    }
+
+
+def _stale_plan_settings(quick: bool) -> dict[str, Any]:
+    return {
+        **_plan_settings(quick),
+        "simulated_staleness_bound": "the mean staleness of the scenario's default "
+        "configuration simulated on the planning seeds (plan's simulated_staleness_bound)",
+    }
+
+
+def _stale_note(pick: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    return {
+        **_plan_note(pick, seeds),
+        **{
+            k: pick[k]
+            for k in (
+                "simulated_staleness_bound",
+                "planned_simulated_staleness",
+                "default_planning_time_s",
+                "simulated_candidates",
+                "simulated_over_bound",
+                "unconstrained_pick",
+                "changed",
+                "fallback",
+            )
+        },
     }
 
 
@@ -572,12 +763,20 @@ def run(
             plans: dict[str, Any] = (
                 dict(old.get("plans", {})) if (old.get("plan_settings") == settings) else {}
             )
+            stale_settings = _stale_plan_settings(quick)
+            stale_plans: dict[str, Any] = (
+                dict(old.get("stale_plans", {}))
+                if plans and old.get("stale_plan_settings") == stale_settings
+                else {}
+            )
             old_rows: dict[str, list[dict[str, Any]]] = {}
             if plan_only:
                 if not old.get("runs"):
                     raise ValueError(f"--plan-only: no existing runs of family {family}")
                 for r in old["runs"]:
-                    if not r.get("arm") or plans:  # plan-arm runs kept with their plans
+                    arm = r.get("arm")
+                    # plan-arm runs kept with their plans
+                    if not arm or (stale_plans if arm in STALE_ARMS else plans):
                         old_rows.setdefault(r["key"], []).append(r)
                 keys = [key for key in keys if key in old_rows]
             seeds_of = {key: _seeds(key, k) for key in keys}
@@ -588,13 +787,23 @@ def run(
             rows: list[dict[str, Any]] = []
             summaries: list[dict[str, Any]] = []
             entry: dict[str, Any] = {"complete": False, "scenarios_planned": len(keys)}
+            history: list[dict[str, Any]] = []
+            made = {"plans": 0, "stale_plans": 0}
             if plan_only:
-                entry.update({n: v for n, v in old.items() if n not in ("plans",)})
+                entry.update({n: v for n, v in old.items() if n not in ("plans", "stale_plans")})
                 entry["complete"] = False
-                entry["plan_arms_instrument"] = result["instrument"]
+                # the instrument of runs kept from the file stays theirs; this run's is in
+                # plan_only_runs
+                if not (plans and old.get("plan_arms_instrument")):
+                    entry["plan_arms_instrument"] = result["instrument"]
+                if not stale_plans:
+                    entry["stale_plan_arms_instrument"] = result["instrument"]
+                history = list(old.get("plan_only_runs", []))
             if plan_arms:
                 entry["plan_settings"] = settings
                 entry["plans"] = plans
+                entry["stale_plan_settings"] = stale_settings
+                entry["stale_plans"] = stale_plans
             result["families"][family] = entry
             stopped, done_keys = False, 0
             for i, key in enumerate(keys):
@@ -610,10 +819,25 @@ def run(
                 if plan_arms and not stopped:
                     if key not in plans:
                         plans[key] = _make_plan(key, quick)
+                        made["plans"] += 1
+                    if key not in stale_plans:
+                        made["stale_plans"] += 1
+                        sp = stale_plans[key] = _make_stale_plan(key, quick, plans[key])
+                        print(
+                            f"{family}: {key} plan@default-staleness planned in "
+                            f"{sp['seconds']:.0f} s: {sp['candidate']['name']} "
+                            f"({'changed' if sp['changed'] else 'same pick'}; "
+                            f"default's planning staleness {sp['simulated_staleness_bound']:.4f},"
+                            f" pick's {sp['planned_simulated_staleness']:.4f}"
+                            f"{'; fallback' if sp['fallback'] else ''})",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     have = {_row_id(r) for r in old_rows.get(key, []) if r.get("arm")}
                     tasks += [
                         t
                         for t in _plan_tasks(key, plans[key], seeds_of[key])
+                        + _stale_tasks(key, stale_plans[key], seeds_of[key])
                         if _task_id(t) not in have
                     ]
                 got = list(pool.map(_one, tasks, chunksize=1)) if pool else [_one(t) for t in tasks]
@@ -621,6 +845,7 @@ def run(
                 summary = _summarise(key, old_rows.get(key, []) + got)
                 if plan_arms and not stopped:
                     summary["plan"] = _plan_note(plans[key], seeds_of[key])
+                    summary["stale_plan"] = _stale_note(stale_plans[key], seeds_of[key])
                 summaries.append(summary)
                 if not stopped:
                     done_keys += 1
@@ -638,14 +863,33 @@ def run(
                     scenarios=summaries,
                     runs=all_rows if plan_only else rows,
                     complete=done_keys == len(keys),
-                    **({"plan_wall_s": el} if plan_only else {"wall_s": el}),
+                    **(
+                        {"plan_wall_s": old.get("plan_wall_s", el)} if plan_only else {"wall_s": el}
+                    ),
                 )
+                if plan_only:
+                    this_run = {
+                        "instrument": result["instrument"],
+                        "wall_s": el,
+                        "runs": len(rows),
+                        "arms": sorted({r.get("arm") for r in rows if r.get("arm")}),
+                        "plans_made": made,
+                    }
+                    entry["plan_only_runs"] = [*history, this_run]
                 if progress is not None:
                     progress(result, family)
+            print(
+                f"{family}: done in {time.perf_counter() - t0:.0f} s ({len(rows)} runs, "
+                f"plans made {made['plans']}, staleness-bounded plans made "
+                f"{made['stale_plans']})",
+                file=sys.stderr,
+                flush=True,
+            )
             if summaries:
                 print(_table(family, summaries, entry["summary"]), flush=True)
                 if plan_arms:
                     print(_plan_table(family, summaries, entry["summary"]), flush=True)
+                    print(_stale_table(family, summaries, entry["summary"]), flush=True)
     finally:
         if pool:
             pool.shutdown()

@@ -1,6 +1,8 @@
 """``benchmarks/sim_planner.py``'s plan arms: the planning workload seeds never overlap the
-evaluation seeds, and a tiny run reports the arms' summary fields (the families
-themselves are the benchmark)."""
+evaluation seeds, a tiny run reports the arms' summary fields, and the
+staleness-constrained arms take their bound from ``default`` on the planning seeds, keep
+their pick within it there, and are added by ``--plan-only`` without touching the other
+arms' runs (the families themselves are the benchmark)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,9 @@ def test_plan_tasks_refuse_overlapping_seeds() -> None:
     with pytest.raises(ValueError, match="overlap"):
         sp._plan_tasks("balanced", pick, [0, 1, 2, 3])
     assert len(sp._plan_tasks("balanced", pick, [0, 1])) == 2 * len(sp.PLAN_ARMS)
+    with pytest.raises(ValueError, match="overlap"):
+        sp._stale_tasks("balanced", pick, [0, 1, 2, 3])
+    assert len(sp._stale_tasks("balanced", pick, [0, 1])) == 2 * len(sp.STALE_ARMS)
 
 
 @pytest.fixture
@@ -80,7 +85,12 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
     assert fam["complete"] and fam["other_arms_instrument"] == "x"
     s = fam["scenarios"][0]
     assert s["default_s"] == base["scenarios"][0]["default_s"]
-    for arm in ("plan", "plan_planner"):
+    for arm in (
+        "plan",
+        "plan_planner",
+        "plan_at_default_staleness",
+        "plan_planner_at_default_staleness",
+    ):
         for field in (
             f"{arm}_s",
             f"{arm}_vs_default",
@@ -103,10 +113,91 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
     note = s["plan"]
     assert not set(note["planning_seeds"]) & set(note["evaluation_seeds"])
     assert note["evaluation_seeds"] == s["seeds"]
-    assert {None, "plan", "plan+planner"} <= {r.get("arm") for r in fam["runs"]}
+    arms = {None, "plan", "plan+planner", *sp.STALE_ARMS}
+    assert arms <= {r.get("arm") for r in fam["runs"]}
+    stale = s["stale_plan"]
+    assert not set(stale["planning_seeds"]) & set(stale["evaluation_seeds"])
+    assert stale["planning_seeds"] == note["planning_seeds"]
+    assert stale["unconstrained_pick"] == note["pick"]
+    assert stale["changed"] == (stale["pick"] != note["pick"])
+    assert "stale_plan_changed_picks" in fam["summary"]
     assert s["best_tuned_static_s"] <= s["best_static_s"]
     # a rerun reuses the cached plan and the plan arms' runs
     monkeypatch.setattr(sp, "_make_plan", lambda *a: pytest.fail("replanned"))
+    monkeypatch.setattr(sp, "_make_stale_plan", lambda *a: pytest.fail("replanned"))
     monkeypatch.setattr(sp, "_one", lambda *a: pytest.fail("rerun"))
     again = sp.run(["builtin"], True, 1, existing={"builtin": fam}, plan_only=True)
     assert again["families"]["builtin"]["scenarios"][0] == s
+
+
+def _default_staleness(sc: Any, seeds: list[int]) -> float:
+    from dynsched_sim import run_configuration
+
+    runs = [run_configuration(sc, sp._dynamic(sc), "default", seed=k) for k in seeds]
+    return sum(r.staleness["mean"] for r in runs) / len(runs)
+
+
+def test_stale_plan_bound_is_default_on_the_planning_seeds_and_holds_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """12 steps of ``colocated``: ``default``'s staleness differs between the planning and
+    the evaluation seed, so a bound taken from the wrong seeds is caught; the unbounded
+    plan's pick is over it on the planning seeds, so the bound changes the pick, and the
+    new pick's simulated staleness there is within it (re-simulated here)."""
+    scenario = sp._scenario
+    monkeypatch.setattr(sp, "_scenario", lambda key: scenario(key).with_steps(12))
+    monkeypatch.setattr(sp, "PLAN_SHORTLIST", 2)
+    key = "colocated"
+    sc = sp._scenario(key)
+    free = sp._make_plan(key, True)
+    got = sp._make_stale_plan(key, True, free)
+    planning = got["planning_seeds"]
+    assert planning == free["planning_seeds"] == [sc.seed + sp.PLAN_SEED_SHIFT]
+    assert got["simulated_staleness_bound"] == _default_staleness(
+        sp._planning_scenario(sc), planning
+    )
+    assert got["simulated_staleness_bound"] != _default_staleness(sc, [sc.seed])
+    cand = sp._candidate(got)
+    again = _simulated_staleness(cand.scenario_for(sp._planning_scenario(sc)), cand, planning)
+    assert again == got["planned_simulated_staleness"]
+    assert again <= got["simulated_staleness_bound"] + 1e-9
+    assert got["changed"] and cand.name != free["candidate"]["name"]
+    assert got["simulated_over_bound"] >= 1 and not got["fallback"]
+    unbounded = sp._candidate(free)
+    stale = _simulated_staleness(
+        unbounded.scenario_for(sp._planning_scenario(sc)), unbounded, planning
+    )
+    assert stale > got["simulated_staleness_bound"]
+
+
+def _simulated_staleness(sc: Any, cand: Any, seeds: list[int]) -> float:
+    from dynsched_sim import run_configuration
+
+    runs = [run_configuration(sc, cand.configuration(), cand.policy, seed=k) for k in seeds]
+    return sum(r.staleness["mean"] for r in runs) / len(runs)
+
+
+@pytest.mark.usefixtures("tiny")
+def test_plan_only_adds_the_stale_arms_and_keeps_every_other_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file made before the staleness-constrained arms: ``--plan-only`` plans and runs only
+    them; every run and plan already there is kept as it was."""
+    fam = sp.run(["builtin"], True, 1, plan_arms=True)["families"]["builtin"]
+    for k in ("stale_plans", "stale_plan_settings"):
+        fam.pop(k)
+    fam["runs"] = [r for r in fam["runs"] if r.get("arm") not in sp.STALE_ARMS]
+    fam["plan_arms_instrument"] = "y"
+    before = json.loads(json.dumps(fam))
+    monkeypatch.setattr(sp, "_make_plan", lambda *a: pytest.fail("replanned"))
+    got = sp.run(["builtin"], True, 1, existing={"builtin": fam}, plan_only=True)
+    new = got["families"]["builtin"]
+    assert new["runs"][: len(before["runs"])] == before["runs"]
+    added = new["runs"][len(before["runs"]) :]
+    assert added and {r["arm"] for r in added} == set(sp.STALE_ARMS)
+    assert new["plans"] == before["plans"] and new["plan_arms_instrument"] == "y"
+    assert new["plan_only_runs"][-1]["arms"] == sorted(sp.STALE_ARMS)
+    old_s, new_s = before["scenarios"][0], new["scenarios"][0]
+    assert {k: new_s[k] for k in old_s if k != "stale_plan"} == {
+        k: v for k, v in old_s.items() if k != "stale_plan"
+    }

@@ -117,6 +117,8 @@ def test_exact_plan_is_the_exhaustive_best_of_its_candidate_set() -> None:
         (["seed-qwen35", "--seeds", "101"], "--seeds"),
         (["seed-qwen35", "--shortlist", "0"], "--shortlist"),
         (["seed-qwen35", "--seeds", "two"], "--seeds"),
+        (["seed-qwen35", "--simulated-staleness-bound", "-0.1"], "--simulated-staleness-bound"),
+        (["seed-qwen35", "--simulated-staleness-bound", "inf"], "--simulated-staleness-bound"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], names: str, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -176,3 +178,36 @@ def test_plan_time_is_finite_and_best_is_feasible() -> None:
     p = plan(load_scenario("seed-qwen35").with_steps(8), seeds=1, shortlist=2)
     assert math.isfinite(p.best.time_s.mean) and 0 < p.best.efficiency.mean <= 1
     assert p.best.predicted_staleness <= p.staleness_bound == 0.5
+
+
+def test_simulated_staleness_bound_changes_the_pick_to_one_within_it() -> None:
+    """On 12 steps the fastest candidate within the closed-form bound 0.5 (predicted 0.43)
+    measures 0.57 in the simulator; a simulated bound of 0.5 makes the plan pick a
+    candidate whose measured mean staleness is within it."""
+    sc = load_scenario("seed-qwen35").with_steps(12)
+    kw = {"gpus": 16, "seeds": 1, "shortlist": 2, "policies": POLICIES}
+    free = plan(sc, **kw)  # type: ignore[arg-type]
+    assert free.simulated_staleness_bound is None
+    assert free.best.simulated_staleness > 0.5 >= free.best.predicted_staleness
+    bounded = plan(sc, **kw, simulated_staleness_bound=0.5)  # type: ignore[arg-type]
+    assert bounded.simulated_staleness_bound == 0.5
+    assert bounded.to_json()["simulated_staleness_bound"] == 0.5
+    assert bounded.best.simulated_staleness <= 0.5
+    assert bounded.best.candidate != free.best.candidate
+    # within the bound first (fastest first), then the rest, each saying why
+    within = [r.simulated_staleness <= 0.5 for r in bounded.ranked]
+    assert within == sorted(within, reverse=True) and not all(within)
+    times = [r.time_s.mean for r in bounded.ranked if r.simulated_staleness <= 0.5]
+    assert times == sorted(times) and bounded.best.time_s.mean == min(times)
+    assert "over the simulated bound" in bounded.ranked[sum(within) - 1].why_next_lost
+    assert any("simulated staleness bound 0.5" in r for r in bounded.rests_on)
+    # a bound no simulated candidate meets: one clear error naming the field
+    with pytest.raises(PlanError, match="simulated_staleness_bound"):
+        plan(sc, **kw, staleness_bound=0.5, simulated_staleness_bound=0.01)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [-0.5, math.nan, math.inf, "0.3", True])
+def test_simulated_staleness_bound_is_validated(bad: object) -> None:
+    sc = load_scenario("seed-qwen35").with_steps(4)
+    with pytest.raises(PlanError, match=r"^simulated_staleness_bound must be a finite number"):
+        plan(sc, gpus=16, seeds=1, shortlist=1, simulated_staleness_bound=bad)  # type: ignore[arg-type]

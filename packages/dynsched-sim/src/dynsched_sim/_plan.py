@@ -31,6 +31,18 @@ The search has two stages:
    bound (mean over the seeds; a bound is never above a simulated time) is already at or
    above the best simulated mean.
 
+Optionally (``simulated_staleness_bound``) a second bound applies to the staleness the
+simulator *measures* for each simulated candidate (mean over the plan's seeds): the closed
+form only prefilters, and a simulated candidate over this bound cannot be the plan's best.
+Every "best so far" above (the split whose other policies run, the candidate hill-climbed,
+the exact search's pruning time) is then the fastest candidate within the bound (the
+fastest over it while none is within, so hill-climbing can reach a lower threshold), and
+the ranking lists the candidates within the bound first. If no simulated candidate is
+within it, `plan` raises `PlanError`. Both sides of this comparison are measured by the
+same simulator on the same seeds: a bound taken from another configuration's simulated
+runs on those seeds (e.g. `default`'s) is compared like for like, with no closed-form
+error in between.
+
 A plan is a prediction of the simulator's cost models; `Plan.rests_on` says which.
 """
 
@@ -232,6 +244,8 @@ class Plan:
         scenario: Scenario name.
         gpus: The GPU budget.
         staleness_bound: Bound on the predicted mean staleness.
+        simulated_staleness_bound: Bound on the simulated mean staleness over the seeds
+            (None: none); the best candidate is within it.
         seeds: Workload seeds every simulated candidate ran.
         ranked: The simulated candidates, fastest first.
         splits: Per split, the analytical model's best estimate.
@@ -253,6 +267,7 @@ class Plan:
     rests_on: tuple[str, ...]
     pruning_rule: str
     seconds: float = attrs.field(eq=False)
+    simulated_staleness_bound: float | None = None
 
     @property
     def best(self) -> PlannedCandidate:
@@ -265,6 +280,7 @@ class Plan:
             "scenario": self.scenario,
             "gpus": self.gpus,
             "staleness_bound": self.staleness_bound,
+            "simulated_staleness_bound": self.simulated_staleness_bound,
             "seeds": list(self.seeds),
             "best": self.best.to_json(),
             "ranked": [r.to_json() for r in self.ranked],
@@ -287,6 +303,7 @@ def check_plan_inputs(
     seeds: int,
     shortlist: int | None,
     flags: bool = False,
+    simulated_staleness_bound: float | None = None,
 ) -> None:
     """Every planner input in range.
 
@@ -309,13 +326,19 @@ def check_plan_inputs(
             raise PlanError(
                 f"{name(param)} must be an integer >= {lo}{what} and <= {hi:,}, got {shown!r}"
             )
-    if staleness_bound is not None and not (
-        isinstance(staleness_bound, int | float) and 0.0 <= staleness_bound < math.inf
+    for param, bound in (
+        ("staleness_bound", staleness_bound),
+        ("simulated_staleness_bound", simulated_staleness_bound),
     ):
-        raise PlanError(
-            f"{name('staleness_bound')} must be a finite number >= 0 (policy versions "
-            f"behind per sample), got {staleness_bound!r}"
-        )
+        if bound is not None and not (
+            isinstance(bound, int | float)
+            and not isinstance(bound, bool)
+            and 0.0 <= bound < math.inf
+        ):
+            raise PlanError(
+                f"{name(param)} must be a finite number >= 0 (policy versions "
+                f"behind per sample), got {bound!r}"
+            )
 
 
 def memory_problem(scenario: Scenario, trainer_gpus: int, rollout_gpus: int, hybrid: bool) -> str:
@@ -494,6 +517,20 @@ def _simulated(
     )
 
 
+#: Slack of the simulated staleness bound (a candidate's mean equal to the bound is within).
+_STALE_EPS = 1e-9
+
+
+def _within(d: PlannedCandidate, sim_bound: float | None) -> bool:
+    """Whether a simulated candidate's measured mean staleness is within the bound."""
+    return sim_bound is None or d.simulated_staleness <= sim_bound + _STALE_EPS
+
+
+def _best(done: Sequence[PlannedCandidate], sim_bound: float | None) -> PlannedCandidate:
+    """The fastest candidate within the simulated bound (the fastest of all if none is)."""
+    return min(done, key=lambda d: (not _within(d, sim_bound), d.time_s.mean))
+
+
 def _mean_bound(scenario: Scenario, cand: Candidate, seeds: Sequence[int]) -> float:
     """Mean over the seeds of the candidate's lower bound (inside a `planner_enabled`
     block, where its runs are re-planned: relaxed over every split the planner reaches,
@@ -525,6 +562,7 @@ def _run_shortlist(
     seeds: Sequence[int],
     shortlist: int | None,
     note: Callable[[str], None],
+    sim_bound: float | None = None,
 ) -> tuple[list[PlannedCandidate], dict[str, int]]:
     """Simulate what the rule selects; the simulated candidates and the skipped counts.
 
@@ -532,13 +570,13 @@ def _run_shortlist(
     pruned: dict[str, int] = {}
     done: list[PlannedCandidate] = []
     if shortlist is None:
-        _exact(scenario, feasible, seeds, done, pruned, note)
+        _exact(scenario, feasible, seeds, done, pruned, note, sim_bound)
         return done, pruned
     chosen = _shortlisted(feasible, shortlist)
     for i, a in enumerate(chosen, 1):
         note(f"simulating split {i}/{len(chosen)}: {a.candidate.name} over {len(seeds)} seed(s)")
         done.append(_simulated(scenario, a, a.policies[0], seeds))
-    best = min(done, key=lambda d: d.time_s.mean)
+    best = _best(done, sim_bound)
     top = next(a for a in chosen if a.candidate.split == best.candidate.split)
     for policy in top.policies[1:]:
         note(f"simulating policy {policy} on {top.candidate.split}")
@@ -553,12 +591,14 @@ def _exact(
     done: list[PlannedCandidate],
     pruned: dict[str, int],
     note: Callable[[str], None],
+    sim_bound: float | None = None,
 ) -> None:
-    """Every feasible candidate in estimate order unless its lower bound cannot win."""
+    """Every feasible candidate in estimate order unless its lower bound cannot win (against
+    the best simulated mean within the simulated staleness bound)."""
     key = "lower bound at or above the best simulated time"
     jobs = [(a, p) for a in feasible for p in a.policies]
     for i, (a, policy) in enumerate(jobs, 1):
-        best = min((d.time_s.mean for d in done), default=math.inf)
+        best = min((d.time_s.mean for d in done if _within(d, sim_bound)), default=math.inf)
         if _mean_bound(scenario, attrs.evolve(a.candidate, policy=policy), seeds) >= best:
             pruned[key] = pruned.get(key, 0) + 1
             continue
@@ -576,9 +616,11 @@ def _refine(
     seeds: Sequence[int],
     done: list[PlannedCandidate],
     note: Callable[[str], None],
+    sim_bound: float | None = None,
 ) -> int:
     """Hill-climb the best simulated candidate's concurrency and threshold (one step of
-    each either way, same split and policy) while a neighbour is faster; runs added."""
+    each either way, same split and policy) while a neighbour is better (`_best`: faster
+    within the simulated staleness bound); runs added."""
     conc, thresholds = _knobs(scenario)
     index = {
         _knob_key(attrs.evolve(a.candidate, policy=p)): a for a in feasible for p in a.policies
@@ -586,7 +628,7 @@ def _refine(
     tried = {_knob_key(d.candidate) for d in done}
     added = 0
     for _ in range(_REFINE_ROUNDS):
-        best = min(done, key=lambda d: d.time_s.mean)
+        best = _best(done, sim_bound)
         c = best.candidate
         i, j = conc.index(c.concurrency), thresholds.index(c.staleness_threshold)
         steps = [(i + di, j) for di in (-1, 1)] + [(i, j + dj) for dj in (-1, 1)]
@@ -601,14 +643,23 @@ def _refine(
             note(f"refining: {c.split}/{c.policy}/c{k[2]}/s{k[3]:g}")
             done.append(_simulated(scenario, index[k], c.policy, seeds))
             added += 1
-        if min(done, key=lambda d: d.time_s.mean) is best:
+        if _best(done, sim_bound) is best:
             break
     return added
 
 
-def _why(a: PlannedCandidate, b: PlannedCandidate, bound: float | None) -> str:
+def _why(
+    a: PlannedCandidate, b: PlannedCandidate, bound: float | None, sim_bound: float | None = None
+) -> str:
     """Why ``b`` ranks below ``a``."""
     slower = b.time_s.mean / a.time_s.mean - 1.0
+    if not _within(b, sim_bound):
+        assert sim_bound is not None
+        pace = "slower" if slower >= 0 else "faster"
+        return (
+            f"simulated staleness {b.simulated_staleness:.3f} over the simulated bound "
+            f"{sim_bound:.3f} ({pace} by {100 * abs(slower):.1f}%)"
+        )
     text = f"slower by {100 * slower:.1f}%"
     if abs(b.time_s.mean - a.time_s.mean) <= max(a.time_s.std, b.time_s.std):
         text += " (within the seed spread)"
@@ -617,15 +668,26 @@ def _why(a: PlannedCandidate, b: PlannedCandidate, bound: float | None) -> str:
     return text
 
 
-def _ranked(done: Sequence[PlannedCandidate], bound: float | None) -> tuple[PlannedCandidate, ...]:
-    order = sorted(done, key=lambda d: (d.time_s.mean, d.estimate_s, d.candidate.name))
+def _ranked(
+    done: Sequence[PlannedCandidate], bound: float | None, sim_bound: float | None = None
+) -> tuple[PlannedCandidate, ...]:
+    """Fastest first; with a simulated staleness bound, those within it first."""
+    order = sorted(
+        done,
+        key=lambda d: (not _within(d, sim_bound), d.time_s.mean, d.estimate_s, d.candidate.name),
+    )
     return tuple(
-        attrs.evolve(d, why_next_lost=_why(d, order[i + 1], bound) if i + 1 < len(order) else "")
+        attrs.evolve(
+            d,
+            why_next_lost=_why(d, order[i + 1], bound, sim_bound) if i + 1 < len(order) else "",
+        )
         for i, d in enumerate(order)
     )
 
 
-def _rests_on(scenario: Scenario, seeds: Sequence[int], rule: str) -> tuple[str, ...]:
+def _rests_on(
+    scenario: Scenario, seeds: Sequence[int], rule: str, sim_bound: float | None = None
+) -> tuple[str, ...]:
     from dynsched_sim import __version__
 
     labels: dict[str, int] = {}
@@ -633,6 +695,14 @@ def _rests_on(scenario: Scenario, seeds: Sequence[int], rule: str) -> tuple[str,
         label = (scenario.label_of(p) or ("unlabelled",))[0]
         labels[label] = labels.get(label, 0) + 1
     fitted = [f"{p} ({(scenario.label_of(p) or ('', ''))[1]})" for p in scenario.fitted()]
+    simulated = (
+        (
+            f"simulated staleness bound {sim_bound:g}: the best candidate's measured mean "
+            "staleness over the seeds is within it",
+        )
+        if sim_bound is not None
+        else ()
+    )
     return (
         f"simulator: dynsched-sim {__version__} (the real core on virtual time); times and "
         "staleness are predictions of its cost models",
@@ -641,6 +711,7 @@ def _rests_on(scenario: Scenario, seeds: Sequence[int], rule: str) -> tuple[str,
         "fitted: " + ("; ".join(fitted) if fitted else "none"),
         f"workload seeds: {list(seeds)}",
         "staleness: closed form (dynsched_sim.predicted_staleness_for, first seed)",
+        *simulated,
         MEMORY_RULE,
         f"pruning: {rule}",
     )
@@ -655,6 +726,7 @@ def plan(
     shortlist: int | None = 4,
     policies: Sequence[str] = DEFAULT_PLAN_POLICIES,
     progress: Progress | None = None,
+    simulated_staleness_bound: float | None = None,
 ) -> Plan:
     """The candidate with the shortest simulated time among those the analytical model
     shortlists, with every simulated candidate ranked (module docstring).
@@ -670,17 +742,28 @@ def plan(
         shortlist: Splits simulated; None: exact search over the candidate set.
         policies: Policies to consider (``static_fully_async`` allows static splits).
         progress: Called with one line per stage and simulated candidate.
+        simulated_staleness_bound: Most *simulated* mean staleness (mean over the seeds)
+            of the best candidate; None: no such bound. The closed-form bound still
+            prefilters; simulated candidates over this one rank after every candidate
+            within it and are never the best (module docstring).
 
     Raises:
-        PlanError: an input out of range, or no feasible candidate.
+        PlanError: an input out of range, no feasible candidate, or no simulated
+            candidate within ``simulated_staleness_bound``.
     """
     start = time.perf_counter()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     gpus = max(c.total_gpus for c in sc.configurations) if gpus is None else gpus
     if staleness_bound is None:
         staleness_bound = float(sc.schedule_config(sc.configurations[0]).staleness_threshold)
+    sim_bound = simulated_staleness_bound
     check_plan_inputs(
-        sc, gpus=gpus, staleness_bound=staleness_bound, seeds=seeds, shortlist=shortlist
+        sc,
+        gpus=gpus,
+        staleness_bound=staleness_bound,
+        seeds=seeds,
+        shortlist=shortlist,
+        simulated_staleness_bound=sim_bound,
     )
     if not policies:
         raise PlanError("policies must name at least one policy")
@@ -694,9 +777,9 @@ def plan(
         reasons = sorted({a.problem.split(":")[0] for a in assessed}) or ["no split"]
         raise PlanError(f"no feasible candidate on {gpus} GPUs ({', '.join(reasons)})")
     rule = EXACT_RULE if shortlist is None else PRUNING_RULE.format(k=shortlist)
-    done, pruned = _run_shortlist(sc, feasible, seed_list, shortlist, note)
+    done, pruned = _run_shortlist(sc, feasible, seed_list, shortlist, note, sim_bound)
     if shortlist is not None:
-        _refine(sc, feasible, seed_list, done, note)
+        _refine(sc, feasible, seed_list, done, note, sim_bound)
         left = sum(len(a.policies) for a in feasible) - len(done)
         if left:
             pruned["not shortlisted (fluid estimate)"] = left
@@ -704,18 +787,27 @@ def plan(
         if a.problem:
             key = a.problem.split(":")[0] if ":" in a.problem else a.problem
             pruned[key] = pruned.get(key, 0) + len(a.policies)
+    ranked = _ranked(done, staleness_bound, sim_bound)
+    if not _within(ranked[0], sim_bound):
+        least = min(done, key=lambda d: d.simulated_staleness)
+        raise PlanError(
+            f"simulated_staleness_bound {sim_bound!r}: no simulated candidate is within it "
+            f"({len(done)} simulated; least simulated mean staleness "
+            f"{least.simulated_staleness:.4f}, {least.candidate.name})"
+        )
     return Plan(
         scenario=sc.name,
         gpus=gpus,
         staleness_bound=staleness_bound,
         seeds=seed_list,
-        ranked=_ranked(done, staleness_bound),
+        ranked=ranked,
         splits=_split_estimates(assessed),
         candidates=sum(len(a.policies) for a in assessed),
         pruned=pruned,
-        rests_on=_rests_on(sc, seed_list, rule),
+        rests_on=_rests_on(sc, seed_list, rule, sim_bound),
         pruning_rule=rule,
         seconds=time.perf_counter() - start,
+        simulated_staleness_bound=sim_bound,
     )
 
 
@@ -754,9 +846,14 @@ def format_plan(p: Plan, top: int = 10) -> str:
         "  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
         for row in (head, *rows)
     ]
+    simulated = (
+        ""
+        if p.simulated_staleness_bound is None
+        else f" (simulated: {p.simulated_staleness_bound:g})"
+    )
     lines.insert(
         0,
-        f"plan {p.scenario}: {p.gpus} GPUs, staleness bound {p.staleness_bound:g}, "
+        f"plan {p.scenario}: {p.gpus} GPUs, staleness bound {p.staleness_bound:g}{simulated}, "
         f"{p.candidates} candidates, {len(p.ranked)} simulated over seeds "
         f"{list(p.seeds)} in {p.seconds:.1f} s",
     )

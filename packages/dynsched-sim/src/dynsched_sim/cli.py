@@ -268,6 +268,14 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "(default: the scenario's staleness_threshold)",
     )
     p.add_argument(
+        "--simulated-staleness-bound",
+        type=float,
+        default=None,
+        metavar="S",
+        help="also bound the simulated mean staleness (over the seeds) of the pick, >= 0 "
+        "(default: none)",
+    )
+    p.add_argument(
         "--seeds",
         type=int,
         default=3,
@@ -308,6 +316,7 @@ def _plan_handler(args: argparse.Namespace) -> int:
             "staleness_bound": args.staleness_bound,
             "seeds": args.seeds,
             "shortlist": None if args.exact else args.shortlist,
+            "simulated_staleness_bound": args.simulated_staleness_bound,
         }
         check_plan_inputs(scenario, **inputs, flags=True)
         _check_out(args.out)
