@@ -92,12 +92,16 @@ PLAN_ARMS = ("plan", "plan+planner")
 #: The two arms that start from the pick of a plan whose simulated mean staleness on the
 #: planning seeds is bounded by ``default``'s on the same seeds.
 STALE_ARMS = ("plan@default-staleness", "plan+planner@default-staleness")
+#: Derived from runs already made, no run of its own: ``plan@default-staleness``'s runs
+#: where its pick was at least as fast as ``default`` on the planning seeds, else
+#: ``default``'s (which meets the bound by construction). Decided on the planning seeds only.
+OR_DEFAULT = "plan@default-staleness-or-default"
 
 
 def _field(arm: str) -> str:
     """An arm's prefix in the summary fields: ``plan_planner``,
-    ``plan_planner_at_default_staleness``."""
-    return arm.replace("+", "_").replace("@default-staleness", "_at_default_staleness")
+    ``plan_planner_at_default_staleness``, ``plan_at_default_staleness_or_default``."""
+    return arm.replace("+", "_").replace("@", "_at_").replace("-", "_")
 
 
 #: Every static split at the plan's concurrency and staleness threshold (run where they
@@ -374,10 +378,26 @@ def _geomean(xs: Iterable[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One scenario: planner vs default vs the best static split, with seed spread."""
+def _summarise(
+    key: str, rows: list[dict[str, Any]], stale: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One scenario: planner vs default vs the best static split, with seed spread.
+
+    ``stale``: the scenario's ``plan@default-staleness`` plan; with it the derived arm
+    `OR_DEFAULT` (its runs or ``default``'s, by their times on the planning seeds)."""
     seeds = sorted({r["seed"] for r in rows})
     plan_rows = [r for r in rows if r.get("arm")]
+    if stale is not None:
+        keep = stale["planned_time_s"] <= stale["default_planning_time_s"]
+        plan_rows += [
+            {**r, "arm": OR_DEFAULT}
+            for r in rows
+            if (
+                r.get("arm") == STALE_ARMS[0]
+                if keep
+                else (not r.get("arm") and r["policy"] == "default")
+            )
+        ]
     rows = [r for r in rows if not r.get("arm")]
 
     def arm(pred: Any) -> dict[int, dict[str, Any]]:
@@ -405,7 +425,7 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
             tuned.setdefault(r["configuration"], {})[r["seed"]] = r
     tuned = {c: d for c, d in tuned.items() if set(d) == set(seeds)}
     best_t = min(tuned, key=lambda c: mean(tuned[c])) if tuned else None
-    if any(r["arm"] in (*PLAN_ARMS, *STALE_ARMS) for r in plan_rows):
+    if any(r["arm"] in (*PLAN_ARMS, *STALE_ARMS, OR_DEFAULT) for r in plan_rows):
         # the best of the statics at the pick's knobs and at the scenario's own
         t_d, label = statics[best], f"{best} at the scenario's knobs"
         if best_t is not None and mean(tuned[best_t]) < mean(t_d):
@@ -417,7 +437,7 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "statics_at_plan_knobs_s": {c: mean(d) for c, d in tuned.items()},
             }
         )
-    for name in (*PLAN_ARMS, *STALE_ARMS):
+    for name in (*PLAN_ARMS, *STALE_ARMS, OR_DEFAULT):
         got = {r["seed"]: r for r in plan_rows if r["arm"] == name}
         if set(got) != set(seeds):
             continue
@@ -479,7 +499,7 @@ def _summarise(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _plan_family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """The plan arms' family figures, over the scenarios that have them."""
     out: dict[str, Any] = {}
-    for name in (*PLAN_ARMS, *STALE_ARMS):
+    for name in (*PLAN_ARMS, *STALE_ARMS, OR_DEFAULT):
         f = _field(name)
         got = [s for s in summaries if f"{f}_s" in s]
         if not got:
@@ -513,6 +533,9 @@ def _plan_family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                 "stale_plans": len(notes),
                 "stale_plan_changed_picks": sum(n["changed"] for n in notes),
                 "stale_plan_fallbacks": sum(bool(n["fallback"]) for n in notes),
+                "stale_plan_slower_than_default_on_planning_seeds": sum(
+                    n["planned_time_s"] > n["default_planning_time_s"] for n in notes
+                ),
                 "stale_plan_within_bound_on_planning_seeds": sum(
                     n["planned_simulated_staleness"] <= n["simulated_staleness_bound"] + 1e-9
                     for n in notes
@@ -678,6 +701,17 @@ def _stale_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, An
             f"{fam['stale_plan_changed_picks']}/{fam['stale_plans']} (fallbacks "
             f"{fam['stale_plan_fallbacks']}); min efficiency {fam[f'min_{f}_efficiency']:.2f}"
         )
+    o = _field(OR_DEFAULT)
+    if f"{o}_scenarios" in fam:
+        n = fam[f"{o}_scenarios"]
+        lines.append(
+            f"{OR_DEFAULT} (default kept where the pick was slower on the planning seeds: "
+            f"{fam['stale_plan_slower_than_default_on_planning_seeds']}/{fam['stale_plans']}): "
+            f"/default {fam[f'geomean_{o}_vs_default']:.3f}, /best static "
+            f"{fam[f'geomean_{o}_vs_best_static']:.3f}; within 1% of best static "
+            f"{fam[f'{o}_within_1pct_of_best_static']}/{n}; staleness <= default "
+            f"{fam[f'{o}_staleness_at_or_below_default']}/{n}"
+        )
     return "\n".join(lines)
 
 
@@ -770,6 +804,7 @@ def run(
                 else {}
             )
             old_rows: dict[str, list[dict[str, Any]]] = {}
+            kept: list[dict[str, Any]] = []  # in the file's order
             if plan_only:
                 if not old.get("runs"):
                     raise ValueError(f"--plan-only: no existing runs of family {family}")
@@ -778,6 +813,7 @@ def run(
                     # plan-arm runs kept with their plans
                     if not arm or (stale_plans if arm in STALE_ARMS else plans):
                         old_rows.setdefault(r["key"], []).append(r)
+                        kept.append(r)
                 keys = [key for key in keys if key in old_rows]
             seeds_of = {key: _seeds(key, k) for key in keys}
             per_key = {key: [] if plan_only else _tasks(key, seeds_of[key]) for key in keys}
@@ -842,7 +878,11 @@ def run(
                     ]
                 got = list(pool.map(_one, tasks, chunksize=1)) if pool else [_one(t) for t in tasks]
                 rows += got
-                summary = _summarise(key, old_rows.get(key, []) + got)
+                summary = _summarise(
+                    key,
+                    old_rows.get(key, []) + got,
+                    stale_plans[key] if plan_arms and not stopped else None,
+                )
                 if plan_arms and not stopped:
                     summary["plan"] = _plan_note(plans[key], seeds_of[key])
                     summary["stale_plan"] = _stale_note(stale_plans[key], seeds_of[key])
@@ -857,7 +897,7 @@ def run(
                     file=sys.stderr,
                     flush=True,
                 )
-                all_rows = [r for key_rows in old_rows.values() for r in key_rows] + rows
+                all_rows = kept + rows
                 entry.update(
                     summary=_family(summaries),
                     scenarios=summaries,

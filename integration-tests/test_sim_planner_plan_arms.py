@@ -121,6 +121,12 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
     assert stale["unconstrained_pick"] == note["pick"]
     assert stale["changed"] == (stale["pick"] != note["pick"])
     assert "stale_plan_changed_picks" in fam["summary"]
+    # the derived arm: the pick's runs, or default's where the pick was slower on the
+    # planning seeds (decided there only)
+    keep = stale["planned_time_s"] <= stale["default_planning_time_s"]
+    chosen = s["plan_at_default_staleness_s"] if keep else s["default_s"]
+    assert s["plan_at_default_staleness_or_default_s"] == chosen
+    assert "geomean_plan_at_default_staleness_or_default_vs_default" in fam["summary"]
     assert s["best_tuned_static_s"] <= s["best_static_s"]
     # a rerun reuses the cached plan and the plan arms' runs
     monkeypatch.setattr(sp, "_make_plan", lambda *a: pytest.fail("replanned"))
