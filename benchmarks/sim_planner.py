@@ -46,7 +46,9 @@ scenario's threshold) still prefilters, as in ``plan``. The evaluation seeds are
 used to set the bound. Where no simulated candidate meets it, the arm runs the
 ``default`` configuration itself (which meets it by construction; counted as a
 fallback). Their plans are cached in ``stale_plans``, with whether the bound changed the
-pick from ``plan``'s. ``--plan-only`` runs only the plan arms
+pick from ``plan``'s. ``plan@default-staleness-or-default`` has no runs of its own: it
+reports ``plan@default-staleness``'s runs, or ``default``'s where the bounded pick was
+slower than ``default`` on the planning seeds (decided on those seeds only). ``--plan-only`` runs only the plan arms
 against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
 only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
 
