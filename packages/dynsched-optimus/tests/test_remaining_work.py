@@ -182,6 +182,8 @@ def test_variant_composition() -> None:
     assert isinstance(pol.placement, SpeedAwarePlacement)
     assert isinstance(pol.batch, GoodputBatch)
     assert pol.restarts.hysteresis == 2.0
+    for variant in ("optimus+", "optimus+rw"):
+        assert make_optimus(variant, hysteresis=16.0).restarts.hysteresis == 16.0
 
 
 @pytest.mark.parametrize(
@@ -193,6 +195,8 @@ def test_variant_composition() -> None:
         ("min_gain", float("nan"), "a number >= 0.0"),
         ("max_slowdown", "4", "a number >= 1.0"),
         ("max_slowdown", True, "a number >= 1.0"),
+        ("hysteresis", -1.0, "a number >= 0.0"),
+        ("hysteresis", "16", "a number >= 0.0"),
     ],
 )
 def test_bad_options_name_the_field_and_the_allowed_values(field, value, allowed) -> None:
@@ -249,3 +253,27 @@ def test_readme_example_of_optimus_rw_runs(capsys) -> None:
     exec(compile(example, "README.md", "exec"), {"__name__": "readme"})
     out = capsys.readouterr().out
     assert "near:" in out and "far:" in out
+
+
+def test_restart_penalty_decides_whether_a_short_job_restarts_a_long_one() -> None:
+    # 4 GPUs, all held by a long running job (T = 40,000 / sqrt(4) = 20,000 s); a short job
+    # (100 s of work on 1 GPU) can start only by taking one.  a = 1.5, F = -2 / sqrt(T):
+    # its start gains 2 / sqrt(100) = 0.2; the long job loses
+    # F(40,000 / sqrt(3)) - F(20,000) ~ 0.0010, and its restart is charged as `pen` seconds
+    # of the taker's time, pen * F'(100) = pen / 1000.  The default penalty (hysteresis 2 x
+    # 30 s) costs 0.06: the short job starts (and, the long job restarted anyway, grows
+    # further); hysteresis 16 (480 s) costs 0.48 > 0.2: it waits, the long job keeps its GPUs
+    jobs = [_job("long", 40_000.0, 0.0), _job("short", 100.0, 1.0)]
+    for hysteresis, starts in ((2.0, True), (16.0, False)):
+        alloc = allocate(
+            jobs,
+            (4.0,),
+            method="incremental",
+            current={"long": (0, 4)},
+            restart_penalty=hysteresis * 30.0,
+            min_gain=0.01,
+            utility_exponent=RW_EXPONENT,
+            jct_gains=True,
+        )
+        assert (_gpus(alloc, "short") >= 1) is starts, hysteresis
+        assert (_gpus(alloc, "long") == 4) is not starts

@@ -1284,7 +1284,9 @@ class VariantOptions:
     prerun_limit: int | None = None
     prerun_s: float = 10.0
     damping: float = DAMPING
-    hysteresis: float = 2.0
+    #: restart penalty in restart delays (``optimus+``, ``optimus+rw``; judgement, 2 kept
+    #: for ``optimus+rw`` after 16 was tried: see the package README, "Remaining work")
+    hysteresis: float = attrs.field(default=2.0, validator=number_at_least(0.0))
     min_gain: float = 0.01
     hedge: str = "low"
     utility_exponent: float = 1.0
