@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 from dynsched_optimus import AllocationJob, StepTimeModel
 from dynsched_optimus._allocation import allocate_incremental
-from dynsched_optimus._incremental import _fitting_run, _utilities, _utility
+from dynsched_optimus._incremental import (
+    _fits,
+    _fits_room,
+    _fitting_run,
+    _short_bits,
+    _utilities,
+    _utility,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -253,3 +260,22 @@ def test_merge_order_is_the_full_sort(seed: int, n_sorted: int, n_new: int, dist
     order = fg._order()
     want = np.lexsort((fg.p_pos, fg.rank[fg.p_own], fg.p_key))
     assert order.tolist() == want.tolist()
+
+
+_RESOURCE = st.one_of(
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.sampled_from([0.0, -0.0, 1e-9, -1e-9, 5e-10, math.inf, -math.inf, math.nan]),
+)
+
+
+@given(st.lists(st.tuples(_RESOURCE, _RESOURCE), min_size=1, max_size=5))
+def test_float_fit_and_shortage_match_the_numpy_forms(pairs: list[tuple[float, float]]) -> None:
+    """The scalar take works on Python floats: its fit test and its shortage bits must
+    decide exactly as the numpy forms they replace (tolerance, signed zeros, inf, NaN)."""
+    need = [a for a, _b in pairs]
+    room = [b for _a, b in pairs]
+    na, ra = np.array(need), np.array(room)
+    assert _fits(need, room) == _fits_room(na, ra)
+    with np.errstate(invalid="ignore"):
+        short = np.maximum(na - ra, 0.0)
+    assert _short_bits(need, room) == sum(1 << d for d in range(len(need)) if short[d] > 0)

@@ -140,6 +140,12 @@ def _fits_room(need: FloatArray, room: FloatArray) -> bool:
     return bool((need <= room + 1e-9).all())
 
 
+def _fits(need: Sequence[float], room: Sequence[float]) -> bool:
+    """:func:`_fits_room` on Python floats (the same comparisons; a take's few resources
+    are cheaper as floats than as numpy arrays)."""
+    return all(n <= r + 1e-9 for n, r in zip(need, room, strict=True))
+
+
 def _fitting_run(free: FloatArray, needs: FloatArray) -> tuple[int, FloatArray]:
     """How many leading rows of ``needs`` fit one after another in ``free`` (each checked
     as :func:`_fits_room` against what the earlier ones left), and the free capacity after
@@ -151,8 +157,9 @@ def _fitting_run(free: FloatArray, needs: FloatArray) -> tuple[int, FloatArray]:
     return k, acc[k].copy()
 
 
-def _bits(row: FloatArray) -> int:
-    return sum(1 << d for d in range(len(row)) if row[d] > 0)
+def _short_bits(need: Sequence[float], room: Sequence[float]) -> int:
+    """The resources of which ``room`` holds less than ``need``, as bits."""
+    return sum(1 << d for d, (n, r) in enumerate(zip(need, room, strict=True)) if n - r > 0.0)
 
 
 class _Incremental:
@@ -180,6 +187,9 @@ class _Incremental:
         self.rank = dict(zip((j.job_id for j in jobs), _ranks(jobs), strict=True))
         self.wd = np.array([j.worker_demand for j in jobs], dtype=np.float64).reshape(n, nr)
         self.pd = np.array([j.ps_demand for j in jobs], dtype=np.float64).reshape(n, nr)
+        # the same demands as Python floats, for the scalar engine's few-resource arithmetic
+        self.wd_l: list[list[float]] = self.wd.tolist()
+        self.pd_l: list[list[float]] = self.pd.tolist()
         # one task's dominant share (the only shares the greedy uses), and which
         # resources a task of each kind holds
         self.shares = (
@@ -214,13 +224,13 @@ class _Incremental:
             self.free = np.cumsum(np.vstack([self.free[None, :], -rows]), axis=0)[-1]
 
     # ---- job arithmetic
-    def demand(self, jid: str, dw: int, dp: int) -> FloatArray:
-        """What one task holds (``(dw, dp)`` is ``(1, 0)`` or ``(0, 1)``)."""
+    def demand(self, jid: str, dw: int, dp: int) -> list[float]:
+        """What one task holds (``(dw, dp)`` is ``(1, 0)`` or ``(0, 1)``), as floats."""
         i = self.index[jid]
-        return self.wd[i] if dw else self.pd[i]
+        return self.wd_l[i] if dw else self.pd_l[i]
 
     def t_of(self, jid: str, w: int, p: int) -> float:
-        if w <= 0 or (self.by_id[jid].kind == "ps" and p <= 0):
+        if w <= 0 or (p <= 0 and self.by_id[jid].kind == "ps"):
             return math.inf
         fn = self._tfns.get(jid)
         if fn is None:
@@ -329,14 +339,19 @@ class _Incremental:
         return top
 
     def _cheapest(
-        self, need: FloatArray, trial: FloatArray, skip: set[str], tentative: set[str], rate: float
+        self,
+        need: Sequence[float],
+        trial: Sequence[float],
+        skip: set[str],
+        tentative: set[str],
+        rate: float,
     ) -> tuple[float, int, str, int, int] | None:
         """The task (of a job other than the taker) whose removal loses least and frees
         some of what is short: ``(loss, rank, job_id, workers, ps)``.  A victim's restart
         penalty is charged at ``rate`` (``F'(T)`` of the job taking tasks; 0 unless
         jct_gains).  ``skip``: the taker and ``tentative``, the jobs this take has already
         taken from, whose heap entries are outdated and which are evaluated here."""
-        short = _bits(np.maximum(need - trial, 0.0))
+        short = _short_bits(need, trial)
         best: tuple[float, int, int, str] | None = None
         for (group, mask), heap in self.victims.items():  # type: ignore[union-attr]
             if not mask & short:
@@ -351,10 +366,13 @@ class _Incremental:
             w, p = self.counts[jid]
             mw, mp = _mins(self.by_id[jid])
             i = self.index[jid]
+            f_now: float | None = None
             for k, (dw, dp) in enumerate(_TASKS):
                 if (dw and w <= mw) or (dp and p <= mp) or not self.masks[k][i] & short:
                     continue
-                loss = self.loss_of(jid, dw, dp) * self.share(jid, dw, dp)
+                if f_now is None:
+                    f_now = self.fu(jid, w, p)
+                loss = self.loss_of(jid, dw, dp, f_now) * self.share(jid, dw, dp)
                 loss += self.penalty(jid) * rate
                 if best is None or (loss, self.rank[jid], k) < best[:3]:
                     best = (loss, self.rank[jid], k, jid)
@@ -364,10 +382,12 @@ class _Incremental:
         return best[0], best[1], best[3], dw, dp
 
     def take(
-        self, need: FloatArray, exclude: str, budget: float
+        self, need: FloatArray | Sequence[float], exclude: str, budget: float
     ) -> list[tuple[str, int, int]] | None:
         """Free ``need`` by removing tasks of jobs losing less than ``budget`` in total;
-        the tasks taken ``(job_id, workers, ps)``, or None (nothing changed)."""
+        the tasks taken ``(job_id, workers, ps)``, or None (nothing changed).  The free
+        capacity is worked on as Python floats: the same additions as numpy's, faster
+        for a few resources."""
         if self.victims is None:
             self._build_victims()
         victims = self.victims
@@ -383,10 +403,11 @@ class _Incremental:
         if self.jct_gains:
             w, p = self.counts.get(exclude) or _mins(self.by_id[exclude])
             rate = max(self.t_of(exclude, w, p), 1e-9) ** (-self.a)
-        trial = self.free.copy()
+        want: list[float] = need.tolist() if isinstance(need, np.ndarray) else list(need)
+        trial: list[float] = self.free.tolist()
         spent = 0.0
-        while not _fits_room(need, trial):
-            best = self._cheapest(need, trial, skip, tentative, rate)
+        while not _fits(want, trial):
+            best = self._cheapest(want, trial, skip, tentative, rate)
             if best is None or spent + best[0] >= budget:
                 for jid, dw, dp in plan:  # the heaps were not touched: nothing to redo
                     self.counts[jid][0] += dw
@@ -396,14 +417,14 @@ class _Incremental:
             spent += loss
             self.counts[jid][0] -= dw
             self.counts[jid][1] -= dp
-            trial += self.demand(jid, dw, dp)
+            trial = [t + d for t, d in zip(trial, self.demand(jid, dw, dp), strict=True)]
             plan.append((jid, dw, dp))
             tentative.add(jid)
             skip.add(jid)
-        self.free = trial
-        victims = list(dict.fromkeys(jid for jid, _w, _p in plan))
-        self.changed.update(victims)
-        for jid in victims:
+        self.free = np.array(trial, dtype=np.float64)
+        losers = list(dict.fromkeys(jid for jid, _w, _p in plan))
+        self.changed.update(losers)
+        for jid in losers:
             self.touch(jid)
         return plan
 
@@ -494,7 +515,7 @@ class _Incremental:
             return None
         return (-bg[0], self.rank[jid], jid, bg[1], bg[2], self.version[jid])
 
-    def grant(self, jid: str, dw: int, dp: int, need: FloatArray) -> None:
+    def grant(self, jid: str, dw: int, dp: int, need: FloatArray | Sequence[float]) -> None:
         self.free -= need
         self.counts[jid][0] += dw
         self.counts[jid][1] += dp
@@ -531,7 +552,7 @@ class _Incremental:
                 continue
             moves += 1
             need = self.demand(jid, dw, dp)
-            if not _fits_room(need, self.free) and (
+            if not _fits(need, self.free.tolist()) and (
                 self.take(need, jid, bg[0] * self.share(jid, dw, dp)) is None
             ):
                 continue
