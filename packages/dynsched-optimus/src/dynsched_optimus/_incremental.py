@@ -143,7 +143,10 @@ def _fits_room(need: FloatArray, room: FloatArray) -> bool:
 def _fits(need: Sequence[float], room: Sequence[float]) -> bool:
     """:func:`_fits_room` on Python floats (the same comparisons; a take's few resources
     are cheaper as floats than as numpy arrays)."""
-    return all(n <= r + 1e-9 for n, r in zip(need, room, strict=True))
+    for n, r in zip(need, room, strict=True):  # noqa: SIM110 (a loop: no generator per call)
+        if not n <= r + 1e-9:
+            return False
+    return True
 
 
 def _fitting_run(free: FloatArray, needs: FloatArray) -> tuple[int, FloatArray]:
@@ -615,12 +618,20 @@ class _Model:
         p: FloatArray,
         pen: FloatArray,
         base: FloatArray,
-    ) -> tuple[FloatArray, IntArray, FloatArray]:
+        t_base: FloatArray | None = None,
+    ) -> tuple[FloatArray, IntArray, FloatArray, FloatArray]:
         """:meth:`_Incremental.gain_at` of jobs ``s``: gain per share, task kind (0
-        worker, 1 PS; -1: none) and ``F`` after the chosen task (NaN unless ``pen`` is
-        0).  ``base``: ``F`` now where known (NaN: computed here)."""
+        worker, 1 PS; -1: none), and ``F`` and ``T`` after the chosen task (NaN unless
+        ``pen`` is 0).  ``base`` / ``t_base``: ``F`` / ``T`` now where known (NaN:
+        computed here; the same operations as computing them anew)."""
         a = inc.a
-        t_now = self.time(s, p, w)
+        if t_base is None:
+            t_now = self.time(s, p, w)
+        else:
+            t_now = t_base.copy()
+            t_unknown = np.isnan(t_base)
+            if t_unknown.any():
+                t_now[t_unknown] = self.time(s[t_unknown], p[t_unknown], w[t_unknown])
         unknown = np.isnan(base)
         if unknown.any():
             base = base.copy()
@@ -628,6 +639,7 @@ class _Model:
         best_g = np.full(len(s), -np.inf)
         best_k = np.full(len(s), -1, dtype=np.int64)
         f_next = np.full(len(s), np.nan)
+        t_next = np.full(len(s), np.nan)
         for k, (dw, dp) in enumerate(_TASKS):
             allowed = (w + dw <= self.maxw[s]) & (p + dp <= self.maxp[s])
             t_new = self.time(s, p + dp, w + dw) + pen
@@ -655,7 +667,8 @@ class _Model:
             best_g = np.where(pick, gs, best_g)
             best_k = np.where(pick, k, best_k)
             f_next = np.where(pick & (pen == 0), f_new, f_next)
-        return best_g, best_k, f_next
+            t_next = np.where(pick & (pen == 0), t_new, t_next)
+        return best_g, best_k, f_next, t_next
 
 
 class _FastGrow:
@@ -683,6 +696,7 @@ class _FastGrow:
         self.synced_w, self.synced_p = self.mw.copy(), self.mp.copy()
         self.run_min = np.full(n, np.inf)
         self.f_now = np.full(n, np.nan)  # F at the generated state, where known
+        self.t_now = np.full(n, np.nan)  # T at the generated state, where known
         self.pos = np.zeros(n, dtype=np.int64)
         self.active = np.ones(n, dtype=bool)  # chain still being generated
         self.dropped = np.zeros(n, dtype=bool)  # a task did not fit and was not taken
@@ -704,13 +718,14 @@ class _FastGrow:
             s = s[self.rounds[s] > r]
             if not s.size:
                 break
-            g, k, f_next = self.model.gains(
-                self.inc, s, self.gw[s], self.gp[s], self.gpen[s], self.f_now[s]
+            g, k, f_next, t_next = self.model.gains(
+                self.inc, s, self.gw[s], self.gp[s], self.gpen[s], self.f_now[s], self.t_now[s]
             )
             ok = (k >= 0) & (g > 0)
             self.active[s[~ok]] = False
             s, g, k = s[ok], g[ok], k[ok]
             self.f_now[s] = f_next[ok]
+            self.t_now[s] = t_next[ok]
             rm = np.minimum(self.run_min[s], g)
             self.run_min[s] = rm
             own.append(s)
@@ -880,8 +895,14 @@ class _FastGrow:
             dtype=np.int64,
         )
         if rest.size:
-            g, k, _f = self.model.gains(
-                inc, rest, self.gw[rest], self.gp[rest], self.gpen[rest], self.f_now[rest]
+            g, k, _f, _t = self.model.gains(
+                inc,
+                rest,
+                self.gw[rest],
+                self.gp[rest],
+                self.gpen[rest],
+                self.f_now[rest],
+                self.t_now[rest],
             )
             for o, gi, ki in zip(rest.tolist(), g.tolist(), k.tolist(), strict=True):
                 if ki >= 0 and gi > 0:
