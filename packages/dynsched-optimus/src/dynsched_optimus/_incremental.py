@@ -326,6 +326,23 @@ class _Incremental:
 
     def _top(self, heap: list[VictimEntry], skip: set[str]) -> VictimEntry | None:
         """The heap's cheapest current entry of a job not in ``skip``."""
+        version = self.version
+        while heap:
+            e = heap[0]
+            if e[3] != version[e[4]]:
+                heapq.heappop(heap)  # stale: gone for good
+                continue
+            if e[4] not in skip:
+                return e
+            # the top is skipped (the taker, or a job this take already took from): the
+            # smaller of its children is the cheapest of the rest; when that one counts,
+            # it is the answer, and the heap need not be popped and rebuilt
+            n = len(heap)
+            if n > 1:
+                c = heap[1] if n == 2 or heap[1] < heap[2] else heap[2]
+                if c[3] == version[c[4]] and c[4] not in skip:
+                    return c
+            break
         held: list[VictimEntry] = []
         top = None
         while heap:
