@@ -145,7 +145,8 @@ class PrometheusSink:
 
     def exposition(self) -> str:
         """The registry in the Prometheus text format."""
-        return self._prom.generate_latest(self.registry).decode("utf-8")
+        text: str = self._prom.generate_latest(self.registry).decode("utf-8")
+        return text
 
     def close(self) -> None:
         """Stop the HTTP server if this sink started one."""

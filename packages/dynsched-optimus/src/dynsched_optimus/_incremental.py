@@ -195,7 +195,7 @@ class _Incremental:
         self.pd_l: list[list[float]] = self.pd.tolist()
         # one task's dominant share (the only shares the greedy uses), and which
         # resources a task of each kind holds
-        self.shares = (
+        self.shares: tuple[list[float], list[float]] = (
             np.maximum(np.max(self.wd / self.tot_safe, axis=1, initial=0.0), 1e-12).tolist(),
             np.maximum(np.max(self.pd / self.tot_safe, axis=1, initial=0.0), 1e-12).tolist(),
         )

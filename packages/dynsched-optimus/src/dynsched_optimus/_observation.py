@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -68,11 +69,11 @@ class CompletionRule:
             raise OptimusError(f"field 'completion.value' must be > 0 for {self.kind!r}")
 
 
-def _throughput(value: Mapping[object, object]) -> dict[tuple[float, ...], tuple[float, ...]]:
+def _throughput(value: Mapping[Any, Any]) -> dict[tuple[float, ...], tuple[float, ...]]:
     out: dict[tuple[float, ...], tuple[float, ...]] = {}
     for key, samples in value.items():
         try:
-            w, p, n, *rest = key  # type: ignore[misc]
+            w, p, n, *rest = key
             ok = len(rest) <= 1 and w >= 1 and p >= 0 and n >= 1 and (not rest or rest[0] >= 0)
         except (TypeError, ValueError):
             ok = False
@@ -81,7 +82,7 @@ def _throughput(value: Mapping[object, object]) -> dict[tuple[float, ...], tuple
                 "field 'throughput': keys are (workers >= 1, ps >= 0, nodes >= 1) or "
                 f"(workers, ps, nodes, batch >= 0), got {key!r}"
             )
-        vals = tuple(samples)  # type: ignore[call-overload]
+        vals: tuple[float, ...] = tuple(samples)
         if not vals or not (min(vals) > 0 and math.isfinite(sum(vals))):
             raise OptimusError(f"field 'throughput[{key!r}]': samples must be finite and > 0")
         nk: tuple[float, ...] = (int(w), int(p), int(n))

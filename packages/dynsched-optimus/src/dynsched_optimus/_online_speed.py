@@ -35,7 +35,7 @@ def _features(n: FloatArray, k: FloatArray, batch: FloatArray, micro: FloatArray
 
 
 def fit_allreduce_speed(
-    samples: Mapping[tuple[int, ...], Sequence[float]],
+    samples: Mapping[tuple[float, ...], Sequence[float]],
     batch: float,
     max_local: float | None = None,
 ) -> FloatArray | None:
@@ -59,7 +59,7 @@ def fit_allreduce_speed(
     m = np.array([micro_steps(bb, int(nn), max_local) for bb, nn in zip(b, n, strict=True)])
     t = np.array([1.0 / float(np.mean(samples[kk])) for kk in keys])
     a = _features(n, k, b, m) / t[:, None]
-    coef, _ = nnls(a, np.ones_like(t))
+    coef: FloatArray = nnls(a, np.ones_like(t))[0]
     return coef
 
 

@@ -78,7 +78,7 @@ import bisect
 import heapq
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -374,12 +374,19 @@ def _merge_to_budget(lay: _Layout, budget: int) -> None:
         lay.move(b, p, q, s)
 
 
-def _best_transfer(lay: _Layout, src: int, dst: int, gap: float, tol: float) -> tuple | None:
+#: a transfer between two PS: a block piece moved ``("move", block, size)``, or two pieces
+#: swapped ``("swap", block, other block)``
+_Action = tuple[str, int, float]
+#: ``(|gap - 2 x|, tie-break key, action)``
+_Transfer = tuple[float, tuple[int, ...], _Action]
+
+
+def _best_transfer(lay: _Layout, src: int, dst: int, gap: float, tol: float) -> _Transfer | None:
     """The request-neutral transfer from ``src`` to ``dst`` closest to ``gap / 2``."""
     half = gap / 2
     sd, dd = lay.ps[src], lay.ps[dst]
     room = len(dd) < lay.cap  # may dst take one more piece?
-    best: tuple | None = None
+    best: _Transfer | None = None
     for b, s in sd.items():
         if b in dd:
             x = min(s, half)
@@ -390,7 +397,7 @@ def _best_transfer(lay: _Layout, src: int, dst: int, gap: float, tol: float) -> 
         else:
             continue
         if tol < x < gap - tol:
-            cand = (abs(gap - 2 * x), key, ("move", b, x))
+            cand: _Transfer = (abs(gap - 2 * x), key, ("move", b, x))
             if best is None or cand[:2] < best[:2]:
                 best = cand
     others = sorted((s, c) for c, s in dd.items() if c not in sd)
@@ -411,11 +418,12 @@ def _best_transfer(lay: _Layout, src: int, dst: int, gap: float, tol: float) -> 
     return best
 
 
-def _apply(lay: _Layout, src: int, dst: int, action: tuple) -> None:
+def _apply(lay: _Layout, src: int, dst: int, action: _Action) -> None:
     if action[0] == "move":
         lay.move(action[1], src, dst, action[2])
     else:
-        _kind, a, c = action
+        _kind, a, other = action
+        c = int(other)  # a block id (an int when the action is a swap)
         lay.move(a, src, dst, lay.ps[src][a])
         lay.move(c, dst, src, lay.ps[dst][c])
 
@@ -613,7 +621,7 @@ def assign_round_robin(
 
 
 #: method name -> assignment function
-PARAMETER_ASSIGNMENTS = {
+PARAMETER_ASSIGNMENTS: dict[str, Callable[[BlockList, int], ParameterAssignment]] = {
     "paa": assign_paa,
     "paa_rules": assign_paa_rules,
     "mxnet": assign_mxnet_default,
@@ -626,4 +634,4 @@ def assign_parameters(blocks: BlockList, num_ps: int, method: str = "paa") -> Pa
     fn = PARAMETER_ASSIGNMENTS.get(method)
     if fn is None:
         raise OptimusError(f"method must be one of {sorted(PARAMETER_ASSIGNMENTS)}, got {method!r}")
-    return fn(blocks, num_ps)  # type: ignore[operator]
+    return fn(blocks, num_ps)

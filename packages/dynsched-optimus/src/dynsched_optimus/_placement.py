@@ -223,8 +223,8 @@ def _job_order(jobs: Sequence[PlacementRequest], total: FloatArray) -> list[int]
         share = 0.0
         for r in range(total.size):
             if total[r] > 0:
-                d = j.ps * j.ps_demand[r] + j.workers * j.worker_demand[r]
-                share = max(share, d / float(total[r]))
+                dem = j.ps * j.ps_demand[r] + j.workers * j.worker_demand[r]
+                share = max(share, dem / float(total[r]))
         keyed.append((share, j.job_id, i))
     keyed.sort()
     return [i for _s, _id, i in keyed]

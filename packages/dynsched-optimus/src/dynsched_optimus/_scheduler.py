@@ -330,7 +330,8 @@ class RequestedPrior:
     exponent: float = PRIOR_SCALING_EXPONENT
 
     def shape(self, obs: JobObservation, n: int) -> float:
-        return float(min(n, max(obs.requested_workers, 1))) ** self.exponent
+        scaled: float = float(min(n, max(obs.requested_workers, 1))) ** self.exponent
+        return scaled
 
 
 #: ``FittedEstimator(prior=...)``: the scaling priors by name
@@ -517,7 +518,9 @@ class FittedEstimator:
             model: object = None
             if obs.kind == "allreduce":
                 if len(obs.throughput_by_batch) >= MIN_ALLREDUCE_CONFIGS:
-                    samples = {k: list(v) for k, v in obs.throughput_by_batch.items()}
+                    samples: dict[tuple[float, ...], list[float]] = {
+                        k: list(v) for k, v in obs.throughput_by_batch.items()
+                    }
                     ab = self.adaptive(obs)
                     model = fit_allreduce_speed(
                         samples, obs.batch_size, ab.max_local if ab is not None else None
@@ -633,11 +636,13 @@ class FittedEstimator:
             per = rnd.per_node.get(obs.job_id, 1)
             w, k = workers, max(nodes, _compact_nodes(workers, per))
         coef = self._fit(obs, rnd)
+        it_time: Callable[[FloatArray, FloatArray], FloatArray]
         if coef is not None:
 
-            def it_time(b: FloatArray, m: FloatArray) -> FloatArray:
+            def fitted_time(b: FloatArray, m: FloatArray) -> FloatArray:
                 return predict_allreduce_time(coef, w, k, b, m)  # type: ignore[arg-type]
 
+            it_time = fitted_time
         else:
             it_time = self._prior_time(obs, ab, w, k, per)
         return best_goodput(ab, w, it_time)
@@ -660,7 +665,7 @@ class FittedEstimator:
             t0 = len(anchor[1]) / sum(anchor[1])
         m0 = float(micro_steps(b0, w0, ab.max_local))
         extra0 = max(k0 - _compact_nodes(w0, per), 0)
-        comm = (w / w0) ** (1.0 - PRIOR_SCALING_EXPONENT) / CROSS_NODE_SLOWDOWN ** (
+        comm: float = (w / w0) ** (1.0 - PRIOR_SCALING_EXPONENT) / CROSS_NODE_SLOWDOWN ** (
             max(k - _compact_nodes(w, per), 0) - extra0
         )
         fixed = BATCH_FIXED_SHARE * t0 / m0

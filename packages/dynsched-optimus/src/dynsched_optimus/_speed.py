@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import numpy as np
@@ -261,6 +261,10 @@ def fit_speed(
     return attrs.evolve(model, fit_error=err, n_points=int(pa.size), configs=tuple(configs))
 
 
+def _float_tuple(values: Iterable[Any]) -> tuple[float, ...]:
+    return tuple(float(x) for x in values)
+
+
 @attrs.frozen
 class PSSpeedModel:
     """A fitted (or exact) speed function ``f(p, w)`` of a parameter-server job.
@@ -275,7 +279,7 @@ class PSSpeedModel:
     """
 
     mode: str = attrs.field(validator=_mode_validator)
-    theta: tuple[float, ...] = attrs.field(converter=lambda t: tuple(float(x) for x in t))
+    theta: tuple[float, ...] = attrs.field(converter=_float_tuple)
     global_batch: float | None = None
     fit_error: float = 0.0
     n_points: int = 0
@@ -445,7 +449,7 @@ class AllReduceSpeedModel:
         n_points: number of measurements fitted.
     """
 
-    coefficients: tuple[float, ...] = attrs.field(converter=lambda t: tuple(float(x) for x in t))
+    coefficients: tuple[float, ...] = attrs.field(converter=_float_tuple)
     gamma: float = 1.0
     fit_error: float = 0.0
     n_points: int = 0

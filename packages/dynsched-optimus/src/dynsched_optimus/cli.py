@@ -245,7 +245,7 @@ def _paa(args: argparse.Namespace) -> int:
         raise OptimusError("give exactly one of --model and --blocks")
     blocks = model_blocks(args.model) if args.model else read_blocks_file(args.blocks)
     methods = sorted(PARAMETER_ASSIGNMENTS) if args.method == "all" else [args.method]
-    rows = [PARAMETER_ASSIGNMENTS[m](blocks, args.ps).summary() for m in methods]  # type: ignore[operator]
+    rows = [PARAMETER_ASSIGNMENTS[m](blocks, args.ps).summary() for m in methods]
     payload = {
         "blocks": len(blocks),
         "parameters": sum(b.size for b in blocks),

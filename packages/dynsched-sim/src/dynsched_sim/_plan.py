@@ -446,7 +446,8 @@ def _period(scenario: Scenario, conf: Configuration, cfg: Any, resp: Any, tokens
         switch += sc.engine.local_sync_s(hw, llm)
         lent = (t_sync * b + l_h * (t_sync * train + switch)) / (t_sync * (l_s + l_h))
         rollout = min(rollout, lent)
-    return max(train, rollout)
+    period: float = max(train, rollout)
+    return period
 
 
 def _assess(

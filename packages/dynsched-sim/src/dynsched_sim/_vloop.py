@@ -112,7 +112,8 @@ class VirtualTimeEventLoop(asyncio.BaseEventLoop):
         context: contextvars.Context | None,
     ) -> asyncio.Handle:
         self.callbacks_scheduled += 1
-        return super()._call_soon(callback, args, context)  # type: ignore[misc]
+        handle: asyncio.Handle = super()._call_soon(callback, args, context)  # type: ignore[misc]
+        return handle
 
     def call_at(  # type: ignore[override]
         self,

@@ -94,7 +94,8 @@ def interpolate(points: Sequence[tuple[float, float]], x: np.ndarray, default: f
         return np.full(x.shape, float(default))
     xs = np.array([p for p, _ in points], dtype=float)
     ys = np.array([v for _, v in points], dtype=float)
-    return np.interp(x, xs, ys)
+    out: np.ndarray = np.interp(x, xs, ys)
+    return out
 
 
 @attrs.frozen(kw_only=True)
@@ -210,4 +211,5 @@ class Workload:
     def group_tokens(self) -> np.ndarray:
         """Training tokens per group."""
         n = self.response_lens.shape[1]
-        return n * self.prompt_lens + self.response_lens.sum(axis=1)
+        tokens: np.ndarray = n * self.prompt_lens + self.response_lens.sum(axis=1)
+        return tokens

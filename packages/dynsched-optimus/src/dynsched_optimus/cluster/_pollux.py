@@ -64,6 +64,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -327,22 +328,22 @@ def goodput_grid(
     return good[best, cols], np.where(good[best, cols] > 0, cand[best, cols], 0.0)
 
 
-def _positive_int(_inst: object, attr: attrs.Attribute, value: int) -> None:
+def _positive_int(_inst: object, attr: attrs.Attribute[Any], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{attr.name} must be an int >= 1, got {value!r}")
 
 
-def _finite(_inst: object, attr: attrs.Attribute, value: float) -> None:
+def _finite(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value)):
         raise ValueError(f"{attr.name} must be a finite number, got {value!r}")
 
 
-def _optional_positive_int(inst: object, attr: attrs.Attribute, value: int | None) -> None:
+def _optional_positive_int(inst: object, attr: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None:
         _positive_int(inst, attr, value)
 
 
-def _at_least_one(_inst: object, attr: attrs.Attribute, value: float) -> None:
+def _at_least_one(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value) and value >= 1):
         raise ValueError(f"{attr.name} must be a finite number >= 1, got {value!r}")
 
@@ -384,7 +385,7 @@ class PolluxOptions:
     seed: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
 
     @baseline.validator
-    def _check_baseline(self, attr: attrs.Attribute, value: str) -> None:
+    def _check_baseline(self, attr: attrs.Attribute[Any], value: str) -> None:
         if value not in BASELINES:
             raise ValueError(f"baseline={value!r}: allowed values are {list(BASELINES)}")
 
@@ -513,17 +514,22 @@ class PolluxProblem:
         d = self.demand[None, :, None, :]
         with np.errstate(divide="ignore", invalid="ignore"):
             fit = np.where(d > 0, np.floor(res / np.where(d > 0, d, 1) + 1e-9), np.inf)
-        return np.minimum(fit.min(axis=3), x).astype(np.int64)
+        out: np.ndarray = np.minimum(fit.min(axis=3), x).astype(np.int64)
+        return out
 
     def _room(self, x: np.ndarray) -> np.ndarray:
         """Whether one more replica of the job fits on the node: ``(pop, jobs, nodes)``,
         or ``(pop, 1, nodes)`` when every job's replica is the same."""
         if self._slots is not None:
             free = self._slots[None, :] - x.sum(axis=1)
-            return (free >= 1)[:, None, :]  # the same for every job
+            same: np.ndarray = (free >= 1)[:, None, :]  # the same for every job
+            return same
         used = np.einsum("pjn,jr->pnr", x, self.demand)
         free = self.capacity[None] - used
-        return np.all(self.demand[None, :, None, :] <= free[:, None, :, :] + 1e-9, axis=3)
+        room: np.ndarray = np.all(
+            self.demand[None, :, None, :] <= free[:, None, :, :] + 1e-9, axis=3
+        )
+        return room
 
     def mutate(self, states: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Pollux' three mutations: reset a job to its current row (10 % of jobs), zero

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ def write_result(result: SimResult, path: Path) -> None:
     path.write_text(json.dumps(result_to_dict(result), indent=1))
 
 
-def format_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:
+def format_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
     """A plain-text (Markdown) table."""
     head = "| " + " | ".join(columns) + " |"
     sep = "|" + "|".join("---" for _ in columns) + "|"

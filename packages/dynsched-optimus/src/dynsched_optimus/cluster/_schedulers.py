@@ -435,7 +435,8 @@ class _SimTruth:
                 shape = tuple([per] * full + ([rem] if rem else []))
             else:
                 shape = tuple(x for x in even_split(workers, k) if x)
-            return 1.0 / job.true_iter_time(shape)  # type: ignore[attr-defined]
+            rate: float = 1.0 / job.true_iter_time(shape)  # type: ignore[attr-defined]
+            return rate
         pl = empty_placement(job, workers, ps, self.capacity, self._empty)
         return job.true_speed(pl) if pl is not None else 1e-9
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import attrs
 import numpy as np
 
@@ -42,6 +45,14 @@ class NodeSpec:
         return np.array([self.cpu, self.mem_gb, self.gpu, self.net_gbps], dtype=float)
 
 
+def _node_tuple(nodes: Iterable[NodeSpec]) -> tuple[NodeSpec, ...]:
+    return tuple(nodes)
+
+
+def _int_tuple(values: Iterable[Any]) -> tuple[int, ...]:
+    return tuple(int(x) for x in values)
+
+
 @attrs.frozen
 class ClusterSpec:
     """A set of servers.
@@ -50,7 +61,7 @@ class ClusterSpec:
         nodes: the servers.
     """
 
-    nodes: tuple[NodeSpec, ...] = attrs.field(converter=tuple)
+    nodes: tuple[NodeSpec, ...] = attrs.field(converter=_node_tuple)
 
     @nodes.validator
     def _check(self, attribute: attrs.Attribute, value: tuple[NodeSpec, ...]) -> None:  # type: ignore[type-arg]
@@ -99,8 +110,8 @@ class Placement:
         batch_size: global batch to train with, ``None`` to keep the job's current one.
     """
 
-    workers: tuple[int, ...] = attrs.field(converter=lambda v: tuple(int(x) for x in v))
-    ps: tuple[int, ...] = attrs.field(converter=lambda v: tuple(int(x) for x in v))
+    workers: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    ps: tuple[int, ...] = attrs.field(converter=_int_tuple)
     batch_size: int | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -150,7 +161,8 @@ class Placement:
         """``(num_nodes, 4)`` resources this placement uses."""
         w = np.asarray(self.workers, dtype=float)[:, None]
         p = np.asarray(self.ps, dtype=float)[:, None]
-        return w * worker_demand[None, :] + p * ps_demand[None, :]
+        used: np.ndarray = w * worker_demand[None, :] + p * ps_demand[None, :]
+        return used
 
 
 @attrs.frozen
