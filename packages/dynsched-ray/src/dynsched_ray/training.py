@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from dynsched_core import ConfigError, DynamicScheduleConfig
@@ -48,7 +48,7 @@ from dynsched_ray.runtime.runner import (
 )
 from dynsched_ray.runtime.workload import RunWorkload, StandInWorkload
 from dynsched_ray.task.addition import AdditionTask, TaskTokenizer, WarmUpOptions
-from dynsched_ray.trainers.group import RayTrainerGroup, RayTrainerSpec
+from dynsched_ray.trainers.group import RayTrainerGroup, RayTrainerGroupBackend, RayTrainerSpec
 
 __all__ = [
     "RolloutWorkload",
@@ -602,7 +602,8 @@ class TrainWorkload(RunWorkload):
     def _step_row(self, runner: RayRunner, event: TrainStepEvent) -> None:
         """One metric row per step: appended to `rows` and (fsynced) to the file."""
         loop = runner.loop
-        backend = loop.trainer if loop is not None else None
+        # the runner's trainer is a `RayTrainerGroupBackend`: `run_options` sets a trainer spec
+        backend = cast("RayTrainerGroupBackend | None", loop.trainer if loop is not None else None)
         tm = backend.metrics[-1] if backend is not None and backend.metrics else None
         row: dict[str, Any] = {
             "step": event.step + runner.step_offset,

@@ -81,7 +81,8 @@ _REMOTE_WORKER: Any = None
 def _remote_worker() -> Any:
     global _REMOTE_WORKER
     if _REMOTE_WORKER is None:
-        _REMOTE_WORKER = ray.remote(max_concurrency=4, max_restarts=0)(JobWorker)  # type: ignore[call-overload]
+        remote: Any = ray.remote  # Any: ray's stubs reject this call (call-overload)
+        _REMOTE_WORKER = remote(max_concurrency=4, max_restarts=0)(JobWorker)
     return _REMOTE_WORKER
 
 
@@ -169,7 +170,8 @@ class WorkerGroup:
     @property
     def workers(self) -> int:
         """Workers of this run."""
-        return self.placement.workers
+        workers: int = self.placement.workers
+        return workers
 
     @property
     def launched(self) -> bool:

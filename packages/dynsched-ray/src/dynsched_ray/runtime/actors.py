@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import ray
@@ -21,6 +21,9 @@ from dynsched_core._protocols import FinishReason, QueueStats, TokenSegment
 from dynsched_core.errors import NoRoutableReplicaError
 
 from dynsched_ray.engines.lifecycle import mark_aborted
+
+if TYPE_CHECKING:
+    from dynsched_core import AsyncSampleQueue, LoadBalancer
 
 __all__ = [
     "QueueActor",
@@ -72,7 +75,7 @@ class RouterActor:
         self._epoch = 0
         self._meta: dict[str, Any] = {}
 
-    def _balancer(self) -> Any:
+    def _balancer(self) -> LoadBalancer:
         if self._lb is None:
             from dynsched_core import LoadBalancer
 
@@ -81,7 +84,8 @@ class RouterActor:
             )
             self._lb = LoadBalancer(self._init_ids, **kwargs)
             self._lb.add_listener(self._on_change)
-        return self._lb
+        lb: LoadBalancer = self._lb
+        return lb
 
     def _on_change(self, _ids: Sequence[str]) -> None:
         self._epoch += 1
@@ -245,7 +249,8 @@ class ReplicaActor:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Run one generation attempt on the hosted replica."""
-        return await self._slowed((await self._ready()).generate(request))
+        result: GenerateResult = await self._slowed((await self._ready()).generate(request))
+        return result
 
     async def set_straggler(self, factor: float, duration_s: float) -> None:
         """Fault injection: generation takes ``factor`` times as long for ``duration_s``."""
@@ -397,12 +402,13 @@ class QueueActor:
         self._capacity = capacity
         self._q: Any = None
 
-    def _queue(self) -> Any:
+    def _queue(self) -> AsyncSampleQueue:
         if self._q is None:
             from dynsched_core import AsyncSampleQueue
 
             self._q = AsyncSampleQueue(self._capacity)
-        return self._q
+        q: AsyncSampleQueue = self._q
+        return q
 
     async def ping(self) -> bool:
         """Liveness check."""

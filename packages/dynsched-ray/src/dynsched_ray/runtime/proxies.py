@@ -514,6 +514,7 @@ class RayReplica(ReplicaIdentity):
                 except TimeoutError:
                     _cancel(stream)
                     raise RemoteCallTimeoutError(what, self.generate_timeout_s) from None
+                result: GenerateResult
                 kind, result = await await_ref(ref, timeout_s=self.generate_timeout_s, what=what)
                 last = result
                 if kind == "final":

@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from dynsched_core import (
@@ -409,8 +409,9 @@ def _check_checkpoint_int(name: str, field: str, value: Any) -> None:
 
 def _check_checkpoint_steps(data: Mapping[str, Any], name: str, max_steps_done: int | None) -> int:
     """``steps_done``: an int >= 0 and at most ``max_steps_done``; returned."""
-    steps = data.get("steps_done")
-    _check_checkpoint_int(name, "steps_done", steps)
+    raw = data.get("steps_done")
+    _check_checkpoint_int(name, "steps_done", raw)
+    steps = cast(int, raw)  # checked just above
     if max_steps_done is None:
         max_steps_done = MAX_STEPS_DONE
     if steps > max_steps_done:
@@ -619,7 +620,7 @@ class _FailFastSink:
     """Passes records on; a write that fails stops the run (``on_error``), never only
     logged (the event bus would swallow it)."""
 
-    def __init__(self, inner: Any, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, inner: Any, on_error: Callable[[BaseException], object]) -> None:
         self.inner = inner
         self.on_error = on_error
 
@@ -890,11 +891,8 @@ class RayRunner:
         if self._fatal_error is None:
             step = self._step_offset + len(self._consumed_steps)
             errno = getattr(exc, "errno", None)
-            reason = (
-                f"[Errno {errno}] {exc.strerror}"
-                if errno and getattr(exc, "strerror", None)
-                else str(exc)
-            )
+            strerror = getattr(exc, "strerror", None)
+            reason = f"[Errno {errno}] {strerror}" if errno and strerror else str(exc)
             path = self.options.checkpoint_path
             folder = str(Path(path).parent) if path else ""
             last = self._last_checkpoint_step

@@ -199,6 +199,8 @@ class Offloader:
     """
 
     offloaded: bool = False
+    #: the parameters it manages (every subclass sets them)
+    params: list[torch.nn.Parameter]
 
     def offload(self) -> int:
         """Move everything to host memory; return the bytes moved."""
@@ -479,7 +481,8 @@ class RLTrainerBase:
         indices), starting at its rank. Over the ranks of one step the shares cover the
         batch's groups exactly once, whatever the world size."""
         rank, world = self._dp()
-        return list(batch.groups.values())[rank::world]
+        groups: list[Sequence[int]] = list(batch.groups.values())
+        return groups[rank::world]
 
     def train_step(self, batch: TrainBatch) -> TrainMetrics:
         """One RL update: GRPO advantages, clipped ratio loss, one optimizer step.

@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -262,6 +262,10 @@ class TrainerActor:
         return getattr(self._t(), method)(*args, **kwargs)
 
 
+def _any_tuple(values: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class RayTrainerSpec:
     """What trainer the Ray runner starts on each trainer GPU, and how it is fed.
@@ -282,7 +286,7 @@ class RayTrainerSpec:
     """
 
     factory: Callable[..., Any]
-    args: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
+    args: tuple[Any, ...] = attrs.field(default=(), converter=_any_tuple)
     kwargs: Mapping[str, Any] = attrs.field(factory=dict)
     make_batch: Callable[[Sequence[Any], int], TrainBatch]
     workers: int | None = None

@@ -188,7 +188,7 @@ class HFReplica(ReplicaIdentity):
         """Version-stamped runs of an attempt whose weights changed while it ran."""
         from dynsched_core import _protocols
 
-        segment = _protocols.TokenSegment  # type: ignore[attr-defined]
+        segment = _protocols.TokenSegment
         out, start = [], 0
         for end, version in cuts:
             if end > start:
@@ -242,7 +242,8 @@ class HFReplica(ReplicaIdentity):
         if isinstance(weights, bytes | bytearray):
             from safetensors.torch import load
 
-            weights = load(bytes(weights))
+            loaded: Mapping[str, Any] = load(bytes(weights))
+            weights = loaded
         state = dict(weights)
         params = dict(self.model.named_parameters())
         missing = sorted(set(params) - set(state))

@@ -81,7 +81,8 @@ class LlamaShape:
             path = Path(config)
             if path.is_dir():
                 path = path / "config.json"
-            config = json.loads(path.read_text(encoding="utf-8"))
+            loaded: Mapping[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            config = loaded
         cfg = dict(config)
         if cfg.get("model_type") not in ("llama", None):
             raise ValueError(f"expected a Llama config, got model_type={cfg.get('model_type')!r}")
