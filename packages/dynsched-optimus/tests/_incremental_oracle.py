@@ -12,13 +12,17 @@ import numpy as np
 from dynsched_optimus._allocation import Allocation, AllocationJob, _check, _ranks, _time_fn
 from dynsched_optimus._incremental import (
     RESTART_LOOKAHEAD,
-    _fits_room,
     _max_ps,
     _max_workers,
     _mins,
     _utility,
 )
 from dynsched_optimus._types import FloatArray
+
+
+def _fits_room(need: FloatArray, room: FloatArray) -> bool:
+    """The fit test as first written (numpy; the engines use ``_fits_floats``)."""
+    return bool((need <= room + 1e-9).all())
 
 
 def oracle_allocate_incremental(

@@ -15,8 +15,7 @@ import pytest
 from dynsched_optimus import AllocationJob, StepTimeModel
 from dynsched_optimus._allocation import allocate_incremental
 from dynsched_optimus._incremental import (
-    _fits,
-    _fits_room,
+    _fits_floats,
     _fitting_run,
     _short_bits,
     _utilities,
@@ -275,7 +274,7 @@ def test_float_fit_and_shortage_match_the_numpy_forms(pairs: list[tuple[float, f
     need = [a for a, _b in pairs]
     room = [b for _a, b in pairs]
     na, ra = np.array(need), np.array(room)
-    assert _fits(need, room) == _fits_room(na, ra)
+    assert _fits_floats(need, room) == oracle._fits_room(na, ra)
     with np.errstate(invalid="ignore"):
         short = np.maximum(na - ra, 0.0)
     assert _short_bits(need, room) == sum(1 << d for d in range(len(need)) if short[d] > 0)

@@ -136,13 +136,10 @@ def _max_ps(j: AllocationJob) -> int:
     return j.max_ps if j.max_ps is not None else 1 << 30
 
 
-def _fits_room(need: FloatArray, room: FloatArray) -> bool:
-    return bool((need <= room + 1e-9).all())
-
-
-def _fits(need: Sequence[float], room: Sequence[float]) -> bool:
-    """:func:`_fits_room` on Python floats (the same comparisons; a take's few resources
-    are cheaper as floats than as numpy arrays)."""
+def _fits_floats(need: Sequence[float], room: Sequence[float]) -> bool:
+    """Whether ``need <= room + 1e-9`` in every resource (Python floats: a take's few
+    resources are cheaper so than as numpy arrays; an absolute tolerance, unlike the
+    aggregate allocator's relative one in ``_allocation._fits``)."""
     for n, r in zip(need, room, strict=True):  # noqa: SIM110 (a loop: no generator per call)
         if not n <= r + 1e-9:
             return False
@@ -151,7 +148,7 @@ def _fits(need: Sequence[float], room: Sequence[float]) -> bool:
 
 def _fitting_run(free: FloatArray, needs: FloatArray) -> tuple[int, FloatArray]:
     """How many leading rows of ``needs`` fit one after another in ``free`` (each checked
-    as :func:`_fits_room` against what the earlier ones left), and the free capacity after
+    as :func:`_fits_floats` against what the earlier ones left), and the free capacity after
     them, computed by the same sequential subtractions as one task at a time."""
     acc = np.cumsum(np.vstack([free[None, :], -needs]), axis=0)
     ok = np.all(needs <= acc[:-1] + 1e-9, axis=1)
@@ -423,10 +420,10 @@ class _Incremental:
         if self.jct_gains:
             w, p = self.counts.get(exclude) or _mins(self.by_id[exclude])
             rate = max(self.t_of(exclude, w, p), 1e-9) ** (-self.a)
-        want: list[float] = need.tolist() if isinstance(need, np.ndarray) else list(need)
+        want: Sequence[float] = need.tolist() if isinstance(need, np.ndarray) else need
         trial: list[float] = self.free.tolist()
         spent = 0.0
-        while not _fits(want, trial):
+        while not _fits_floats(want, trial):
             best = self._cheapest(want, trial, skip, tentative, rate)
             if best is None or spent + best[0] >= budget:
                 for jid, dw, dp in plan:  # the heaps were not touched: nothing to redo
@@ -572,7 +569,7 @@ class _Incremental:
                 continue
             moves += 1
             need = self.demand(jid, dw, dp)
-            if not _fits(need, self.free.tolist()) and (
+            if not _fits_floats(need, self.free.tolist()) and (
                 self.take(need, jid, bg[0] * self.share(jid, dw, dp)) is None
             ):
                 continue
@@ -635,20 +632,17 @@ class _Model:
         p: FloatArray,
         pen: FloatArray,
         base: FloatArray,
-        t_base: FloatArray | None = None,
+        t_base: FloatArray,
     ) -> tuple[FloatArray, IntArray, FloatArray, FloatArray]:
         """:meth:`_Incremental.gain_at` of jobs ``s``: gain per share, task kind (0
         worker, 1 PS; -1: none), and ``F`` and ``T`` after the chosen task (NaN unless
         ``pen`` is 0).  ``base`` / ``t_base``: ``F`` / ``T`` now where known (NaN:
         computed here; the same operations as computing them anew)."""
         a = inc.a
-        if t_base is None:
-            t_now = self.time(s, p, w)
-        else:
-            t_now = t_base.copy()
-            t_unknown = np.isnan(t_base)
-            if t_unknown.any():
-                t_now[t_unknown] = self.time(s[t_unknown], p[t_unknown], w[t_unknown])
+        t_now = t_base.copy()
+        t_unknown = np.isnan(t_base)
+        if t_unknown.any():
+            t_now[t_unknown] = self.time(s[t_unknown], p[t_unknown], w[t_unknown])
         unknown = np.isnan(base)
         if unknown.any():
             base = base.copy()
