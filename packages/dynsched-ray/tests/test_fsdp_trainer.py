@@ -13,6 +13,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from hypothesis import strategies as st
 
 OPTIONS = TrainerOptions(lr=1e-3, ppo_mini_batch_size=2)
 WORLD = 2
+PROCESS_BOUND_S = 900.0  # for a hung collective, far above the ranks' time with the cores busy
 GROUPS = 5  # uneven over two ranks: rank 0 makes two passes, rank 1 one
 
 
@@ -87,9 +89,10 @@ def _run_ranks(folder: Path, work: Path) -> None:
         for r in range(WORLD)
     ]
     errors = []
+    deadline = time.monotonic() + PROCESS_BOUND_S  # one bound for all ranks together
     try:
         for p in procs:
-            _, err = p.communicate(timeout=600)
+            _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             if p.returncode:
                 errors.append(err[-3000:])
     finally:
@@ -106,6 +109,7 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) 
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=k)
 
 
+@pytest.mark.timeout(PROCESS_BOUND_S + 120)
 def test_world_two_step_equals_the_unsharded_trainer(tiny_model_dir: Path, tmp_path: Path) -> None:
     from ._trainer_helpers import make_rl_batch
 
