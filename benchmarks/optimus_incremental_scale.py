@@ -17,7 +17,13 @@ times, at growing sizes:
 - ``placed``: the ``steady`` decision placement-aware (``allocate(node_capacity=...,
   method="incremental")``: the aggregate counts placed on the nodes, fewest servers);
 - ``placed_empty``: the ``empty`` decision placement-aware (the analogue of the aggregate
-  benchmark's placement-aware ``allocate``, which also starts from nothing).
+  benchmark's placement-aware ``allocate``, which also starts from nothing);
+- ``steady_history`` / ``placed_history``: the ``steady`` / ``placed`` decision with a
+  restart penalty per running job, as ``optimus+rw``'s restart history gives them
+  (``RestartPlanner(history="share")``): ``RESTART_PENALTY_S`` plus, for most jobs, a
+  power of two of seconds, ``HISTORY_LEVELS`` levels drawn at random (judgement: a
+  2.0x Pollux workload's rounds had up to 15 distinct penalties, 5 on average); the
+  victims then fall in one heap per penalty level and resource set.
 
 Each time is the least CPU time (``time.process_time``) of ``--repeat`` calls, reported
 with its ratio to the aggregate ``allocate`` and to the placement-aware ``allocate`` of
@@ -34,6 +40,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dynsched_optimus import allocate
@@ -59,6 +67,18 @@ VARIANTS = {
 #: seconds charged to a running job whose tasks change in the ``steady`` case (judgement:
 #: the order of a restart from a checkpoint in the simulator's profiles)
 RESTART_PENALTY_S = 30.0
+#: ``steady_history``: the per-job extras, 0 (no restart history) or ``2**k`` s for k in
+#: 5..18 (judgement, see the module docstring)
+HISTORY_LEVELS = (0.0, *(2.0**k for k in range(5, 19)))
+
+
+def history_penalties(current: dict[str, tuple[int, int]], seed: int = 0) -> dict[str, float]:
+    """A restart penalty per running job: the base plus one of ``HISTORY_LEVELS``."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(HISTORY_LEVELS), size=len(current))
+    return {
+        jid: RESTART_PENALTY_S + HISTORY_LEVELS[k] for jid, k in zip(current, picks, strict=True)
+    }
 
 
 def cpu(fn, *args, repeat: int = 1, **kwargs):  # type: ignore[no-untyped-def]
@@ -70,6 +90,24 @@ def cpu(fn, *args, repeat: int = 1, **kwargs):  # type: ignore[no-untyped-def]
         out = fn(*args, **kwargs)
         best = min(best, time.process_time() - c0)
     return out, best
+
+
+def unplaced(jobs, cap, current, repeat, **kw):  # type: ignore[no-untyped-def]
+    """``allocate_incremental`` from ``current``: its result and least CPU seconds."""
+    return cpu(allocate_incremental, jobs, cap, current=current, repeat=repeat, **kw)
+
+
+def placed_on_nodes(jobs, nodes, current, repeat, **kw):  # type: ignore[no-untyped-def]
+    """The same placement-aware (``allocate(node_capacity=...)``)."""
+    return cpu(
+        allocate,
+        jobs,
+        node_capacity=nodes,
+        method="incremental",
+        current=current,
+        repeat=repeat,
+        **kw,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,36 +131,20 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"jobs": n, "nodes": 4 * n, "variant": name, "skipped": True})
                 print(f"{n} jobs, {name}: not run (a smaller size exceeded the budget)")
                 continue
-            empty, c_empty = cpu(
-                allocate_incremental, jobs, cap, current={}, repeat=args.repeat, **kw
-            )
+            empty, c_empty = unplaced(jobs, cap, {}, args.repeat, **kw)
             current = {
                 j.job_id: empty.tasks[j.job_id]
                 for i, j in enumerate(jobs)
                 if i % 20 and empty.tasks[j.job_id][1] > 0
             }
             steady_kw = dict(kw, restart_penalty=RESTART_PENALTY_S)
-            steady, c_steady = cpu(
-                allocate_incremental, jobs, cap, current=current, repeat=args.repeat, **steady_kw
-            )
-            placed, c_placed = cpu(
-                allocate,
-                jobs,
-                node_capacity=nodes,
-                method="incremental",
-                current=current,
-                repeat=args.repeat,
-                **steady_kw,
-            )
-            _pe, c_placed_empty = cpu(
-                allocate,
-                jobs,
-                node_capacity=nodes,
-                method="incremental",
-                current={},
-                repeat=args.repeat,
-                **kw,
-            )
+            hist_kw = dict(kw, restart_penalty=history_penalties(current))
+            r = args.repeat
+            steady, c_steady = unplaced(jobs, cap, current, r, **steady_kw)
+            placed, c_placed = placed_on_nodes(jobs, nodes, current, r, **steady_kw)
+            _sh, c_steady_hist = unplaced(jobs, cap, current, r, **hist_kw)
+            _ph, c_placed_hist = placed_on_nodes(jobs, nodes, current, r, **hist_kw)
+            _pe, c_placed_empty = placed_on_nodes(jobs, nodes, {}, r, **kw)
             row = {
                 "jobs": n,
                 "nodes": 4 * n,
@@ -133,11 +155,16 @@ def main(argv: list[str] | None = None) -> int:
                 "steady_cpu_s": round(c_steady, 4),
                 "placed_cpu_s": round(c_placed, 4),
                 "placed_empty_cpu_s": round(c_placed_empty, 4),
+                "steady_history_cpu_s": round(c_steady_hist, 4),
+                "placed_history_cpu_s": round(c_placed_hist, 4),
                 "empty_over_aggregate": round(c_empty / c_agg, 2) if c_agg > 0 else None,
                 "steady_over_aggregate": round(c_steady / c_agg, 2) if c_agg > 0 else None,
                 "placed_over_aggregate_placed": round(c_placed / c_aware, 2) if c_aware else None,
                 "placed_empty_over_aggregate_placed": (
                     round(c_placed_empty / c_aware, 2) if c_aware else None
+                ),
+                "placed_history_over_aggregate_placed": (
+                    round(c_placed_hist / c_aware, 2) if c_aware else None
                 ),
                 "tasks_empty": empty.total_tasks,
                 "tasks_steady": steady.total_tasks,
@@ -151,10 +178,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{c_steady:.3f} s ({row['steady_over_aggregate']}x), placed {c_placed:.3f} s "
                 f"({row['placed_over_aggregate_placed']}x placed aggregate {c_aware:.3f} s), "
                 f"placed from empty {c_placed_empty:.3f} s "
-                f"({row['placed_empty_over_aggregate_placed']}x)",
+                f"({row['placed_empty_over_aggregate_placed']}x), placed with restart histories "
+                f"{c_placed_hist:.3f} s ({row['placed_history_over_aggregate_placed']}x)",
                 flush=True,
             )
-            if max(c_empty, c_steady, c_placed, c_placed_empty) > args.budget_s:
+            if max(c_empty, c_steady, c_placed, c_placed_empty, c_placed_hist) > args.budget_s:
                 over.add(name)
     if args.out:
         Path(args.out).write_text(json.dumps({"repeat": args.repeat, "rows": rows}, indent=1))

@@ -50,6 +50,7 @@ from dynsched_optimus.cluster import (
     load_workload,
     make_scheduler,
 )
+from dynsched_optimus.scheduler import RW_RESTART_HISTORY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from optimus_pollux_eval import _workloads  # the workload list syntax "1-8,10"
@@ -122,7 +123,8 @@ def _one(
     res = Simulator(ClusterSpec.pollux(), jobs, scheduler, config).run()
     wall = time.perf_counter() - t0
     decisions = list(getattr(scheduler, "decision_seconds", []))
-    row = {
+    policy = getattr(scheduler, "policy", None)
+    row: dict[str, object] = {
         "load": ld,
         "workload": wl,
         "scheduler": sched,
@@ -140,9 +142,15 @@ def _one(
         "jct": res.jct,
         "job_restarts": res.restarts,
     }
+    if policy is not None:  # an Optimus variant: how its restarts were priced
+        row["restart_history"] = policy.restarts.history
     brief = {k: v for k, v in row.items() if k not in ("jct", "job_restarts")}
     print(json.dumps(brief), flush=True)
     return row
+
+
+#: each Optimus variant's default ``restart_history`` (rows made with another are labelled)
+_DEFAULT_HISTORY = {"optimus+rw": RW_RESTART_HISTORY, "optimus+": "none", "optimus": "none"}
 
 
 def _group(files: list[str]) -> dict[tuple[str, str, str], list[dict]]:
@@ -152,6 +160,9 @@ def _group(files: list[str]) -> dict[tuple[str, str, str], list[dict]]:
             name = r["scheduler"]
             if r.get("search", "-") not in ("-", "100x100"):  # not the published search size
                 name = f"{name} [{r['search']}]"
+            hist = r.get("restart_history")
+            if hist is not None and hist != _DEFAULT_HISTORY.get(name, "none"):
+                name = f"{name} [history {hist}]"  # not the variant's default (see the README)
             runs.setdefault((r["load"], r["workload"], name), []).append(r)
     return runs
 

@@ -30,11 +30,19 @@ def test_small_run_writes_every_case(tmp_path: Path, capsys: pytest.CaptureFixtu
     rows = json.loads(out.read_text())["rows"]
     assert {r["variant"] for r in rows} == {"optimus+", "optimus+rw"}
     for r in rows:
-        for case in ("empty", "steady", "placed", "placed_empty"):
+        for case in (
+            "empty",
+            "steady",
+            "placed",
+            "placed_empty",
+            "steady_history",
+            "placed_history",
+        ):
             assert r[f"{case}_cpu_s"] >= 0.0
         assert r["tasks_empty"] > 0 and r["tasks_steady"] > 0
         assert r["tasks_placed"] <= r["tasks_steady"]  # placing can only cut tasks
-    assert "placed from empty" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "placed from empty" in printed and "placed with restart histories" in printed
 
 
 def test_bad_repeat_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:

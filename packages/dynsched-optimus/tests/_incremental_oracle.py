@@ -30,7 +30,7 @@ def oracle_allocate_incremental(
     capacity: Sequence[float],
     *,
     current: Mapping[str, tuple[int, int]],
-    restart_penalty: float = 0.0,
+    restart_penalty: float | Mapping[str, float] = 0.0,
     min_gain: float = 0.0,
     utility_exponent: float = 1.0,
     jct_gains: bool = False,
@@ -54,7 +54,7 @@ class _Incremental:
         jobs: Sequence[AllocationJob],
         cap: tuple[float, ...],
         current: Mapping[str, tuple[int, int]],
-        restart_penalty: float,
+        restart_penalty: float | Mapping[str, float],
         min_gain: float,
         a: float,
         jct_gains: bool,
@@ -100,6 +100,8 @@ class _Incremental:
     def penalty(self, jid: str) -> float:
         """The restart penalty a change of ``jid``'s tasks still costs."""
         if jid in self.running and jid not in self.changed:
+            if isinstance(self.restart_penalty, Mapping):  # per job; 0 for one not named
+                return float(self.restart_penalty.get(jid, 0.0))
             return self.restart_penalty
         return 0.0
 

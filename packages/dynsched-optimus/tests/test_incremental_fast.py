@@ -84,8 +84,11 @@ def instance(
             w = int(rng.integers(1, 6))
             p = int(rng.integers(0, 4)) if j.kind == "ps" else 0  # 0: a PS job short of PS
             current[j.job_id] = (p, w)
+    penalty: float | dict[str, float] = float(rng.choice([0.0, 30.0, 600.0]))
+    if rng.random() < 0.3:  # per job (a restart history): victims in several penalty groups
+        penalty = {jid: float(rng.choice([0.0, 30.0, 64.0, 600.0])) for jid in current}
     settings = {
-        "restart_penalty": float(rng.choice([0.0, 30.0, 600.0])),
+        "restart_penalty": penalty,
         "min_gain": float(rng.choice([0.0, 0.01, 0.05])),
         "utility_exponent": float(rng.choice([1.0, 1.5, 0.5, 2.0])),
         "jct_gains": bool(rng.random() < 0.5),

@@ -30,4 +30,8 @@ def test_readme_incremental_example_runs(capsys) -> None:
     assert all(u <= c for u, c in zip(first.used, first.capacity, strict=True))  # type: ignore[attr-defined]
     for k in ("job0", "job1"):
         assert nxt.tasks[k] == first.tasks[k]  # type: ignore[attr-defined]
+    # with per-job penalties too: the often-restarted job0 keeps its tasks
+    priced = scope["priced"]
+    assert priced.tasks["job0"] == first.tasks["job0"]  # type: ignore[attr-defined]
+    assert priced.tasks["job2"] != (0, 0)  # type: ignore[attr-defined]
     assert capsys.readouterr().out.strip()

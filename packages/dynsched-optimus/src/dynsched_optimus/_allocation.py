@@ -599,7 +599,7 @@ def allocate(
     node_capacity: npt.ArrayLike | None = None,
     previous: Mapping[str, JobPlacement] | None = None,
     current: Mapping[str, tuple[int, int]] | None = None,
-    restart_penalty: float = 0.0,
+    restart_penalty: float | Mapping[str, float] = 0.0,
     min_gain: float = 0.0,
     utility_exponent: float = 1.0,
     jct_gains: bool = False,

@@ -6,8 +6,9 @@ same allocation, bit for bit:
 
 * the scalar engine (:class:`_Incremental`): a lazy max-heap of each job's next task and,
   when a task does not fit, victims found in lazy min-heaps of every running job's
-  cheapest removable task, grouped by which resources the task frees and whether removing
-  it still costs a restart.  A take costs ``O(victims log n)``, not a scan of every job;
+  cheapest removable task, grouped by which resources the task frees and which restart
+  penalty removing it still costs (one for every job, or a few with per-job penalties).
+  A take costs ``O(victims log n)``, not a scan of every job;
 * the vectorised fast path (:class:`_FastGrow`), used when every job has a
   :class:`~dynsched_optimus.PSSpeedModel`: a job's sequence of next tasks depends only on
   its own state while every task fits, so the chains of all jobs are computed in numpy
@@ -81,7 +82,7 @@ def allocate_incremental(
     capacity: Sequence[float],
     *,
     current: Mapping[str, tuple[int, int]],
-    restart_penalty: float = 0.0,
+    restart_penalty: float | Mapping[str, float] = 0.0,
     min_gain: float = 0.0,
     utility_exponent: float = 1.0,
     jct_gains: bool = False,
@@ -94,7 +95,8 @@ def allocate_incremental(
     then one task at a time goes to the largest gain ``F(T(now)) - F(T(new) + pen)`` per
     dominant share, ``F = log`` (``utility_exponent = 1``: time saved relative to the
     job's remaining time) or ``T**(1 - a) / (1 - a)``.  ``pen = restart_penalty`` (in
-    seconds) is charged once per running job whose tasks change and credited against the
+    seconds; a mapping ``job_id -> seconds`` gives each running job its own, 0 for a
+    job it does not name) is charged once per running job whose tasks change and credited against the
     best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is added only when it
     improves ``F`` by at least ``min_gain``; a task is taken from another job only when
     the gain exceeds that job's loss (with its own restart penalty).  Ties: earlier
@@ -171,7 +173,7 @@ class _Incremental:
         jobs: Sequence[AllocationJob],
         cap: tuple[float, ...],
         current: Mapping[str, tuple[int, int]],
-        restart_penalty: float,
+        restart_penalty: float | Mapping[str, float],
         min_gain: float,
         a: float,
         jct_gains: bool,
@@ -201,14 +203,19 @@ class _Incremental:
         self._tfns: dict[str, Callable[[int, int], float]] = {}
         self._model: tuple[tuple[int, ...], _Model] | None = None
         self.a = a
-        self.restart_penalty = restart_penalty
+        if isinstance(restart_penalty, Mapping):
+            self.restart_penalty = 0.0
+            self.penalties: Mapping[str, float] = restart_penalty
+        else:
+            self.restart_penalty = float(restart_penalty)
+            self.penalties = {}
         self.min_gain = min_gain
         self.jct_gains = jct_gains
         self.counts: dict[str, list[int]] = {}
         self.running: set[str] = set()
         self.changed: set[str] = set()
         self.version: dict[str, int] = {}
-        self.victims: dict[tuple[int, int], list[VictimEntry]] | None = None
+        self.victims: dict[tuple[float, int], list[VictimEntry]] | None = None
         held = []
         for i, j in enumerate(jobs):
             p, w = current.get(j.job_id, (0, 0))
@@ -247,7 +254,7 @@ class _Incremental:
     def penalty(self, jid: str) -> float:
         """The restart penalty a change of ``jid``'s tasks still costs."""
         if jid in self.running and jid not in self.changed:
-            return self.restart_penalty
+            return self.penalties.get(jid, self.restart_penalty)
         return 0.0
 
     def loss_of(self, jid: str, dw: int, dp: int, f_now: float | None = None) -> float:
@@ -280,7 +287,7 @@ class _Incremental:
     def _push_victim(self, jid: str, v: int) -> None:
         w, p = self.counts[jid]
         mw, mp = _mins(self.by_id[jid])
-        group = 1 if self.penalty(jid) > 0 else 0
+        group = self.penalty(jid)
         i = self.index[jid]
         f_now = self.fu(jid, w, p)
         for k, (dw, dp) in enumerate(_TASKS):
@@ -305,7 +312,7 @@ class _Incremental:
         w, p = cnt[:, 0], cnt[:, 1]
         pen = np.array([self.penalty(jid) for jid in ids], dtype=np.float64)
         f_now = _utilities(model.time(s, p, w), self.a)
-        groups: dict[tuple[int, int], list[VictimEntry]] = {}
+        groups: dict[tuple[float, int], list[VictimEntry]] = {}
         for k, (dw, dp) in enumerate(_TASKS):
             ok = np.flatnonzero(w > 1 if dw else p > 1)
             drop = _utilities(model.time(ok, p[ok] - dp, w[ok] - dw) + pen[ok], self.a) - f_now[ok]
@@ -313,7 +320,7 @@ class _Incremental:
             loss = np.where((w[ok] - dw < 1) | (p[ok] - dp < 1), np.inf, (drop / sh) * sh)
             for o, x in zip(ok.tolist(), loss.tolist(), strict=True):
                 jid = ids[o]
-                key = (1 if pen[o] > 0 else 0, self.masks[k][rows[o]])
+                key = (float(pen[o]), self.masks[k][rows[o]])
                 groups.setdefault(key, []).append(
                     (x, self.rank[jid], k, self.version.setdefault(jid, 0), jid)
                 )
@@ -376,7 +383,7 @@ class _Incremental:
             e = self._top(heap, skip)
             if e is None:
                 continue
-            loss = e[0] + (self.restart_penalty if group else 0.0) * rate
+            loss = e[0] + group * rate
             if best is None or (loss, e[1], e[2]) < best[:3]:
                 best = (loss, e[1], e[2], e[4])
         for jid in tentative:
