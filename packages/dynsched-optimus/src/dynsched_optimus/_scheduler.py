@@ -967,8 +967,8 @@ RW_MAX_SLOWDOWN = 4.0
 RW_MIN_GAIN = 0.01
 #: ``optimus+rw``: how a job's restart history prices its next restart (judgement, chosen
 #: on workloads 1-4 at 1.0x among "none" with hysteresis 2, 12 and 16, "pollux" and
-#: "share": the only one there below Pollux in average, p99 and makespan within 5 %;
-#: see the package README, "Remaining work")
+#: "share": of those with p99 and makespan within 5 % of Pollux there, the best in all
+#: three of average, p99 and makespan; see the package README, "Remaining work")
 RW_RESTART_HISTORY = "share"
 
 
