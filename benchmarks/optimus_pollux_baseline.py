@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from dynsched_optimus.cluster import (
@@ -120,6 +122,7 @@ def _one(
     config = SimConfig(seed=seed, completion="epochs")
     scheduler = make_scheduler(sched, **_kwargs(args, sched))
     jobs = gpu_jobs(load_workload(wl, load=ld), config)
+    start = {j.name: (j.submit_time, float(j.batch_size)) for j in jobs}
     res = Simulator(ClusterSpec.pollux(), jobs, scheduler, config).run()
     wall = time.perf_counter() - t0
     decisions = list(getattr(scheduler, "decision_seconds", []))
@@ -141,16 +144,54 @@ def _one(
         "decision_s_p99": float(np.percentile(decisions, 99)) if decisions else None,
         "jct": res.jct,
         "job_restarts": res.restarts,
+        "job_detail": job_detail(res, start),
     }
     if policy is not None:  # an Optimus variant: how its restarts were priced
         row["restart_history"] = policy.restarts.history
-    brief = {k: v for k, v in row.items() if k not in ("jct", "job_restarts")}
+    brief = {k: v for k, v in row.items() if k not in ("jct", "job_restarts", "job_detail")}
     print(json.dumps(brief), flush=True)
     return row
 
 
 #: each Optimus variant's default ``restart_history`` (rows made with another are labelled)
 _DEFAULT_HISTORY = {"optimus+rw": RW_RESTART_HISTORY, "optimus+": "none", "optimus": "none"}
+
+
+def _time_mean(changes: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """Time-weighted mean over ``[t0, t1]`` of the step function that takes value ``v`` from
+    each ``(time, v)`` of ``changes`` (in time order) to the next (the first value also
+    before it); the value at ``t0`` when ``t1 <= t0``."""
+    if not changes:
+        return 0.0
+    starts = [-math.inf, *(t for t, _v in changes[1:])]
+    ends = [*(t for t, _v in changes[1:]), math.inf]
+    values = [float(v) for _t, v in changes]
+    if t1 <= t0:
+        return next(v for a, b, v in zip(starts, ends, values, strict=True) if a <= t0 < b)
+    total = sum(
+        v * max(0.0, min(b, t1) - max(a, t0)) for a, b, v in zip(starts, ends, values, strict=True)
+    )
+    return total / (t1 - t0)
+
+
+def job_detail(res: Any, start: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """Why a job took as long as it did: ``queue_s`` (submission to its first GPU),
+    ``gpus`` and ``batch`` (time-weighted means from its first GPU to completion) and
+    ``restarts``, for every completed job of a simulation."""
+    out: dict[str, dict[str, float]] = {}
+    for name, jct in res.jct.items():
+        submit, batch0 = start[name]
+        allocs = [(t, float(w)) for t, w, _p in res.allocations.get(name, [])]
+        first = next((t for t, w in allocs if w > 0), submit)
+        end = submit + jct
+        batches = res.batches.get(name) or [(submit, batch0)]
+        out[name] = {
+            "queue_s": round(first - submit, 1),
+            "gpus": round(_time_mean(allocs, first, end), 2),
+            "batch": round(_time_mean([(t, float(b)) for t, b in batches], first, end), 1),
+            "restarts": int(res.restarts.get(name, 0)),
+        }
+    return out
 
 
 def _group(files: list[str]) -> dict[tuple[str, str, str], list[dict]]:
@@ -344,6 +385,62 @@ def jobs_table(files: list[str], pair: tuple[str, str]) -> tuple[str, dict[str, 
     return "\n".join(lines), out
 
 
+def _mean_detail(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Seed means of each job's ``job_detail`` over the runs that recorded it."""
+    rows = [r for r in rows if "job_detail" in r]
+    if not rows:
+        return {}
+    names = set.intersection(*(set(r["job_detail"]) for r in rows))
+    keys = ("queue_s", "gpus", "batch", "restarts")
+    return {
+        n: {k: statistics.mean(r["job_detail"][n][k] for r in rows) for k in keys} for n in names
+    }
+
+
+def why_table(files: list[str], pair: tuple[str, str], load: str = "1.0") -> str:
+    """Why ``a`` wins or loses jobs against ``b`` at ``load``: per workload, how many of the
+    jobs it loses waited longer for their first GPU, ran on fewer GPUs, with a smaller
+    batch or restarted more often, and the three largest losses and wins with those."""
+    runs = _group(files)
+    a, b = pair
+    lines = [
+        f"\n### why {a} wins or loses jobs against {b} at {load}x (seed means; queue: "
+        "submission to the first GPU; GPUs and batch: time-weighted means while it ran)\n"
+    ]
+    for ld, wl, sc in sorted(runs, key=lambda k: (k[0], int(k[1].split("-")[1]), k[2])):
+        if ld != load or sc != a or (ld, wl, b) not in runs:
+            continue
+        da, db = _mean_detail(runs[(ld, wl, a)]), _mean_detail(runs[(ld, wl, b)])
+        ja, jb = _mean_jct(runs[(ld, wl, a)]), _mean_jct(runs[(ld, wl, b)])
+        names = sorted(set(da) & set(db) & set(ja) & set(jb), key=lambda n: ja[n] - jb[n])
+        if not names:
+            continue
+        lost = [n for n in names if ja[n] > 1.01 * jb[n]]  # more than 1 % longer
+
+        lines.append(
+            f"- {wl}: {a} loses {len(lost)} of {len(names)} jobs (JCT over 1 % longer); of those, "
+            f"{sum(da[n]['queue_s'] > db[n]['queue_s'] + 1 for n in lost)} waited longer for "
+            f"a GPU, {sum(da[n]['gpus'] < db[n]['gpus'] - 0.05 for n in lost)} ran on fewer "
+            f"GPUs, {sum(da[n]['batch'] < db[n]['batch'] - 0.5 for n in lost)} with a smaller "
+            f"batch, {sum(da[n]['restarts'] > db[n]['restarts'] for n in lost)} restarted more "
+            "often"
+        )
+        lines.append("")
+        lines.append(
+            f"  | job | JCT s {a} / {b} | queue s | GPUs | batch | restarts |\n"
+            "  |---|---|---|---|---|---|"
+        )
+        for n in [*names[::-1][:3], *names[:3]]:
+            x, y = da[n], db[n]
+            lines.append(
+                f"  | {n} | {ja[n]:.0f} / {jb[n]:.0f} | {x['queue_s']:.0f} / {y['queue_s']:.0f} "
+                f"| {x['gpus']:.1f} / {y['gpus']:.1f} | {x['batch']:.0f} / {y['batch']:.0f} "
+                f"| {x['restarts']:.1f} / {y['restarts']:.0f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _mean_jct(rows: list[dict]) -> dict[str, float]:
     names = set.intersection(*(set(r["jct"]) for r in rows))
     return {n: statistics.mean(r["jct"][n] for r in rows) for n in names}
@@ -365,6 +462,12 @@ def main() -> int:
     p.add_argument("--pair", default="optimus+,pollux", help="a,b[;c,d...]: per-job tables")
     p.add_argument("--jobs", default=None, help="with --summary: write the per-job JSON here")
     p.add_argument("--plots", default=None, help="with --summary: write the scatter plots here")
+    p.add_argument(
+        "--why",
+        default="",
+        help="with --summary: a,b[;c,d...]: why a wins or loses jobs against b at 1.0x "
+        "(runs that recorded job_detail)",
+    )
     p.add_argument("--plot-pairs", default="optimus+,pollux;optimus+rw,pollux")
     p.add_argument(
         "--extras", default="", help="with --summary: schedulers of the p99/makespan table"
@@ -380,6 +483,10 @@ def main() -> int:
                 print(text)
                 if i == 0:  # the JSON holds the first pair
                     Path(args.jobs).write_text(json.dumps(data, indent=1))
+        if args.why:
+            for spec in args.why.split(";"):
+                a, b = spec.split(",")
+                print(why_table(files, (a, b)))
         if args.extras:
             print(extras_table(files, args.extras.split(",")))
         if args.plots:
