@@ -430,7 +430,7 @@ def why_table(files: list[str], pair: tuple[str, str], load: str = "1.0") -> str
             f"  | job | JCT s {a} / {b} | queue s | GPUs | batch | restarts |\n"
             "  |---|---|---|---|---|---|"
         )
-        for n in [*names[::-1][:3], *names[:3]]:
+        for n in dict.fromkeys([*names[::-1][:3], *names[:3]]):  # a job once
             x, y = da[n], db[n]
             lines.append(
                 f"  | {n} | {ja[n]:.0f} / {jb[n]:.0f} | {x['queue_s']:.0f} / {y['queue_s']:.0f} "
