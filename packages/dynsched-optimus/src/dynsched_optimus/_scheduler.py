@@ -1561,6 +1561,11 @@ def make_optimus(variant: str = "optimus", **options: object) -> OptimusPolicy:
             hysteresis, min_gain, hedge, utility_exponent, extrapolation, compact:
                 ``optimus+`` (see :class:`IncrementalAllocation`, :class:`RestartPlanner`,
                 :class:`FittedEstimator`, :class:`SpeedAwarePlacement`).
+            restart_history: ``optimus+`` and ``optimus+rw``: :class:`RestartPlanner`'s
+                ``history`` (default ``"none"`` for ``optimus+``, :data:`RW_RESTART_HISTORY`
+                for ``optimus+rw``).
+            remaining_estimate, jct_exponent, max_slowdown: ``optimus+rw`` (see
+                :class:`RemainingWorkAllocation`).
             spread: ablation: :class:`SpreadPlacement` instead of Theorem 1.
             batch: ``optimus+``: ``"goodput"`` (default: jobs that report an
                 :class:`~dynsched_optimus.scheduler.AdaptiveBatch` are allocated on goodput
