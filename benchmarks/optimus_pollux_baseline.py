@@ -33,6 +33,7 @@ restarts); slowdown = JCT / that time.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dynsched_optimus import OptimusError
 from dynsched_optimus.cluster import (
     ClusterSpec,
     Placement,
@@ -52,7 +54,7 @@ from dynsched_optimus.cluster import (
     load_workload,
     make_scheduler,
 )
-from dynsched_optimus.scheduler import RW_RESTART_HISTORY
+from dynsched_optimus.scheduler import make_optimus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from optimus_pollux_eval import _workloads  # the workload list syntax "1-8,10"
@@ -153,8 +155,14 @@ def _one(
     return row
 
 
-#: each Optimus variant's default ``restart_history`` (rows made with another are labelled)
-_DEFAULT_HISTORY = {"optimus+rw": RW_RESTART_HISTORY, "optimus+": "none", "optimus": "none"}
+@functools.cache
+def _default_history(scheduler: str) -> str:
+    """The ``restart_history`` an Optimus variant uses by default (``"none"`` for a scheduler
+    that is not one): rows made with another are labelled with it."""
+    try:
+        return make_optimus(scheduler).restarts.history
+    except OptimusError:  # not an Optimus variant (pollux, ...), or one that needs more
+        return "none"
 
 
 def _time_mean(changes: list[tuple[float, float]], t0: float, t1: float) -> float:
@@ -202,7 +210,7 @@ def _group(files: list[str]) -> dict[tuple[str, str, str], list[dict]]:
             if r.get("search", "-") not in ("-", "100x100"):  # not the published search size
                 name = f"{name} [{r['search']}]"
             hist = r.get("restart_history")
-            if hist is not None and hist != _DEFAULT_HISTORY.get(name, "none"):
+            if hist is not None and hist != _default_history(name):
                 name = f"{name} [history {hist}]"  # not the variant's default (see the README)
             runs.setdefault((r["load"], r["workload"], name), []).append(r)
     return runs

@@ -3,28 +3,17 @@ case of every variant with the allocations it timed, and refuses a bad ``--repea
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "optimus_incremental_scale.py"
 
-
-def _load():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(_PATH.parent))
-    spec = importlib.util.spec_from_file_location("optimus_incremental_scale_under_test", _PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_small_run_writes_every_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bench = _load()
+def test_small_run_writes_every_case(
+    load_benchmark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = load_benchmark("optimus_incremental_scale")
     out = tmp_path / "scale.json"
     assert bench.main(["--jobs", "20", "--repeat", "1", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
@@ -45,8 +34,10 @@ def test_small_run_writes_every_case(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "placed from empty" in printed and "placed with restart histories" in printed
 
 
-def test_bad_repeat_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = _load()
+def test_bad_repeat_is_one_clear_error(
+    load_benchmark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = load_benchmark("optimus_incremental_scale")
     with pytest.raises(SystemExit) as e:
         bench.main(["--repeat", "0"])
     assert e.value.code == 2

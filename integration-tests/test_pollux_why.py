@@ -3,29 +3,16 @@ time-weighted means, a job's detail from a simulation result, and the per-worklo
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "optimus_pollux_baseline.py"
 
-
-def _load():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(_PATH.parent))
-    spec = importlib.util.spec_from_file_location("optimus_pollux_baseline_under_test", _PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_time_weighted_mean_by_hand() -> None:
-    bench = _load()
+def test_time_weighted_mean_by_hand(load_benchmark: Any) -> None:
+    bench = load_benchmark("optimus_pollux_baseline")
     # 0 GPUs from 0, 4 from 10, 2 from 30: over [10, 40] (4 for 20 s, 2 for 10 s) = 10/3
     steps = [(0.0, 0.0), (10.0, 4.0), (30.0, 2.0)]
     assert bench._time_mean(steps, 10.0, 40.0) == pytest.approx(10.0 / 3.0)
@@ -35,8 +22,8 @@ def test_time_weighted_mean_by_hand() -> None:
     assert bench._time_mean([], 0.0, 10.0) == 0.0
 
 
-def test_job_detail_from_a_result() -> None:
-    bench = _load()
+def test_job_detail_from_a_result(load_benchmark: Any) -> None:
+    bench = load_benchmark("optimus_pollux_baseline")
     # submitted at 100 with batch 64, first GPUs (2) at 160, 4 from 260, done at 460 (JCT
     # 360): 2 for 100 s and 4 for 200 s -> 10/3; batch 64 until 260, 128 after -> 320/3
     res = SimpleNamespace(
@@ -66,8 +53,8 @@ def _row(sched: str, jct: dict[str, float], detail: dict[str, dict[str, float]])
     }
 
 
-def test_why_table_counts_the_losses_and_their_causes(tmp_path: Path) -> None:
-    bench = _load()
+def test_why_table_counts_the_losses_and_their_causes(load_benchmark: Any, tmp_path: Path) -> None:
+    bench = load_benchmark("optimus_pollux_baseline")
 
     def d(q: float, g: float, b: float, r: int) -> dict[str, float]:
         return {"queue_s": q, "gpus": g, "batch": b, "restarts": r}

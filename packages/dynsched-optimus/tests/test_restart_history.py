@@ -40,6 +40,15 @@ def test_hand_computed_restart_factors() -> None:
     assert restart_factor(0.0, 0, 30.0, "pollux") == RESTART_FACTOR_FLOOR
 
 
+def test_the_pollux_history_is_the_pollux_baselines_factor_floored() -> None:
+    from dynsched_optimus.cluster._pollux import restart_factor as baseline_factor
+
+    ages, restarts = np.array([0.0, 10.0, 1000.0, 1000.0, 100.0]), np.array([0, 0, 5, 0, 10])
+    want = baseline_factor(ages, restarts, 30.0)
+    got = [restart_factor(a, int(r), 30.0, "pollux") for a, r in zip(ages, restarts, strict=True)]
+    assert got == [max(float(w), RESTART_FACTOR_FLOOR) for w in want]
+
+
 def test_an_unknown_history_names_the_field_and_the_allowed_values() -> None:
     with pytest.raises(OptimusError, match=r"history='often': allowed values are \["):
         restart_factor(1.0, 0, 30.0, "often")

@@ -96,8 +96,8 @@ def allocate_incremental(
     dominant share, ``F = log`` (``utility_exponent = 1``: time saved relative to the
     job's remaining time) or ``T**(1 - a) / (1 - a)``.  ``pen = restart_penalty`` (in
     seconds; a mapping ``job_id -> seconds`` gives each running job its own, 0 for a
-    job it does not name) is charged once per running job whose tasks change and credited against the
-    best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is added only when it
+    job it does not name) is charged once per running job whose tasks change and
+    credited against the best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is added only when it
     improves ``F`` by at least ``min_gain``; a task is taken from another job only when
     the gain exceeds that job's loss (with its own restart penalty).  Ties: earlier
     ``arrival``, then ``job_id``.  With ``jct_gains`` (``optimus+rw``, where ``F`` has
@@ -203,12 +203,13 @@ class _Incremental:
         self._tfns: dict[str, Callable[[int, int], float]] = {}
         self._model: tuple[tuple[int, ...], _Model] | None = None
         self.a = a
+        # one penalty for every running job, or one per job (0 for a job not named)
+        self.penalties: Mapping[str, float] = {}
+        self.default_penalty = 0.0
         if isinstance(restart_penalty, Mapping):
-            self.restart_penalty = 0.0
-            self.penalties: Mapping[str, float] = restart_penalty
+            self.penalties = restart_penalty
         else:
-            self.restart_penalty = float(restart_penalty)
-            self.penalties = {}
+            self.default_penalty = float(restart_penalty)
         self.min_gain = min_gain
         self.jct_gains = jct_gains
         self.counts: dict[str, list[int]] = {}
@@ -254,7 +255,7 @@ class _Incremental:
     def penalty(self, jid: str) -> float:
         """The restart penalty a change of ``jid``'s tasks still costs."""
         if jid in self.running and jid not in self.changed:
-            return self.penalties.get(jid, self.restart_penalty)
+            return self.penalties.get(jid, self.default_penalty)
         return 0.0
 
     def loss_of(self, jid: str, dw: int, dp: int, f_now: float | None = None) -> float:

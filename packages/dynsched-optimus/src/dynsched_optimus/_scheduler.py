@@ -133,6 +133,7 @@ __all__ = [
     "WorkUnits",
     "make_optimus",
     "optimus_variants",
+    "pollux_restart_factor",
     "register_variant",
     "restart_factor",
     "workers_per_node",
@@ -740,21 +741,34 @@ RESTART_HISTORIES: tuple[str, ...] = ("none", "share", "pollux")
 RESTART_FACTOR_FLOOR = 1.0 / 64
 
 
+def pollux_restart_factor(age: npt.ArrayLike, restarts: npt.ArrayLike, delay: float) -> FloatArray:
+    """Pollux' restart penalty: ``max(age - restarts * delay, 0) / (age + delay)``, element
+    by element.
+
+    The share of a job's life it would have spent training had it not been restarted,
+    counting the restart it is about to take (applied to a job whose allocation changes;
+    the Pollux baseline's ``cluster.restart_factor``).
+    """
+    a = np.asarray(age, dtype=float)
+    return np.asarray(
+        np.maximum(a - np.asarray(restarts) * delay, 0.0) / np.maximum(a + delay, 1e-9)
+    )
+
+
 def restart_factor(age_s: float, restarts: int, delay_s: float, history: str) -> float:
     """The share of a job's life it has spent training rather than restarting.
 
     ``"share"``: ``max(age - restarts * delay, 0) / max(age, delay)``; ``"pollux"``:
-    Pollux's ``max(age - restarts * delay, 0) / (age + delay)`` (the restart about to be
-    taken counted too); ``"none"``: 1.  Never below :data:`RESTART_FACTOR_FLOOR`.
+    :func:`pollux_restart_factor` (the restart about to be taken counted too); ``"none"``:
+    1.  Never below :data:`RESTART_FACTOR_FLOOR`.
     """
     if history == "none":
         return 1.0
     age = max(age_s, 0.0)
-    lost = max(age - restarts * delay_s, 0.0)
     if history == "pollux":
-        f = lost / max(age + delay_s, 1e-9)
+        f = float(pollux_restart_factor(age, restarts, delay_s))
     elif history == "share":
-        f = lost / max(age, delay_s, 1e-9)
+        f = max(age - restarts * delay_s, 0.0) / max(age, delay_s, 1e-9)
     else:
         raise OptimusError(f"history={history!r}: allowed values are {list(RESTART_HISTORIES)}")
     return max(f, RESTART_FACTOR_FLOOR)

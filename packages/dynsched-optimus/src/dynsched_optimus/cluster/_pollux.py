@@ -71,6 +71,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from dynsched_optimus._goodput import efficiency_gain
+from dynsched_optimus._scheduler import pollux_restart_factor as restart_factor
 
 from ._jobs import SimJob
 from ._sim import ClusterState
@@ -388,18 +389,6 @@ class PolluxOptions:
     def _check_baseline(self, attr: attrs.Attribute[Any], value: str) -> None:
         if value not in BASELINES:
             raise ValueError(f"baseline={value!r}: allowed values are {list(BASELINES)}")
-
-
-def restart_factor(age: np.ndarray, restarts: np.ndarray, delay: float) -> np.ndarray:
-    """Pollux' restart penalty: ``max(age - restarts * delay, 0) / (age + delay)``.
-
-    The share of a job's life it would have spent training had it not been restarted,
-    counting the restart it is about to take (applied to a job whose allocation changes).
-    """
-    age = np.asarray(age, dtype=float)
-    return np.asarray(
-        np.maximum(age - np.asarray(restarts) * delay, 0.0) / np.maximum(age + delay, 1e-9)
-    )
 
 
 def power_mean(values: np.ndarray, p: float, axis: int = -1) -> np.ndarray:
