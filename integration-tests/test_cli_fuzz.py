@@ -39,6 +39,8 @@ FUZZ = settings(
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = (ROOT / "packages/dynsched-sim/src/dynsched_sim/scenarios/balanced.yaml").read_text()
 SCENARIO_DATA = yaml.safe_load(SCENARIO)
+VERL_CONFIG = (ROOT / "examples/verl/qwen35-dynamic-megatron.yaml").read_text()
+VERL_DATA = yaml.safe_load(VERL_CONFIG)
 
 
 def _driver_state() -> dict[str, Any]:
@@ -216,6 +218,40 @@ def test_simulate_scenario_files(
     path.write_bytes(content if suffix == ".yaml" else _tomlish(content))
     args = ["simulate", "--scenario", str(path), "--steps", "1", "--seeds", "1"]
     rc, err = _main([*args, "--no-plots", "--quiet", "--out", str(tmp_path / "o")], capsys)
+    _accepted_or_one_line(rc, err)
+
+
+def _verl_values(v: Any) -> bytes:
+    """The example verl config with one key the simulator reads replaced by a generated
+    value (a short run: 2 steps)."""
+    from dynsched_sim import VERL_SCENARIO_KEYS
+
+    data = json.loads(json.dumps(VERL_DATA))
+    data["trainer"]["total_training_steps"] = 2
+    keys = sorted(VERL_SCENARIO_KEYS)
+    data[keys[hash(json.dumps(v, default=str)) % len(keys)]] = v  # dotted: merged by the core
+    return yaml.safe_dump(data).encode()
+
+
+@pytest.mark.timeout(1800)
+@FUZZ
+@given(
+    content=st.one_of(_mutated(VERL_CONFIG), values.map(_verl_values)),
+    command=st.sampled_from(["simulate", "plan"]),
+)
+def test_verl_config_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, command: str
+) -> None:
+    """A verl config (``dynsched plan FILE``, ``dynsched simulate --scenario FILE``):
+    accepted, or one line."""
+    path = tmp_path / "verl.yaml"
+    path.write_bytes(content)
+    out = ["--out", str(tmp_path / "o"), "--quiet", "--seeds", "1"]
+    if command == "simulate":
+        args = ["simulate", "--scenario", str(path), "--steps", "1", "--no-plots", *out]
+    else:
+        args = ["plan", str(path), "--gpus", "16", "--shortlist", "1", "--no-plot", *out]
+    rc, err = _main(args, capsys)
     _accepted_or_one_line(rc, err)
 
 

@@ -159,3 +159,20 @@ def test_full_view_and_no_published_times_next_to_a_shorter_run(
     assert "published dynamic-16-16" not in text
     assert "published wall-clock times are for 120 steps" in text
     assert "published" not in (tmp_path / "table.txt").read_text()
+
+
+def test_a_scenario_that_stalls_every_run_is_one_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Speeds off by orders of magnitude (a prefill of 4 minutes per token) stall the
+    pipeline for 30 simulated days: one line naming the run and the suspects, exit 2."""
+    d = scenario_to_dict(load_scenario("balanced").with_steps(1))
+    d["engine"]["prefill_s_per_token"] = 241
+    d["configurations"] = [c for c in d["configurations"] if c["hybrid"]]
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(d))
+    argv = ["--scenario", str(path), "--seeds", "1", "--quiet", "--no-plots"]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in "\n".join(err)
+    assert "no progress for 30 simulated days" in errors[0]
+    assert "engine.prefill_s_per_token" in errors[0]

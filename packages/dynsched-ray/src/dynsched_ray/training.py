@@ -139,15 +139,9 @@ class TrainSettings:
     def from_verl(cls, tree: Mapping[str, Any], **kwargs: Any) -> TrainSettings:
         """Read the training keys of a verl config tree; ``kwargs`` win."""
 
-        def get(path: str) -> Any:
-            node: Any = tree
-            for part in path.split("."):
-                if not isinstance(node, Mapping) or part not in node:
-                    return None
-                node = node[part]
-            return node
+        from dynsched_core._config import _lookup
 
-        found = {name: get(path) for name, path in _VERL_KEYS.items()}
+        found = {name: _lookup(tree, path)[1] for name, path in _VERL_KEYS.items()}
         values = {k: v for k, v in found.items() if v is not None}
         given = {k: v for k, v in kwargs.items() if v is not None}
         values.update(given)

@@ -43,9 +43,10 @@ from dynsched_sim._scenario import (
     builtin_scenarios,
     load_scenario,
     scenario_from_dict,
+    scenario_to_dict,
     static_splits,
 )
-from dynsched_sim._sim import RunResult, run_configuration
+from dynsched_sim._sim import RunResult, SimulationStalledError, run_configuration
 from dynsched_sim._staleness import (
     StalenessInputs,
     predicted_staleness,
@@ -53,16 +54,25 @@ from dynsched_sim._staleness import (
     staleness_inputs,
 )
 from dynsched_sim._trainer import MemoryConservationError, SimTrainer
+from dynsched_sim._verl import (
+    DEFAULT_VERL_BASE,
+    VERL_SCENARIO_KEYS,
+    is_verl_config,
+    scenario_from_verl,
+    verl_key_warnings,
+)
 from dynsched_sim._vloop import SimulationDeadlockError, VirtualTimeEventLoop, run_virtual
 from dynsched_sim._workload import LengthDistribution, PromptGroup, Workload, WorkloadModel
 
 __version__ = "0.1.1"
 
 __all__ = [
+    "DEFAULT_VERL_BASE",
     "HELD_OUT_FIRST_DRAW",
     "HELD_OUT_RANGES",
     "MODES",
     "PROVENANCE_LABELS",
+    "VERL_SCENARIO_KEYS",
     "Aggregate",
     "Candidate",
     "Configuration",
@@ -89,6 +99,7 @@ __all__ = [
     "SimRoleMover",
     "SimTrainer",
     "SimulationDeadlockError",
+    "SimulationStalledError",
     "SplitEstimate",
     "Spread",
     "StalenessInputs",
@@ -103,6 +114,7 @@ __all__ = [
     "compare",
     "format_table",
     "heldout_scenario",
+    "is_verl_config",
     "load_scenario",
     "lower_bound",
     "memory_problem",
@@ -115,10 +127,13 @@ __all__ = [
     "run_configuration",
     "run_virtual",
     "scenario_from_dict",
+    "scenario_from_verl",
+    "scenario_to_dict",
     "seeds_of",
     "staleness_inputs",
     "static_splits",
     "trainer_memory_min_gpus",
+    "verl_key_warnings",
     "write_outputs",
     "write_plan",
 ]

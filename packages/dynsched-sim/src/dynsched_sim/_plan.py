@@ -707,6 +707,7 @@ def _rests_on(
     return (
         f"simulator: dynsched-sim {__version__} (the real core on virtual time); times and "
         "staleness are predictions of its cost models",
+        f"scenario {scenario.name!r}: {scenario.description}".strip(),
         f"scenario {scenario.name!r} parameters by provenance label: "
         + ", ".join(f"{n} {k}" for k, n in sorted(labels.items())),
         "fitted: " + ("; ".join(fitted) if fitted else "none"),
@@ -859,6 +860,9 @@ def format_plan(p: Plan, top: int = 10) -> str:
         f"{list(p.seeds)} in {p.seconds:.1f} s",
     )
     lines.append("not simulated: " + ", ".join(f"{n} {k}" for k, n in sorted(p.pruned.items())))
+    # what it rests on: the scenario (a verl config names its base) and the labels; the
+    # rest (fitted sources, seeds, rules) in plan.json's rests_on
+    lines += [f"rests on {r}" for r in p.rests_on if r.startswith("scenario ")]
     return "\n".join(lines)
 
 

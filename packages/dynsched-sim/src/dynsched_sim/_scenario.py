@@ -28,6 +28,7 @@ __all__ = [
     "builtin_scenarios",
     "load_scenario",
     "scenario_from_dict",
+    "scenario_to_dict",
     "static_splits",
 ]
 
@@ -279,6 +280,22 @@ def scenario_from_dict(data: Mapping[str, Any]) -> Scenario:
     return sc
 
 
+def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
+    """A scenario as plain data (loadable by `dynsched_sim.scenario_from_dict`)."""
+    d = attrs.asdict(sc, recurse=True)
+    d["trainer"]["phase_shares"] = {k: v for k, v in sc.trainer.phase_shares}
+    d["trainer"].pop("links", None)  # derived from hardware and model when loaded
+    for key in ("prompt_len", "response_len"):
+        d["workload"][key]["values"] = list(d["workload"][key]["values"])
+    for key in ("length_trajectory", "difficulty_trajectory"):
+        d["workload"][key] = [list(p) for p in getattr(sc.workload, key)]
+    d["configurations"] = [attrs.asdict(c) for c in sc.configurations]
+    d["schedule"] = dict(sc.schedule)
+    d["published"] = dict(sc.published)
+    d["provenance"] = dict(sc.provenance)
+    return d
+
+
 def _check_keys(data: Any) -> None:
     """``data`` is a mapping of known scenario keys holding the required ones."""
     if not isinstance(data, Mapping):
@@ -493,11 +510,21 @@ def builtin_scenarios() -> list[str]:
     return sorted(p.name.rsplit(".", 1)[0] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
-    """Load a built-in scenario by name, or a scenario file by path.
+def load_scenario(
+    name_or_path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None
+) -> Scenario:
+    """Load a built-in scenario by name, or a scenario file by path, or a verl config file
+    mapped onto a base scenario (`dynsched_sim.scenario_from_verl`).
+
+    Args:
+        name_or_path: A built-in name, or a ``.yaml``/``.yml``/``.toml`` file holding a
+            scenario or a verl config (told apart by `dynsched_sim.is_verl_config`).
+        base: For a verl config: the scenario its cost models, model and workload come
+            from (default `dynsched_sim.DEFAULT_VERL_BASE`); refused for anything else.
 
     Raises:
-        ScenarioError: unknown name (lists the built-ins), unreadable or invalid file.
+        ScenarioError: unknown name (lists the built-ins), unreadable or invalid file,
+            ``base`` given for a scenario.
     """
     s = os.fspath(name_or_path)
     p = Path(s)
@@ -507,7 +534,19 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
         if not p.is_file():
             raise ScenarioError(f"scenario file {s!r} does not exist")
         try:
-            return scenario_from_dict(_read(p))
+            data = _read(p)
+            from dynsched_sim._verl import DEFAULT_VERL_BASE, is_verl_config, scenario_from_verl
+
+            if is_verl_config(data):
+                return scenario_from_verl(data, base=base or DEFAULT_VERL_BASE, source=p.name)
+            if isinstance(data, Mapping) and "configurations" not in data:
+                raise ScenarioError(
+                    "neither a scenario (no 'configurations' key) nor a verl config (no "
+                    "actor_rollout_ref, async_training, rollout, data or algorithm section); "
+                    f"its top-level keys: {sorted(map(str, data))}"
+                )
+            _no_base(base, "a scenario file")
+            return scenario_from_dict(data)
         except ScenarioError as e:
             raise ScenarioError(f"{s}: {e}") from e
     names = builtin_scenarios()
@@ -515,7 +554,16 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
         raise ScenarioError(
             f"unknown scenario {s!r}; built-in scenarios: {names} (or give a .yaml/.toml path)"
         )
+    _no_base(base, "a built-in scenario")
     res = resources.files("dynsched_sim") / "scenarios" / f"{s}.yaml"
     import yaml
 
     return scenario_from_dict(yaml.safe_load(res.read_text()))
+
+
+def _no_base(base: str | os.PathLike[str] | None, what: str) -> None:
+    if base is not None:
+        raise ScenarioError(
+            f"base {os.fspath(base)!r}: only a verl config is mapped onto a base scenario, "
+            f"not {what}"
+        )

@@ -17,6 +17,7 @@ from dynsched_core import (
     RetryingClient,
     RolloutSample,
 )
+from dynsched_core.errors import SampleWaitTimeoutError
 from dynsched_core.events import ReplicaModeEvent, TrainStepEvent, TransitionEvent
 from dynsched_core.planner import RolePlannerOptions
 from dynsched_metrics import CycleMetrics, MetricsAggregator
@@ -31,11 +32,18 @@ from dynsched_sim._planner import (
     reachable_configurations,
     resolve,
 )
-from dynsched_sim._scenario import Configuration, Scenario
+from dynsched_sim._scenario import Configuration, Scenario, ScenarioError
 from dynsched_sim._trainer import SimTrainer
 from dynsched_sim._vloop import VirtualTimeEventLoop, deferred_interrupts, stop_quietly
 
-__all__ = ["STATIC_POLICY", "RunResult", "policy_for", "queue_ceiling", "run_configuration"]
+__all__ = [
+    "STATIC_POLICY",
+    "RunResult",
+    "SimulationStalledError",
+    "policy_for",
+    "queue_ceiling",
+    "run_configuration",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +61,11 @@ _FOREVER_S = 30 * 24 * 3600.0
 """Bound of every wait in a simulated run (30 simulated days: a stuck pipeline, not a slow one)."""
 
 ProgressFn = Callable[[int, int, float], None]
+
+
+class SimulationStalledError(ScenarioError):
+    """A simulated run waited longer than `_FOREVER_S` for samples: the scenario's speeds
+    make a step take simulated weeks (e.g. a prefill of minutes per token)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -301,6 +314,9 @@ def run_configuration(
 
     Returns:
         The `RunResult`.
+
+    Raises:
+        SimulationStalledError: the run waited 30 simulated days for samples.
     """
     if isinstance(conf, str):
         conf = scenario.configuration(conf)
@@ -316,9 +332,18 @@ def run_configuration(
             scenario.engine.gpus_per_replica,
         )
         spec = None
-    out, events = _on_virtual_time(
-        functools.partial(_run, scenario, conf, cfg, seed, progress, spec)
-    )
+    try:
+        out, events = _on_virtual_time(
+            functools.partial(_run, scenario, conf, cfg, seed, progress, spec)
+        )
+    except SampleWaitTimeoutError as e:
+        raise SimulationStalledError(
+            f"scenario {scenario.name!r}, configuration {conf.name!r}, seed {seed}: no "
+            f"progress for {_FOREVER_S / 86400:g} simulated days ({e}); the scenario's "
+            "speeds are off by orders of magnitude (engine.decode_base_s, "
+            "engine.decode_per_seq_s, engine.prefill_s_per_token, trainer.gpu_s_per_token, "
+            "trainer.step_overhead_s, ...)"
+        ) from None
     res, wall = out.result, out.result.duration_s
     return RunResult(
         scenario=scenario.name,

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from dynsched_sim._scenario import Scenario, load_scenario
+from dynsched_sim._scenario import Scenario, load_scenario, scenario_to_dict
 from dynsched_sim._sim import policy_for, run_configuration
 
 __all__ = [
@@ -475,22 +475,6 @@ def needed_value(
     x0 = max(search_range[0], float(getattr(getattr(scenario, section), field)) or 1.0)
     x, y, _ = _solve(f, x0, scenario.published[predicted], *search_range, increasing=True)
     return x, y
-
-
-def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
-    """A scenario as plain data (loadable by `dynsched_sim.scenario_from_dict`)."""
-    d = attrs.asdict(sc, recurse=True)
-    d["trainer"]["phase_shares"] = {k: v for k, v in sc.trainer.phase_shares}
-    d["trainer"].pop("links", None)  # derived from hardware and model when loaded
-    for key in ("prompt_len", "response_len"):
-        d["workload"][key]["values"] = list(d["workload"][key]["values"])
-    for key in ("length_trajectory", "difficulty_trajectory"):
-        d["workload"][key] = [list(p) for p in getattr(sc.workload, key)]
-    d["configurations"] = [attrs.asdict(c) for c in sc.configurations]
-    d["schedule"] = dict(sc.schedule)
-    d["published"] = dict(sc.published)
-    d["provenance"] = dict(sc.provenance)
-    return d
 
 
 def format_report(rep: CalibrationReport, published: dict[str, float]) -> str:

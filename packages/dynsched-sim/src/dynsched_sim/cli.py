@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 import textwrap
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,8 +52,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scenario",
         default="seed-qwen35",
-        help="built-in scenario name or a .yaml/.toml file (default: seed-qwen35)",
+        help="built-in scenario name, a .yaml/.toml scenario file or a verl config "
+        "(default: seed-qwen35)",
     )
+    _add_base_argument(p)
     p.add_argument(
         "--policy",
         nargs="+",
@@ -96,6 +99,40 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_base_argument(p: argparse.ArgumentParser) -> None:
+    from dynsched_sim._verl import DEFAULT_VERL_BASE
+
+    p.add_argument(
+        "--base",
+        default=None,
+        metavar="SCENARIO",
+        help="for a verl config: the scenario whose model, hardware, decode and trainer "
+        f"speeds and response lengths it runs on (default: {DEFAULT_VERL_BASE})",
+    )
+
+
+def _load(args: argparse.Namespace, path: str, command: str) -> Scenario:
+    """The scenario (or verl config on ``--base``) at ``path``; a warning per misspelt
+    verl key, one line each on stderr.
+
+    Raises:
+        ScenarioError: as `load_scenario`.
+    """
+    from dynsched_core._config import ConfigWarning
+
+    from dynsched_sim._scenario import load_scenario
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        scenario = load_scenario(path, base=args.base)
+    for w in caught:
+        if issubclass(w.category, ConfigWarning):
+            print(f"dynsched {command}: warning: {w.message}", file=sys.stderr)
+        else:  # anything else as Python would have shown it
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return scenario
+
+
 def _check_out(out: str) -> None:
     """The output folder exists (created) and is writable, before anything runs."""
     path = Path(out)
@@ -115,6 +152,7 @@ def _handler(args: argparse.Namespace) -> int:
 
     from dynsched_sim._report import seeds_of
     from dynsched_sim._scenario import builtin_scenarios
+    from dynsched_sim._sim import SimulationStalledError
 
     if args.list:
         print("scenarios:", ", ".join(builtin_scenarios()))
@@ -122,7 +160,10 @@ def _handler(args: argparse.Namespace) -> int:
         return 0
     scenario, published = _checked_scenario(args)
     seeds = seeds_of(scenario, args.seed, args.seeds)
-    runs = _run_all(args, scenario, seeds, published)
+    try:
+        runs = _run_all(args, scenario, seeds, published)
+    except SimulationStalledError as e:  # a scenario whose speeds stall every run
+        raise UsageError(str(e)) from None
     _print_table(args, scenario, runs, published)
     paths = _write(args, scenario, runs, seeds, published, partial=False)
     print(f"wrote {', '.join(sorted(set(paths.values())))}")
@@ -139,11 +180,12 @@ def _checked_scenario(args: argparse.Namespace) -> tuple[Scenario, bool]:
     from dynsched_core import available_policies
     from dynsched_core.errors import PolicyRegistryError
 
-    from dynsched_sim._scenario import ScenarioError, check_run_size, load_scenario
+    from dynsched_sim._scenario import ScenarioError, check_run_size
 
     try:
         check_run_size(args.steps, args.seed, args.seeds)
-        scenario = load_scenario(args.scenario)
+        scenario = _load(args, args.scenario, "simulate")
+        args.scenario_steps = scenario.steps
         published = True
         if args.steps is not None:
             published = args.steps == scenario.steps
@@ -195,15 +237,14 @@ def _print_table(
 ) -> None:
     """The scenario's headline and the comparison table (compact unless ``--full``)."""
     from dynsched_sim._report import COMPACT_WIDTH, format_compact_table, format_table
-    from dynsched_sim._scenario import load_scenario
 
     head = f"scenario {scenario.name}: {scenario.description}".strip()
     print(head if args.full else textwrap.fill(head, COMPACT_WIDTH, subsequent_indent="  "))
     table = format_table if args.full else format_compact_table
     print(table(scenario, runs, published=published))
-    if not published:
+    if not published and scenario.published:
         print(
-            f"(published wall-clock times are for {load_scenario(args.scenario).steps} steps; "
+            f"(published wall-clock times are for {args.scenario_steps} steps; "
             f"not compared with this {scenario.steps}-step run)"
         )
 
@@ -249,8 +290,10 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "scenario",
         metavar="SCENARIO",
-        help="built-in scenario name or a .yaml/.toml scenario file (verl configs: not yet)",
+        help="built-in scenario name, a .yaml/.toml scenario file or a verl config (a "
+        "YAML file in verl's layout, mapped onto --base)",
     )
+    _add_base_argument(p)
     p.add_argument(
         "--gpus",
         type=int,
@@ -306,10 +349,10 @@ def _plan_handler(args: argparse.Namespace) -> int:
     import json
 
     from dynsched_sim._plan import PlanError, check_plan_inputs, format_plan, plan, write_plan
-    from dynsched_sim._scenario import ScenarioError, load_scenario
+    from dynsched_sim._scenario import ScenarioError
 
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = _load(args, args.scenario, "plan")
         # the planner's inputs, checked (named as flags) before anything runs, then planned
         inputs: dict[str, Any] = {
             "gpus": args.gpus,
@@ -357,8 +400,9 @@ _COMMANDS: dict[str, tuple[str, str, Callable[[Any], None], Callable[[Any], int]
         "concurrency, staleness threshold and policy with the shortest predicted time whose "
         "closed-form mean staleness stays within the bound: an analytical model prunes, the "
         "simulator ranks a shortlist over seeds. Prints the best candidates, writes plan.json "
-        "and plan.png. Takes a built-in scenario name or a scenario .yaml/.toml file; verl "
-        "configs are not mapped to scenarios yet.",
+        "and plan.png. Takes a built-in scenario name, a scenario .yaml/.toml file or a verl "
+        "config (its split, scheduler, engine and trainer settings on --base's cost models, "
+        "model and workload).",
         _add_plan_arguments,
         _plan_handler,
     ),
