@@ -332,10 +332,13 @@ def test_dynsched_simulate_takes_a_verl_config(tmp_path: Path, capsys) -> None: 
 def test_module_example_runs() -> None:
     import doctest
 
+    import dynsched_sim._plan as plan_module
     import dynsched_sim._verl as verl_module
 
     result = doctest.testmod(verl_module)
     assert result.attempted >= 3 and result.failed == 0
+    result = doctest.testmod(plan_module)  # Candidate.verl_overrides
+    assert result.attempted >= 1 and result.failed == 0
 
 
 def test_readme_verl_example_runs(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -349,3 +352,59 @@ def test_readme_verl_example_runs(capsys) -> None:  # type: ignore[no-untyped-de
     shown = capsys.readouterr().out.splitlines()
     assert shown[0].startswith("dynamic-16-16 ('public config', '[verl config my-run.yaml]")
     assert shown[1].endswith(" h")
+
+
+@given(
+    trainer=st.integers(1, 64),
+    rollout=st.integers(0, 64),
+    per_node=st.sampled_from([1, 2, 4, 8, 16]),
+    hybrid=st.booleans(),
+)
+def test_verl_overrides_hold_every_gpu_on_whole_servers(
+    trainer: int, rollout: int, per_node: int, hybrid: bool
+) -> None:
+    from dynsched_sim import Candidate
+
+    c = Candidate(
+        trainer_gpus=trainer,
+        rollout_gpus=rollout,
+        hybrid=hybrid,
+        policy="default",
+        concurrency=16,
+        staleness_threshold=0.5,
+    )
+    o = c.verl_overrides(per_node)
+    for pool, gpus in (("trainer", trainer), ("rollout", rollout)):
+        assert o[f"{pool}.nnodes"] * o[f"{pool}.n_gpus_per_node"] == gpus
+        assert 1 <= o[f"{pool}.n_gpus_per_node"] <= max(per_node, 1) or gpus == 0
+    assert o["async_training.use_dynamic_resource_scheduling"] is hybrid
+    assert ("async_training.dynamic_schedule_policy" in o) is hybrid
+
+
+def test_the_plans_overrides_on_the_file_give_the_plans_pick(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Round trip: the verl overrides `dynsched plan` prints, set on the user's file, are
+    read back as the very candidate it picked."""
+    path = _small_verl(tmp_path)
+    argv = [str(path), "--seeds", "1", "--shortlist", "2", "--gpus", "24", "--quiet"]
+    assert main_plan([*argv, "--out", str(tmp_path / "p"), "--no-plot"]) == 0
+    shown = capsys.readouterr().out
+    line = next(x for x in shown.splitlines() if x.startswith("the best as verl overrides: "))
+    written = json.loads((tmp_path / "p" / "plan.json").read_text())
+    data = yaml.safe_load(path.read_text())
+    for item in line.removeprefix("the best as verl overrides: ").split():
+        key, _, value = item.partition("=")
+        data[key] = yaml.safe_load(value)  # as a command line override would set it
+    again = scenario_from_verl(data)
+    best = written["best"]["candidate"]
+    (conf,) = again.configurations
+    assert (conf.trainer_gpus, conf.rollout_gpus, conf.hybrid) == (
+        best["trainer_gpus"],
+        best["rollout_gpus"],
+        best["hybrid"],
+    )
+    assert conf.trainer_gpus + conf.rollout_gpus == 24
+    assert again.schedule["concurrent_samples_per_replica"] == best["concurrency"]
+    assert again.schedule["staleness_threshold"] == best["staleness_threshold"]
+    if best["hybrid"]:
+        assert again.schedule["dynamic_schedule_policy"] == best["policy"]
+    assert written["verl_overrides"] == {k: data[k] for k in written["verl_overrides"]}

@@ -168,6 +168,29 @@ class Candidate:
             }
         )
 
+    def verl_overrides(self, gpus_per_node: int) -> dict[str, Any]:
+        """The candidate as verl config keys (dotted), to set on the run's own config: each
+        pool as ``nnodes`` x ``n_gpus_per_node``, the most GPUs per node up to
+        ``gpus_per_node`` that divide the pool (12 GPUs on 8-GPU servers: 2 x 6), dynamic
+        scheduling on for a hybrid split with its policy, the concurrency and threshold.
+
+        Example:
+            >>> Candidate(trainer_gpus=24, rollout_gpus=8, hybrid=True, policy="default",
+            ...           concurrency=32, staleness_threshold=0.5).verl_overrides(8)["trainer.nnodes"]
+            3
+        """
+        out: dict[str, Any] = {}
+        for pool, gpus in (("trainer", self.trainer_gpus), ("rollout", self.rollout_gpus)):
+            per = max(d for d in range(1, max(min(gpus, gpus_per_node), 1) + 1) if gpus % d == 0)
+            out[f"{pool}.nnodes"] = gpus // per if gpus else 0
+            out[f"{pool}.n_gpus_per_node"] = per if gpus else gpus_per_node
+        out["async_training.use_dynamic_resource_scheduling"] = self.hybrid
+        if self.hybrid:
+            out["async_training.dynamic_schedule_policy"] = self.policy
+        out["async_training.concurrent_samples_per_replica"] = self.concurrency
+        out["async_training.staleness_threshold"] = self.staleness_threshold
+        return out
+
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (also ``name``)."""
         return {"name": self.name, **attrs.asdict(self)}
@@ -254,6 +277,8 @@ class Plan:
         rests_on: What the plan rests on (simulator, calibration, seeds, models, rules).
         pruning_rule: The rule that chose what to simulate.
         seconds: Wall time of the planning.
+        verl_overrides: The best candidate as verl config keys
+            (`Candidate.verl_overrides` on the scenario's servers).
     """
 
     scenario: str
@@ -268,6 +293,7 @@ class Plan:
     pruning_rule: str
     seconds: float = attrs.field(eq=False)
     simulated_staleness_bound: float | None = None
+    verl_overrides: Mapping[str, Any] = attrs.field(factory=dict)
 
     @property
     def best(self) -> PlannedCandidate:
@@ -291,6 +317,7 @@ class Plan:
             "rests_on": list(self.rests_on),
             "pruning_rule": self.pruning_rule,
             "seconds": self.seconds,
+            "verl_overrides": dict(self.verl_overrides),
         }
 
 
@@ -810,6 +837,7 @@ def plan(
         pruning_rule=rule,
         seconds=time.perf_counter() - start,
         simulated_staleness_bound=sim_bound,
+        verl_overrides=ranked[0].candidate.verl_overrides(sc.hardware.gpus_per_node),
     )
 
 
@@ -863,7 +891,17 @@ def format_plan(p: Plan, top: int = 10) -> str:
     # what it rests on: the scenario (a verl config names its base) and the labels; the
     # rest (fitted sources, seeds, rules) in plan.json's rests_on
     lines += [f"rests on {r}" for r in p.rests_on if r.startswith("scenario ")]
+    if p.verl_overrides:
+        lines.append(
+            "the best as verl overrides: "
+            + " ".join(f"{k}={_verl_value(v)}" for k, v in p.verl_overrides.items())
+        )
     return "\n".join(lines)
+
+
+def _verl_value(v: Any) -> str:
+    """A value as written on verl's (Hydra's) command line."""
+    return str(v) if not isinstance(v, float) else f"{v:g}"
 
 
 def write_plan(p: Plan, out_dir: str | os.PathLike[str], *, plot: bool = True) -> dict[str, str]:
