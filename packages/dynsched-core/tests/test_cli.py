@@ -5,10 +5,12 @@ import subprocess
 import sys
 import types
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
 from dynsched_core import cli
+from dynsched_core.errors import UsageError
 
 
 class _FakeDist:
@@ -149,3 +151,30 @@ def test_an_installed_known_subcommand_is_the_plugin(
     help_text = capsys.readouterr().out
     assert "pip install dynsched-sim" not in help_text
     assert "(not installed: pip install dynsched-ray)" in help_text
+
+
+def test_ensure_output_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynsched_core.cli import ensure_output_folder
+
+    made = ensure_output_folder(tmp_path / "a" / "b", "--out")
+    assert made.is_dir()
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(UsageError) as err:
+        ensure_output_folder(a_file / "sub", "--out")
+    assert (
+        str(err.value) == f"--out {str(a_file / 'sub')!r}: {str(a_file)!r} is a file, not a folder"
+    )
+    with pytest.raises(UsageError, match=r"^--metrics-out 'm/x.jsonl': .* is a file, not a folder"):
+        ensure_output_folder(a_file, "--metrics-out", given="m/x.jsonl")
+    # not writable (root writes anywhere: the check itself is what is tested)
+    monkeypatch.setattr("dynsched_core.cli.os.access", lambda *_a: False)
+    with pytest.raises(UsageError, match=r"^--out '.*': the folder '.*' is not writable$"):
+        ensure_output_folder(tmp_path / "c", "--out")
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(UsageError, match=r"cannot create the folder '.*' \(Permission denied\)"):
+        ensure_output_folder(tmp_path / "d", "--out")

@@ -39,10 +39,12 @@ import argparse
 import contextlib
 import importlib.util
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from dynsched_core._errors import ConfigError, UsageError
@@ -56,6 +58,7 @@ __all__ = [
     "CommandParser",
     "UsageError",
     "build_parser",
+    "ensure_output_folder",
     "main",
     "one_line",
 ]
@@ -92,6 +95,38 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Print one line naming the argument and exit with `EXIT_USAGE`."""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def ensure_output_folder(
+    folder: str | os.PathLike[str], flag: str, *, given: str | os.PathLike[str] | None = None
+) -> Path:
+    """Create a command's output folder (and its parents) before anything runs, and check
+    that it can be written; the folder.
+
+    Args:
+        folder: The folder.
+        flag: The option that named it (``--out``), for the message.
+        given: What the user wrote for ``flag`` when it is not the folder itself (a file in
+            it); default ``folder``.
+
+    Raises:
+        UsageError: one line naming ``flag`` and what was given: a parent is a file, the
+            folder cannot be created, or it is not writable.
+    """
+    path = Path(folder)
+    shown = os.fspath(given if given is not None else folder)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UsageError(f"{flag} {shown!r}: {str(existing)!r} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"{flag} {shown!r}: cannot create the folder {str(path)!r} ({exc.strerror or exc})"
+        ) from None
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {shown!r}: the folder {str(path)!r} is not writable")
+    return path
 
 
 def one_line(exc: BaseException) -> str:

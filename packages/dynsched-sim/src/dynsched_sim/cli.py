@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import textwrap
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynsched_core.errors import UsageError
@@ -135,16 +133,9 @@ def _load(args: argparse.Namespace, path: str, command: str) -> Scenario:
 
 def _check_out(out: str) -> None:
     """The output folder exists (created) and is writable, before anything runs."""
-    path = Path(out)
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise UsageError(f"--out {out!r}: {str(existing)!r} is a file, not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out {out!r}: cannot create it ({e.strerror or e})") from None
-    if not os.access(path, os.W_OK):
-        raise UsageError(f"--out {out!r} is not writable")
+    from dynsched_core.cli import ensure_output_folder
+
+    ensure_output_folder(out, "--out")
 
 
 def _handler(args: argparse.Namespace) -> int:

@@ -110,15 +110,9 @@ def _check_common(args: argparse.Namespace) -> None:
     if not 0.0 <= args.lr_decay_share <= 1.0:
         raise UsageError(f"--lr-decay-share must be between 0 and 1, got {args.lr_decay_share}")
     if args.out is not None:
-        existing = next((p for p in (args.out, *args.out.parents) if p.exists()), None)
-        if existing is not None and not existing.is_dir():
-            raise UsageError(f"--out {str(args.out)!r}: {str(existing)!r} is a file, not a folder")
-        try:
-            args.out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(
-                f"--out {str(args.out)!r}: cannot create it ({exc.strerror or exc})"
-            ) from None
+        from dynsched_core.cli import ensure_output_folder
+
+        ensure_output_folder(args.out, "--out")
 
 
 def _check_workloads(args: argparse.Namespace, workloads: list[str]) -> None:

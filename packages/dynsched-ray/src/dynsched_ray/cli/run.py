@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dynsched_core.cli import ensure_output_folder
 from dynsched_core.errors import UsageError
 
 from dynsched_ray.cli.config import (
@@ -228,17 +229,7 @@ def _check_output_file(flag: str, path: str, folder_flag: str | None = None) -> 
     folder = target.parent
     if folder_flag is not None:
         flag, path = folder_flag, str(folder)
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise UsageError(f"{flag} {path!r}: {str(existing)!r} is a file, not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"{flag} {path!r}: cannot create the folder {str(folder)!r} ({exc.strerror or exc})"
-        ) from None
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"{flag} {path!r}: the folder {str(folder)!r} is not writable")
+    ensure_output_folder(folder, flag, given=path)
 
 
 def _hold_folders(paths: list[tuple[str, str]], command: str, *, stream: Any = None) -> list[Any]:
