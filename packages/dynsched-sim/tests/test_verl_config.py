@@ -155,6 +155,10 @@ def test_derived_keys_and_the_memory_fallback() -> None:
     assert alt.schedule["concurrent_samples_per_replica"] == 4
     # nothing set beyond the split: the base's values throughout
     bare = scenario_from_verl(base)
+    assert bare.description.startswith(
+        "verl config: 2 parameters read from it (configurations, hardware); the rest "
+        "from base scenario 'seed-qwen35'"
+    )
     seed = load_scenario("seed-qwen35")
     for section in SECTIONS:
         assert getattr(bare, section) == getattr(seed, section)

@@ -166,7 +166,7 @@ def scenario_from_verl(
     data: Mapping[str, Any],
     *,
     base: Scenario | str | os.PathLike[str] = DEFAULT_VERL_BASE,
-    source: str = "verl config",
+    source: str | None = None,
     name: str | None = None,
 ) -> Scenario:
     """The scenario of a verl config (module docstring).
@@ -175,7 +175,7 @@ def scenario_from_verl(
         data: The config tree (nested sections or dotted keys, as read from YAML).
         base: The scenario (or its name or file) the cost models, model, hardware and
             workload come from.
-        source: How provenance names the file (e.g. its path).
+        source: How provenance names the file (e.g. its name; None: not named).
         name: The scenario's name (default: ``verl-<file stem>``).
 
     Warns:
@@ -208,16 +208,17 @@ def scenario_from_verl(
     standalone = "actor_rollout_ref.rollout.standalone_gpu_memory_utilization"
     if standalone not in values and fallback in values:  # verl: null falls back to it
         values[standalone] = values[fallback]
+    where = f"verl config {source}" if source else "verl config"
     out = _base_dict(base_sc)
     labels: dict[str, str] = {}
     for key, value in values.items():
         path = VERL_SCENARIO_KEYS[key]
         _set(out, path, _checked(key, path, value))
-        labels[path] = f"public config: [verl config {source}] {key} = {value!r}"
-    _derived(tree, out, labels, source)
+        labels[path] = f"public config: [{where}] {key} = {value!r}"
+    _derived(tree, out, labels, where)
     out["configurations"] = [_split(core, tree)]
     labels["configurations"] = (
-        f"public config: [verl config {source}] "
+        f"public config: [{where}] "
         + ", ".join(k for k in _SPLIT_KEYS if _at(tree, k) is not None)
         + (
             " (verl's defaults for the rest)"
@@ -226,14 +227,17 @@ def scenario_from_verl(
         )
     )
     out["provenance"].update(labels)
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(source).stem) or "config"
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(source or "config").stem) or "config"
     out["name"] = name or f"verl-{stem}"
+    sections: dict[str, int] = {}
+    for path in labels:
+        head = path.split(".", 1)[0]
+        sections[head] = sections.get(head, 0) + 1
+    read = ", ".join(f"{h} ({n})" if n > 1 else h for h, n in sorted(sections.items()))
     out["description"] = (
-        f"verl config {source} ({len(labels)} parameters read from it: the split, the "
-        "scheduler, the engine's parallelism, concurrency and memory, the trainer's "
-        f"parallelism and offload, n, the longest response, as set) on base scenario "
-        f"{base_sc.name!r} (the model, hardware, decode and trainer speeds and response "
-        "lengths, and every parameter the file does not set)"
+        f"{where}: {len(labels)} parameters read from it ({read}); the rest "
+        f"from base scenario {base_sc.name!r} (its model, hardware, decode and trainer "
+        "speeds, response lengths and every parameter the file does not set)"
     )
     try:
         return scenario_from_dict(out)
@@ -303,7 +307,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _derived(
-    tree: Mapping[str, Any], out: dict[str, Any], labels: dict[str, str], source: str
+    tree: Mapping[str, Any], out: dict[str, Any], labels: dict[str, str], where: str
 ) -> None:
     """``trainer.model_parallel_gpus`` and ``trainer.offload_state`` where the file sets
     any of their keys."""
@@ -316,7 +320,7 @@ def _derived(
             product *= _checked(key, "trainer.model_parallel_gpus", size)
         out["trainer"]["model_parallel_gpus"] = product
         labels["trainer.model_parallel_gpus"] = (
-            f"public config: [verl config {source}] product of "
+            f"public config: [{where}] product of "
             + ", ".join(f"{k} = {v!r}" for k, v in given.items())
             + " (1 where not set)"
         )
@@ -326,7 +330,7 @@ def _derived(
             if not isinstance(value, bool):
                 raise ScenarioError(f"{key}: expected true or false, got {value!r}")
         out["trainer"]["offload_state"] = any(offloads.values())
-        labels["trainer.offload_state"] = f"public config: [verl config {source}] " + ", ".join(
+        labels["trainer.offload_state"] = f"public config: [{where}] " + ", ".join(
             f"{k} = {v!r}" for k, v in offloads.items()
         )
 
