@@ -412,3 +412,25 @@ def test_the_plans_overrides_on_the_file_give_the_plans_pick(tmp_path: Path, cap
     if best["hybrid"]:
         assert again.schedule["dynamic_schedule_policy"] == best["policy"]
     assert written["verl_overrides"] == {k: data[k] for k in written["verl_overrides"]}
+
+
+def test_two_spellings_of_one_key_read_as_the_core_reads_them() -> None:
+    data = {
+        "trainer.nnodes": 1,
+        "trainer.n_gpus_per_node": 8,
+        "rollout.nnodes": 1,
+        "rollout.n_gpus_per_node": 8,
+        "async_training.concurrent_samples_per_replica": 8,
+        "rollout.max_concurrent_samples_per_replica": 4,
+    }
+    sc = scenario_from_verl(data)
+    core = DynamicScheduleConfig.from_dict(data)
+    assert sc.schedule["concurrent_samples_per_replica"] == 8
+    assert core.concurrent_samples_per_replica == 8
+    source = (sc.label_of("schedule.concurrent_samples_per_replica") or ("", ""))[1]
+    assert source == "[verl config] async_training.concurrent_samples_per_replica = 8"
+    none_given = scenario_from_verl({"async_training": {"staleness_threshold": 0.25}})
+    assert none_given.label_of("configurations") == (
+        "public config",
+        "[verl config] verl's defaults",
+    )

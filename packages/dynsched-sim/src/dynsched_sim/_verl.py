@@ -203,7 +203,11 @@ def scenario_from_verl(
         base_sc = base if isinstance(base, Scenario) else load_scenario(base)
     except ScenarioError as e:
         raise ScenarioError(f"base scenario: {e}") from None
-    values = {key: value for key in VERL_SCENARIO_KEYS if (value := _at(tree, key)) is not None}
+    values: dict[str, Any] = {}
+    for key, path in VERL_SCENARIO_KEYS.items():
+        value = _at(tree, key)
+        if value is not None and path not in {VERL_SCENARIO_KEYS[k] for k in values}:
+            values[key] = value  # two spellings of one key: the first, as the core reads it
     fallback = "actor_rollout_ref.rollout.gpu_memory_utilization"
     standalone = "actor_rollout_ref.rollout.standalone_gpu_memory_utilization"
     if standalone not in values and fallback in values:  # verl: null falls back to it
@@ -216,15 +220,11 @@ def scenario_from_verl(
         _set(out, path, _checked(key, path, value))
         labels[path] = f"public config: [{where}] {key} = {value!r}"
     _derived(tree, out, labels, where)
-    out["configurations"] = [_split(core, tree)]
-    labels["configurations"] = (
-        f"public config: [{where}] "
-        + ", ".join(k for k in _SPLIT_KEYS if _at(tree, k) is not None)
-        + (
-            " (verl's defaults for the rest)"
-            if any(_at(tree, k) is None for k in _SPLIT_KEYS)
-            else ""
-        )
+    out["configurations"] = [_split(core)]
+    given = [k for k in _SPLIT_KEYS if _at(tree, k) is not None]
+    rest = "verl's defaults" if not given else "verl's defaults for the rest"
+    labels["configurations"] = f"public config: [{where}] " + ", ".join(
+        [*given, rest] if len(given) < len(_SPLIT_KEYS) else given
     )
     out["provenance"].update(labels)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(source or "config").stem) or "config"
@@ -335,7 +335,7 @@ def _derived(
         )
 
 
-def _split(core: DynamicScheduleConfig, tree: Mapping[str, Any]) -> dict[str, Any]:
+def _split(core: DynamicScheduleConfig) -> dict[str, Any]:
     """The file's one configuration, named as the built-ins name theirs."""
     trainer, rollout = core.hybrid_gpus, core.standalone_gpus
     hybrid = bool(core.use_dynamic_resource_scheduling)
