@@ -97,9 +97,10 @@ def allocate_incremental(
     job's remaining time) or ``T**(1 - a) / (1 - a)``.  ``pen = restart_penalty`` (in
     seconds; a mapping ``job_id -> seconds`` gives each running job its own, 0 for a
     job it does not name) is charged once per running job whose tasks change and
-    credited against the best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is added only when it
-    improves ``F`` by at least ``min_gain``; a task is taken from another job only when
-    the gain exceeds that job's loss (with its own restart penalty).  Ties: earlier
+    credited against the best of up to :data:`RESTART_LOOKAHEAD` more tasks; a task is
+    added only when it improves ``F`` by at least ``min_gain``; a task is taken from
+    another job only when the gain exceeds that job's loss (with its own restart
+    penalty).  Ties: earlier
     ``arrival``, then ``job_id``.  With ``jct_gains`` (``optimus+rw``, where ``F`` has
     no natural unit of gain) the ``min_gain`` test is on the relative time saved,
     ``(T(now) - T(new) - pen) / T(now)``; the restart penalty of a job that loses a task

@@ -277,8 +277,8 @@ class Plan:
         rests_on: What the plan rests on (simulator, calibration, seeds, models, rules).
         pruning_rule: The rule that chose what to simulate.
         seconds: Wall time of the planning.
-        verl_overrides: The best candidate as verl config keys
-            (`Candidate.verl_overrides` on the scenario's servers).
+        gpus_per_node: GPUs per server of the scenario (`verl_overrides` places the pick's
+            pools on whole servers of this size).
     """
 
     scenario: str
@@ -293,12 +293,17 @@ class Plan:
     pruning_rule: str
     seconds: float = attrs.field(eq=False)
     simulated_staleness_bound: float | None = None
-    verl_overrides: Mapping[str, Any] = attrs.field(factory=dict)
+    gpus_per_node: int = 8
 
     @property
     def best(self) -> PlannedCandidate:
         """The fastest simulated candidate."""
         return self.ranked[0]
+
+    @property
+    def verl_overrides(self) -> dict[str, Any]:
+        """The best candidate as verl config keys (`Candidate.verl_overrides`)."""
+        return self.best.candidate.verl_overrides(self.gpus_per_node)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (``plan.json``)."""
@@ -317,7 +322,8 @@ class Plan:
             "rests_on": list(self.rests_on),
             "pruning_rule": self.pruning_rule,
             "seconds": self.seconds,
-            "verl_overrides": dict(self.verl_overrides),
+            "gpus_per_node": self.gpus_per_node,
+            "verl_overrides": self.verl_overrides,
         }
 
 
@@ -837,7 +843,7 @@ def plan(
         pruning_rule=rule,
         seconds=time.perf_counter() - start,
         simulated_staleness_bound=sim_bound,
-        verl_overrides=ranked[0].candidate.verl_overrides(sc.hardware.gpus_per_node),
+        gpus_per_node=sc.hardware.gpus_per_node,
     )
 
 
@@ -891,11 +897,10 @@ def format_plan(p: Plan, top: int = 10) -> str:
     # what it rests on: the scenario (a verl config names its base) and the labels; the
     # rest (fitted sources, seeds, rules) in plan.json's rests_on
     lines += [f"rests on {r}" for r in p.rests_on if r.startswith("scenario ")]
-    if p.verl_overrides:
-        lines.append(
-            "the best as verl overrides: "
-            + " ".join(f"{k}={_verl_value(v)}" for k, v in p.verl_overrides.items())
-        )
+    lines.append(
+        "the best as verl overrides: "
+        + " ".join(f"{k}={_verl_value(v)}" for k, v in p.verl_overrides.items())
+    )
     return "\n".join(lines)
 
 

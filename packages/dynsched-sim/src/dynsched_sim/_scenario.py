@@ -535,15 +535,17 @@ def load_scenario(
             raise ScenarioError(f"scenario file {s!r} does not exist")
         try:
             data = _read(p)
-            from dynsched_sim._verl import DEFAULT_VERL_BASE, is_verl_config, scenario_from_verl
+            from dynsched_sim import _verl
 
-            if is_verl_config(data):
-                return scenario_from_verl(data, base=base or DEFAULT_VERL_BASE, source=p.name)
+            if _verl.is_verl_config(data):
+                return _verl.scenario_from_verl(
+                    data, base=base or _verl.DEFAULT_VERL_BASE, source=p.name
+                )
             if isinstance(data, Mapping) and "configurations" not in data:
                 raise ScenarioError(
                     "neither a scenario (no 'configurations' key) nor a verl config (no "
-                    "actor_rollout_ref, async_training, rollout, data or algorithm section); "
-                    f"its top-level keys: {sorted(map(str, data))}"
+                    f"{' / '.join(sorted(_verl.VERL_SECTIONS))} section); its top-level keys: "
+                    f"{sorted(map(str, data))}"
                 )
             _no_base(base, "a scenario file")
             return scenario_from_dict(data)

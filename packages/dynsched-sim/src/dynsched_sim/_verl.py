@@ -138,7 +138,7 @@ _SPLIT_KEYS = (
 )
 #: Top-level sections that mark a verl config (a scenario has ``configurations`` and its
 #: own sections instead).
-_VERL_MARKERS = frozenset({"actor_rollout_ref", "async_training", "data", "rollout", "algorithm"})
+VERL_SECTIONS = frozenset({"actor_rollout_ref", "async_training", "data", "rollout", "algorithm"})
 _SCENARIO_ONLY = frozenset(
     {"configurations", "name", "steps", "engine", "workload", "hardware", "model", "schedule"}
 )
@@ -151,7 +151,7 @@ def is_verl_config(data: Any) -> bool:
     if not isinstance(data, Mapping):
         return False
     heads = {str(k).split(".", 1)[0] for k in data}
-    return bool(heads & _VERL_MARKERS) and not heads & _SCENARIO_ONLY
+    return bool(heads & VERL_SECTIONS) and not heads & _SCENARIO_ONLY
 
 
 def verl_key_warnings(data: Mapping[str, Any]) -> list[str]:
@@ -206,7 +206,7 @@ def scenario_from_verl(
     values: dict[str, Any] = {}
     for key, path in VERL_SCENARIO_KEYS.items():
         value = _at(tree, key)
-        if value is not None and path not in {VERL_SCENARIO_KEYS[k] for k in values}:
+        if value is not None and path not in map(VERL_SCENARIO_KEYS.get, values):
             values[key] = value  # two spellings of one key: the first, as the core reads it
     fallback = "actor_rollout_ref.rollout.gpu_memory_utilization"
     standalone = "actor_rollout_ref.rollout.standalone_gpu_memory_utilization"

@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dynsched_core.cli import ensure_output_folder
 from dynsched_core.errors import UsageError
 
 if TYPE_CHECKING:
@@ -131,19 +132,11 @@ def _load(args: argparse.Namespace, path: str, command: str) -> Scenario:
     return scenario
 
 
-def _check_out(out: str) -> None:
-    """The output folder exists (created) and is writable, before anything runs."""
-    from dynsched_core.cli import ensure_output_folder
-
-    ensure_output_folder(out, "--out")
-
-
 def _handler(args: argparse.Namespace) -> int:
     from dynsched_core import available_policies
 
     from dynsched_sim._report import seeds_of
-    from dynsched_sim._scenario import builtin_scenarios
-    from dynsched_sim._sim import SimulationStalledError
+    from dynsched_sim._scenario import ScenarioError, builtin_scenarios
 
     if args.list:
         print("scenarios:", ", ".join(builtin_scenarios()))
@@ -153,7 +146,7 @@ def _handler(args: argparse.Namespace) -> int:
     seeds = seeds_of(scenario, args.seed, args.seeds)
     try:
         runs = _run_all(args, scenario, seeds, published)
-    except SimulationStalledError as e:  # a scenario whose speeds stall every run
+    except ScenarioError as e:  # e.g. SimulationStalledError: speeds that stall every run
         raise UsageError(str(e)) from None
     _print_table(args, scenario, runs, published)
     paths = _write(args, scenario, runs, seeds, published, partial=False)
@@ -187,7 +180,7 @@ def _checked_scenario(args: argparse.Namespace) -> tuple[Scenario, bool]:
                 from dynsched_core import get_policy_class
 
                 get_policy_class(name)  # raises with the list and a close match
-        _check_out(args.out)
+        ensure_output_folder(args.out, "--out")
     except (ScenarioError, PolicyRegistryError) as e:
         raise UsageError(str(e)) from None
     return scenario, published
@@ -353,7 +346,7 @@ def _plan_handler(args: argparse.Namespace) -> int:
             "simulated_staleness_bound": args.simulated_staleness_bound,
         }
         check_plan_inputs(scenario, **inputs, flags=True)
-        _check_out(args.out)
+        ensure_output_folder(args.out, "--out")
         note = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
         result = plan(scenario, **inputs, progress=note)
     except (ScenarioError, PlanError) as e:
