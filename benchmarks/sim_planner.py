@@ -56,6 +56,12 @@ only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
         [--family builtin heldout fresh] [--per-family] [--until HH:MM]
         [--no-plan | --plan-only]
 
+``--rebound`` simulates nothing: it re-reads every run of the existing result file(s)
+against the current lower bound (`dynsched_sim.run_lower_bound`: the bound the run
+reported, from the same workload draw and splits) and rewrites their efficiencies and
+summaries, with ``bound_instrument`` naming the commit of the bound (after a change of the
+bound alone; the runs are deterministic).
+
 ``--quick``: 2 seeds of each built-in and the first 5 draws of each held-out family with 1
 seed. Writes ``benchmarks/results/sim_planner.json`` (``sim_planner_quick.json`` with
 ``--quick``); ``--per-family`` writes one file per family instead,
@@ -282,12 +288,10 @@ def _candidate(pick: dict[str, Any]) -> Any:
     return Candidate(**{k: c[k] for k in attrs.fields_dict(Candidate)})
 
 
-def _one(task: tuple[Any, ...]) -> dict[str, Any]:
-    """One simulated run: ``(scenario key, configuration name, policy, planner, seed)``, or
-    for a plan arm ``(scenario key, arm, plan pick, planner, seed)``."""
-    from dynsched_sim import run_configuration
-
-    key, conf_name, policy, planner, seed = task
+def _resolve(task: tuple[Any, ...]) -> tuple[Any, Any, str, str | None, str]:
+    """A task's scenario, configuration, policy, arm (None: not a plan arm) and
+    configuration name."""
+    key, conf_name, policy, _planner, _seed = task
     sc = _scenario(key)
     arm = None
     if conf_name in (*PLAN_ARMS, *STALE_ARMS):
@@ -301,6 +305,16 @@ def _one(task: tuple[Any, ...]) -> dict[str, Any]:
     else:
         confs = {c.name: c for c in (*sc.configurations, *_static_splits(sc))}
         conf = confs[conf_name]
+    return sc, conf, policy, arm, conf_name
+
+
+def _one(task: tuple[Any, ...]) -> dict[str, Any]:
+    """One simulated run: ``(scenario key, configuration name, policy, planner, seed)``, or
+    for a plan arm ``(scenario key, arm, plan pick, planner, seed)``."""
+    from dynsched_sim import run_configuration
+
+    key, _conf, _policy, planner, seed = task
+    sc, conf, policy, arm, conf_name = _resolve(task)
     r = run_configuration(sc, conf, policy, seed=seed, planner=planner)
     return {
         "key": key,
@@ -928,14 +942,92 @@ def run(
                 flush=True,
             )
             if summaries:
-                print(_table(family, summaries, entry["summary"]), flush=True)
-                if plan_arms:
-                    print(_plan_table(family, summaries, entry["summary"]), flush=True)
-                    print(_stale_table(family, summaries, entry["summary"]), flush=True)
+                _print_tables(family, summaries, entry["summary"], plan_arms)
     finally:
         if pool:
             pool.shutdown()
     return result
+
+
+def _print_tables(
+    family: str, summaries: list[dict[str, Any]], fam: dict[str, Any], plan_arms: bool
+) -> None:
+    """A family's tables (with ``plan_arms``, the plan arms' two as well) to stdout."""
+    print(_table(family, summaries, fam), flush=True)
+    if plan_arms:
+        print(_plan_table(family, summaries, fam), flush=True)
+        print(_stale_table(family, summaries, fam), flush=True)
+
+
+def _row_task(row: dict[str, Any], entry: dict[str, Any]) -> tuple[Any, ...]:
+    """The task that made a stored run (``entry``: its family, for the plans)."""
+    key, arm, seed = row["key"], row.get("arm"), row["seed"]
+    planner = row["policy"].endswith("+planner")
+    if arm in PLAN_ARMS:
+        return (key, arm, entry["plans"][key], planner, seed)
+    if arm in STALE_ARMS:
+        return (key, arm, entry["stale_plans"][key], planner, seed)
+    if arm == STATIC_AT_PLAN:
+        return (key, arm, (entry["plans"][key], row["configuration"]), False, seed)
+    return (key, row["configuration"], row["policy"].removesuffix("+planner"), planner, seed)
+
+
+def _bound_of(task: tuple[Any, ...]) -> float:
+    """The lower bound the run of ``task`` reports, without simulating it."""
+    from dynsched_sim import run_lower_bound
+
+    sc, conf, policy, _arm, _name = _resolve(task)
+    return float(run_lower_bound(sc, conf, policy, seed=task[4], planner=task[3]).seconds)
+
+
+def rebound(path: Path, jobs: int) -> dict[str, Any]:
+    """Re-read every run of a result file against the current lower bound: each run's
+    efficiency becomes ``run_lower_bound / wall_clock_s`` (the runs are not simulated
+    again: the simulator is deterministic and the bound is computed after a run, from its
+    workload draw, so only the bound changed) and the summaries are made anew. The
+    file's ``bound_instrument`` names the commit of the bound."""
+    data = json.loads(path.read_text())
+    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    try:
+        for family, entry in data["families"].items():
+            rows = entry["runs"]
+            tasks = [_row_task(r, entry) for r in rows]
+            bounds = (
+                list(pool.map(_bound_of, tasks, chunksize=8))
+                if pool
+                else [_bound_of(t) for t in tasks]
+            )
+            moved = 0
+            for r, b in zip(rows, bounds, strict=True):
+                eff = b / r["wall_clock_s"] if r["wall_clock_s"] > 0 else 0.0
+                moved += eff != r["efficiency"]
+                r["efficiency"] = eff
+            summaries = []
+            for old in entry["scenarios"]:
+                key = old["scenario"]
+                stale = entry.get("stale_plans", {}).get(key)
+                summary = _summarise(key, [r for r in rows if r["key"] == key], stale)
+                for note in ("plan", "stale_plan"):
+                    if note in old:
+                        summary[note] = old[note]
+                summaries.append(summary)
+            entry.update(
+                scenarios=summaries,
+                summary=_family(summaries),
+                bound_instrument=_instrument(),
+                rebound={"runs": len(rows), "efficiencies_changed": moved},
+            )
+            print(
+                f"{family}: {len(rows)} runs re-read against the current bound "
+                f"({moved} efficiencies changed)",
+                file=sys.stderr,
+                flush=True,
+            )
+            _print_tables(family, summaries, entry["summary"], bool(entry.get("plans")))
+    finally:
+        if pool:
+            pool.shutdown()
+    return data
 
 
 def _one_family(result: dict[str, Any], family: str) -> dict[str, Any]:
@@ -967,8 +1059,25 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run only the plan arms and merge them into the existing result file(s)",
     )
+    arms.add_argument(
+        "--rebound",
+        action="store_true",
+        help="simulate nothing: re-read the runs of the existing result file(s) against "
+        "the current lower bound (efficiencies and summaries) and rewrite them",
+    )
     args = ap.parse_args(argv)
     stem = "sim_planner_quick" if args.quick else "sim_planner"
+    if args.rebound:
+        folder = Path(args.out) if args.out and args.per_family else RESULTS
+        paths = (
+            [folder / f"{stem}_{f}.json" for f in args.family]
+            if args.per_family
+            else [Path(args.out) if args.out else RESULTS / f"{stem}.json"]
+        )
+        for path in paths:
+            _write(path, rebound(path, max(1, args.jobs)))
+            print(f"wrote {path}")
+        return 0
 
     def load(path: Path, families: list[str]) -> dict[str, dict[str, Any]]:
         """The families of an existing result file (plans reused; with --plan-only its

@@ -207,3 +207,31 @@ def test_plan_only_adds_the_stale_arms_and_keeps_every_other_run(
     assert {k: new_s[k] for k in old_s if k != "stale_plan"} == {
         k: v for k, v in old_s.items() if k != "stale_plan"
     }
+
+
+@pytest.mark.usefixtures("tiny")
+def test_rebound_rereads_every_run_against_the_bound_without_simulating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--rebound``: every stored run's efficiency is recomputed from the bound the run
+    reports (`run_lower_bound`), the summaries made anew, and nothing is simulated."""
+    fam = sp.run(["builtin"], True, 1, plan_arms=True)["families"]["builtin"]
+    want = [r["efficiency"] for r in fam["runs"]]
+    summary = json.loads(json.dumps(fam["summary"]))
+    assert any(r.get("arm") for r in fam["runs"]) and any(
+        r["policy"].endswith("+planner") for r in fam["runs"]
+    )
+    for r in fam["runs"]:  # as if measured against another bound
+        r["efficiency"] = 0.5
+    fam["summary"] = {}
+    path = tmp_path / "sim_planner_quick_builtin.json"
+    path.write_text(json.dumps({"instrument": "x", "quick": True, "families": {"builtin": fam}}))
+    monkeypatch.setattr(sp, "_one", lambda *a: pytest.fail("simulated"))
+    monkeypatch.setattr(sp, "_make_plan", lambda *a: pytest.fail("replanned"))
+    assert sp.main(["--quick", "--family", "builtin", "--per-family", "--rebound",
+                    "--out", str(tmp_path)]) == 0  # fmt: skip
+    got = json.loads(path.read_text())["families"]["builtin"]
+    assert [r["efficiency"] for r in got["runs"]] == want
+    assert got["summary"] == summary
+    assert got["rebound"] == {"runs": len(want), "efficiencies_changed": len(want)}
+    assert got["bound_instrument"]

@@ -8,6 +8,7 @@ import pytest
 from dynsched_sim import (
     EngineModel,
     builtin_scenarios,
+    decode_rates,
     load_scenario,
     lower_bound,
     pool_throughput,
@@ -137,3 +138,72 @@ def test_random_scenarios_are_deterministic_and_valid() -> None:
     assert a == b
     assert random_scenario(8) != a
     assert any(c.hybrid for c in a.configurations)
+
+
+@given(
+    counts=st.lists(st.integers(1, 2), min_size=1, max_size=2),
+    caps=st.lists(st.integers(1, 6), min_size=2, max_size=2),
+    samples=st.integers(1, 6),
+    n=st.integers(1, 3),
+    per_seq=st.floats(0.0, 0.02),
+)
+def test_decode_rates_never_below_the_best_schedule(
+    counts: list[int], caps: list[int], samples: int, n: int, per_seq: float
+) -> None:
+    """Every way of running sequences (``x``) and longest responses (``c <= x``) on the
+    replicas, within ``samples`` samples and ``n * samples`` sequences in flight, makes
+    no more weighted work per second than `decode_rates` says."""
+    eng = EngineModel(gpus_per_replica=1, decode_base_s=0.01, decode_per_seq_s=per_seq)
+    pools = list(zip(counts, caps, strict=False))
+    replicas = [cap for cnt, cap in pools for _ in range(cnt)]
+    weights = (0.0, 0.25, 0.5, 1.0)
+    got = decode_rates(eng, pools, samples, n, weights)
+    per_replica = [[(c, x) for x in range(cap + 1) for c in range(x + 1)] for cap in replicas]
+    for i, lam in enumerate(weights):
+        best = 0.0
+        for choice in itertools.product(*per_replica):
+            if sum(c for c, _ in choice) > samples or sum(x for _, x in choice) > n * samples:
+                continue
+            rate = sum(
+                (lam * c + (1 - lam) * x) / (eng.decode_base_s + per_seq * x)
+                for c, x in choice
+                if x
+            )
+            best = max(best, rate)
+        assert got[i] >= best * (1 - 1e-9), (lam, got[i], best)
+
+
+def test_decode_rates_by_hand_without_a_per_sequence_cost() -> None:
+    """With ``decode_per_seq_s = 0`` an iteration takes ``b`` whatever runs, so the best is
+    every replica full and as many longest responses as the samples allow."""
+    eng = EngineModel(gpus_per_replica=1, decode_base_s=0.02, decode_per_seq_s=0.0)
+    # 2 replicas of 8 sequences; 3 samples of n = 4: 12 sequences, 3 longest responses
+    got = decode_rates(eng, [(2, 8)], 3, 4, (0.0, 0.5, 1.0))
+    assert got == pytest.approx([12 / 0.02, (0.5 * 3 + 0.5 * 12) / 0.02, 3 / 0.02], rel=1e-5)
+
+
+def test_decode_constraint_binds_where_slots_and_tokens_are_loose() -> None:
+    """The published split 16+16 is rollout-bound: two standalone replicas of 128
+    sequences hold 32 samples of n = 8. Counting only tokens, or each sample's longest
+    response at the fastest single-sequence rate, leaves 30 % of the run unexplained;
+    the decode constraint couples them (a replica cannot run 128 sequences and have
+    every iteration advance a different sample's longest response), binds, and the run
+    still never beats it."""
+    sc = load_scenario("seed-qwen35")
+    r = run_configuration(sc, "static-16-16", "static_fully_async")
+    assert r.summary["lower_bound_binding"] == "decode"
+    assert 0.78 < r.efficiency <= 1.0
+
+
+@pytest.mark.parametrize("planner", [False, True])
+def test_run_lower_bound_is_the_bound_a_run_reports(planner: bool) -> None:
+    """`run_lower_bound` gives, without simulating, the bound `run_configuration` reports
+    (the same workload draw and, with the role planner, the same splits)."""
+    from dynsched_sim import run_lower_bound
+
+    sc = load_scenario("heavy-tailed").with_steps(6)
+    for conf in sc.configurations:
+        r = run_configuration(sc, conf, "default", seed=3, planner=planner)
+        b = run_lower_bound(sc, conf, "default", seed=3, planner=planner)
+        assert b.seconds == r.lower_bound_s
+        assert b.binding == r.summary["lower_bound_binding"]

@@ -9,7 +9,13 @@ trainer. See the package README.
 from __future__ import annotations
 
 from dynsched_sim._accounting import MODES, GroupAccountant, GroupUsage
-from dynsched_sim._bound import LowerBound, admissible_prompts, lower_bound, pool_throughput
+from dynsched_sim._bound import (
+    LowerBound,
+    admissible_prompts,
+    decode_rates,
+    lower_bound,
+    pool_throughput,
+)
 from dynsched_sim._heldout import HELD_OUT_FIRST_DRAW, HELD_OUT_RANGES, heldout_scenario
 from dynsched_sim._models import EngineModel, HardwareModel, LLMModel, TrainerLinks, TrainerModel
 from dynsched_sim._mover import ResizeCosts, SimRoleMover
@@ -46,7 +52,12 @@ from dynsched_sim._scenario import (
     scenario_to_dict,
     static_splits,
 )
-from dynsched_sim._sim import RunResult, SimulationStalledError, run_configuration
+from dynsched_sim._sim import (
+    RunResult,
+    SimulationStalledError,
+    run_configuration,
+    run_lower_bound,
+)
 from dynsched_sim._staleness import (
     StalenessInputs,
     predicted_staleness,
@@ -112,6 +123,7 @@ __all__ = [
     "aggregate",
     "builtin_scenarios",
     "compare",
+    "decode_rates",
     "format_table",
     "heldout_scenario",
     "is_verl_config",
@@ -125,6 +137,7 @@ __all__ = [
     "predicted_staleness_for",
     "random_scenario",
     "run_configuration",
+    "run_lower_bound",
     "run_virtual",
     "scenario_from_dict",
     "scenario_from_verl",

@@ -16,11 +16,12 @@ their trainer trains, blocking weight syncs and stragglers. Notation for one con
 * prompt group ``i``: ``R_i`` response tokens, ``L_i`` its longest response, ``K_i``
   training tokens, ``P_i`` prompt tokens;
 * replicas: the throughput of a replica running ``x`` sequences is ``f(x) = x r(x)``
-  (`EngineModel`), increasing and concave; at most ``n M`` sequences are ever in flight and a
-  replica runs at most ``max_running`` of them, so the standalone pool produces at most
-  ``P_s = max sum f(x_j)`` tokens/s (water-filling over its replicas) and the hybrid replicas
-  add at most ``P_h`` (the same over all replicas, minus ``P_s``); ``r_1 = r(1)`` is the
-  fastest a single sequence ever decodes;
+  (`EngineModel`), increasing and concave; at most ``C`` samples (below) and so ``n C``
+  sequences are ever in flight and a replica runs at most ``max_running`` of them, so the
+  standalone pool produces at most ``P_s = max sum f(x_j)`` tokens/s (water-filling over its
+  replicas) and the hybrid replicas add at most ``P_h`` (the same over all replicas, minus
+  ``P_s``, or over the hybrid replicas alone, whichever is larger: a sync pauses only the
+  standalone ones); ``r_1 = r(1)`` is the fastest a single sequence ever decodes;
 * trainer: a step over samples with ``K`` tokens takes at least ``o + c K`` (plus the
   state swap when the trainer offloads), ``(o, c) = TrainerModel.linear_lower(g_T, K_min)``:
   the fixed overhead, the gradient all-reduce and the pipeline bubble of the smallest
@@ -43,6 +44,19 @@ bound ``t_k`` on the start of step ``k``'s training is the largest of
    replicas produced at most ``P_s (t - y (k-1)//T) + P_h (t - h - train(1..k-1))``; the
    same holds from the opening ``O_w`` of every window ``w <= v(k)`` for the samples that
    must come from prompts admitted at or after it (at least ``k q - A(w - 1)`` of them);
+2b. *decode*: a sample is done only once its longest response ``L_i`` has decoded, one token
+   per iteration of the replica running it; a replica running ``x`` sequences, ``c <= x``
+   of them some in-flight sample's longest response, makes ``x`` tokens and ``c`` such
+   *chain steps* per iteration of at least ``b + a x`` seconds, with at most ``C``
+   samples and ``n C`` sequences in flight in all. So for every weight ``0 <= lam <= 1``
+   (`DECODE_WEIGHTS`) the replicas make at most ``D(lam)`` of ``lam * chain steps + (1 -
+   lam) * tokens`` per second (`decode_rates`: the Lagrangian dual of that maximum, an
+   upper bound by weak duality), ``D_s`` standalone and ``D_h`` hybrid as for the tokens,
+   and the ``k q`` samples need ``lam SL + (1 - lam) SR`` of it (``SL``: the sum of the
+   ``k q`` smallest ``L``); the same timing as 2, from the start and every ``O_w``. Counting
+   tokens alone, or each sample's chain at the fastest rate alone (3), misses that a
+   replica cannot both run many sequences and advance many samples' longest responses
+   fast: on a rollout-bound split this binds;
 3. *sample slots*: at most ``C = min(replicas * concurrent_samples_per_replica, M)`` samples
    are in flight at any time (all replicas, hybrid ones included: the cap drops at a
    deactivation while the samples admitted under the larger one finish), and sample ``i``
@@ -68,7 +82,8 @@ minimums allow), the bound relaxes each rate on its own, since at any instant th
 in one split, each training step runs on one split's trainer (moves happen at sync
 boundaries, with the trainer idle) and moves only add time:
 
-* tokens: ``P_s = max P_s(sigma)`` and ``P_h = max P_h(sigma)`` (so the rate of every pool
+* tokens (and each weight of the decode constraint, ``D`` in place of ``P``): ``P_s = max
+  P_s(sigma)`` and ``P_h = max P_h(sigma)`` (so the rate of every pool
   combination the single-split argument uses is at most its relaxed value), and besides,
   from the start and from every ``O_w``, no split produces faster than ``P_all = max
   (P_s + P_h)(sigma)`` (the whole cluster of one split), so ``t_k >= need / P_all``;
@@ -91,7 +106,9 @@ boundaries, with the trainer idle) and moves only add time:
   ``S (A - B K_min) + B K + gamma R`` with ``K = SK(v(S), S q)`` and ``R = SR(v(S), S
   q)`` (weak duality of the linear program over the time spent in each split, which this
   solves exactly: the value is concave and piecewise linear in ``gamma``, largest where
-  two splits' lines cross or at an end). The run ends no earlier than its largest value.
+  two splits' lines cross or at an end); the same holds with every weight of the decode
+  constraint, ``D`` and ``lam SL + (1 - lam) SR`` in place of ``P`` and ``R``. The run
+  ends no earlier than its largest value.
 
 The minimum over splits of the single-split bounds would not do: a run can train on a large
 trainer and generate on a large pool at different times, beating every single split. With
@@ -100,6 +117,7 @@ one split (no planner) every relaxed value is the split's own and the bound is u
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -112,7 +130,14 @@ from dynsched_sim._models import EngineModel
 from dynsched_sim._scenario import Configuration, Scenario
 from dynsched_sim._workload import Workload
 
-__all__ = ["LowerBound", "admissible_prompts", "lower_bound", "pool_throughput"]
+__all__ = [
+    "DECODE_WEIGHTS",
+    "LowerBound",
+    "admissible_prompts",
+    "decode_rates",
+    "lower_bound",
+    "pool_throughput",
+]
 
 
 @attrs.frozen
@@ -122,7 +147,7 @@ class LowerBound:
     Attributes:
         seconds: The lower bound on the run's wall-clock.
         binding: Which constraint set the start of the step the final bound chains from:
-            ``"tokens"``, ``"slots"``, ``"stragglers"`` or ``"trainer"`` (serial training
+            ``"tokens"``, ``"decode"``, ``"slots"``, ``"stragglers"`` or ``"trainer"`` (serial training
             from step 1); ``"fluid"`` when the time-sharing bound of a re-planned run is
             the larger.
         standalone_tokens_per_s: ``P_s``.
@@ -192,6 +217,133 @@ def pool_throughput(engine: EngineModel, caps: Sequence[int], sequences: int) ->
     return total
 
 
+#: The weights ``lam`` of the decode constraint (module docstring, 2b): ``lam`` weighs a
+#: sample's longest response against all its tokens (0: the tokens alone, constraint 2)
+DECODE_WEIGHTS = tuple(float(x) for x in np.linspace(0.125, 1.0, 8))
+#: The search of `decode_rates`: a grid of ``_GRID`` x ``_GRID`` prices, zoomed in
+#: ``_ZOOMS`` times around its least (any point of the dual is a valid bound; a finer
+#: search only tightens it)
+_GRID = 33
+_ZOOMS = 7
+
+
+def _most_per_price(b: float, a: float, cap: int, price: np.ndarray) -> np.ndarray:
+    """``max over 0 <= x <= cap`` (real ``x``) of ``x / (b + a x) - price x``, per price:
+    the most one replica running ``x`` sequences decodes (``b + a x`` seconds an
+    iteration), less ``price`` per sequence."""
+    if a > 0:
+        with np.errstate(divide="ignore", over="ignore"):
+            x = (np.sqrt(b / np.maximum(price, 1e-300)) - b) / a
+        x = np.clip(np.where(price > 0, x, float(cap)), 0.0, float(cap))
+    else:
+        x = np.where(price < 1.0 / b, float(cap), 0.0)
+    out: np.ndarray = x / (b + a * x) - price * x
+    return out
+
+
+def decode_rates(
+    engine: EngineModel,
+    pools: Sequence[tuple[int, int]],
+    samples: int,
+    n: int,
+    weights: Sequence[float] = DECODE_WEIGHTS,
+) -> np.ndarray:
+    """Per weight ``lam``, an upper bound on ``lam * chains + (1 - lam) * tokens`` per
+    second of the replicas ``pools`` (``(count, max_running)`` per kind of replica):
+    *tokens* counts every decoded token, *chains* the decode iterations of each sample's
+    longest response (module docstring, 2b), with at most ``samples`` samples and ``n *
+    samples`` sequences in flight.
+
+    A replica running ``x`` sequences, ``c <= x`` of them some in-flight sample's longest
+    response, makes ``x`` tokens and ``c`` chain steps per iteration of ``b + a x``
+    seconds (``b``, ``a``: ``decode_base_s``, ``decode_per_seq_s``; context and prefill only
+    slow it). The value is the Lagrangian dual of that maximum over the replicas (``mu``
+    prices a sample, ``nu`` a sequence): ``min over mu, nu >= 0`` of ``mu samples + nu n
+    samples + sum over replicas of max(phi(mu + nu), (1 - lam) phi(nu / (1 - lam)))``
+    with ``phi(p) = max over 0 <= x <= cap of x / (b + a x) - p x``; any ``mu, nu`` bound
+    it from above (weak duality), and a grid search zoomed in around its least finds the
+    least (the dual is convex).
+    """
+    live = tuple((int(cnt), int(cap)) for cnt, cap in pools if cnt > 0 and cap > 0)
+    key = (engine.decode_base_s, engine.decode_per_seq_s, live, int(samples), int(n))
+    return _decode_rates(*key, tuple(float(x) for x in weights)).copy()
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_rates(
+    b: float,
+    a: float,
+    live: tuple[tuple[int, int], ...],
+    samples: int,
+    n: int,
+    weights: tuple[float, ...],
+) -> np.ndarray:
+    """`decode_rates` of the replicas ``live`` (cached: a plan asks for the same pools
+    over and over)."""
+    lam = np.asarray(weights, dtype=np.float64)
+    if not live or samples <= 0:
+        return np.zeros(len(lam))
+    tok = 1.0 - lam
+    safe_tok = np.where(tok > 0, tok, 1.0)
+
+    def dual3(mu: np.ndarray, nu: np.ndarray) -> np.ndarray:
+        """The dual at ``mu``, ``nu`` (weights along the first axis)."""
+        shape = (-1,) + (1,) * (mu.ndim - 1)
+        t, st = tok.reshape(shape), safe_tok.reshape(shape)
+        total = mu * samples + nu * n * samples
+        for cnt, cap in live:
+            chain = _most_per_price(b, a, cap, mu + nu)
+            alone = np.where(t > 0, t * _most_per_price(b, a, cap, nu / st), 0.0)
+            total = total + cnt * np.maximum(chain, alone)
+        out: np.ndarray = total
+        return out
+
+    def dual(mu: np.ndarray, nu: np.ndarray) -> np.ndarray:
+        return dual3(mu, nu)
+
+    # zoom in on the least of a grid of (mu, nu) per weight; a convex function's least
+    # lies next to its grid least, and every point evaluated bounds from above anyway
+    k = len(lam)
+    grid = np.linspace(0.0, 1.0, _GRID)
+    lo_mu, lo_nu = np.zeros(k), np.zeros(k)
+    width = np.full(k, 1.0 / b)  # phi(p) = 0 for every p >= 1 / b: nothing lies beyond
+    width_nu = width.copy()
+    best = dual(np.zeros(k), np.zeros(k))
+    rows = np.arange(k)
+    for _ in range(_ZOOMS):
+        mu = lo_mu[:, None] + width[:, None] * grid[None, :]
+        nu = lo_nu[:, None] + width_nu[:, None] * grid[None, :]
+        vals = dual3(mu[:, :, None], nu[:, None, :]).reshape(k, -1)
+        at = np.argmin(vals, axis=1)
+        best = np.minimum(best, vals[rows, at])
+        i, j = np.divmod(at, _GRID)
+        step_mu, step_nu = width / (_GRID - 1), width_nu / (_GRID - 1)
+        lo_mu = np.maximum(mu[rows, i] - step_mu, 0.0)
+        lo_nu = np.maximum(nu[rows, j] - step_nu, 0.0)
+        width, width_nu = 2.0 * step_mu, 2.0 * step_nu
+    out: np.ndarray = best
+    return out
+
+
+def _earliest_rows(
+    need: np.ndarray, first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """`_earliest` elementwise for two terms ``(rates, starts)`` (arrays that broadcast
+    against ``need``)."""
+    (ra, sa), (rb, sb) = first, second
+    swap = sa > sb
+    r1, s1 = np.where(swap, rb, ra), np.where(swap, sb, sa)
+    r2, s2 = np.where(swap, ra, rb), np.where(swap, sa, sb)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alone = np.where(r1 > 0, s1 + need / np.where(r1 > 0, r1, 1.0), math.inf)
+        both = r1 + r2
+        after = np.where(
+            both > 0, s2 + (need - r1 * (s2 - s1)) / np.where(both > 0, both, 1.0), math.inf
+        )
+    out = np.where(alone <= s2, alone, after)
+    return np.where(need <= 0, 0.0, out)
+
+
 class _Sorted:
     """Prefix sums of the sorted values of ``x`` over index ranges ``[lo, hi)`` (cached)."""
 
@@ -259,6 +411,8 @@ class _Relaxation:
         self.trainers: list[tuple[float, float]] = []  # (per step, per token) of each split
         self.pools: list[tuple[float, float]] = []  # (P_s, P_s + P_h) of each split
         self.p_all: float | None = None  # the best pool of one split (several splits only)
+        self.d_pools: list[tuple[np.ndarray, np.ndarray]] = []  # decode rates of each split
+        self.d_p_all: np.ndarray | None = None
         if len(splits) > 1:
             self._relax(scenario, splits, cfg)
         self._prompts(workload, cfg, scenario.engine.prefill_s_per_token)
@@ -275,20 +429,31 @@ class _Relaxation:
         g = eng.gpus_per_replica
         n_s = conf.rollout_gpus // g
         n_h = conf.trainer_gpus // g if conf.hybrid else 0
-        seqs = scenario.workload.n * cfg.max_required_samples
-        caps_s = [eng.max_running("standalone", hw, llm)] * n_s
-        caps_h = [eng.max_running("hybrid", hw, llm)] * n_h
+        # samples in flight: at most `slots` at any time (the cap never drops in a static
+        # split; with hybrid replicas it drops at each deactivation while the samples
+        # admitted under the larger cap finish, so only the largest cap is safe)
+        self.slots = min((n_s + n_h) * cfg.concurrent_samples_per_replica, cfg.max_required_samples)
+        n = scenario.workload.n
+        seqs = n * self.slots  # a sample in flight runs at most n sequences
+        cap_s, cap_h = eng.max_running("standalone", hw, llm), eng.max_running("hybrid", hw, llm)
+        caps_s, caps_h = [cap_s] * n_s, [cap_h] * n_h
         self.p_s = pool_throughput(eng, caps_s, seqs)
-        self.p_h = pool_throughput(eng, caps_s + caps_h, seqs) - self.p_s
+        # the hybrid replicas' share: what all add to the standalone pool, or what they
+        # make alone (while a sync pauses the standalone ones), whichever is larger
+        self.p_h = max(
+            pool_throughput(eng, caps_s + caps_h, seqs) - self.p_s,
+            pool_throughput(eng, caps_h, seqs),
+        )
+        pools_s, pools_h = [(n_s, cap_s)], [(n_h, cap_h)]
+        self.d_s = decode_rates(eng, pools_s, self.slots, n)
+        d_all = decode_rates(eng, pools_s + pools_h, self.slots, n)
+        self.d_h = np.maximum(d_all - self.d_s, decode_rates(eng, pools_h, self.slots, n))
+        self.d_all = d_all
         self.y = eng.broadcast_sync_s(hw, llm) if n_s else 0.0
         self.wake = eng.wake_s(hw, llm) + eng.local_sync_s(hw, llm)
         fixed, self.c_g = tr.linear_lower(conf.trainer_gpus, k_min)  # never above a step
         self.per_step = fixed + tr.state_swap_s(hw, llm, conf.trainer_gpus)
         self.r1 = eng.per_seq_rate(1)
-        # samples in flight: at most `slots` at any time (the cap never drops in a static
-        # split; with hybrid replicas it drops at each deactivation while the samples
-        # admitted under the larger cap finish, so only the largest cap is safe)
-        self.slots = min((n_s + n_h) * cfg.concurrent_samples_per_replica, cfg.max_required_samples)
 
     def _relax(
         self, scenario: Scenario, splits: Sequence[Configuration], cfg: DynamicScheduleConfig
@@ -296,6 +461,7 @@ class _Relaxation:
         """Several splits (a re-planned run): every rate at its best over the splits, each
         on its own (module docstring, *Re-planned runs*)."""
         p_s, p_h, p_all, y, slots = [], [], [], [], []
+        d_s, d_h, d_all = [], [], []
         for conf in splits:
             self._rates(scenario, conf, cfg, self.k_min)
             p_s.append(self.p_s)
@@ -303,9 +469,15 @@ class _Relaxation:
             p_all.append(self.p_s + self.p_h)
             y.append(self.y)
             slots.append(self.slots)
+            d_s.append(self.d_s)
+            d_h.append(self.d_h)
+            d_all.append(np.maximum(self.d_all, self.d_h))
             self.trainers.append((self.per_step, self.c_g))
             self.pools.append((self.p_s, self.p_s + self.p_h))
+            self.d_pools.append((self.d_s, d_all[-1]))
         self.p_s, self.p_h, self.p_all = max(p_s), max(p_h), max(p_all)
+        self.d_s, self.d_h = np.max(d_s, axis=0), np.max(d_h, axis=0)
+        self.d_p_all = np.max(d_all, axis=0)
         self.y, self.slots = min(y), max(slots)
         self.per_step = min(o for o, _ in self.trainers)
         self.c_g = min(c for _, c in self.trainers)
@@ -331,6 +503,8 @@ class _Relaxation:
         p_len = workload.prompt_lens[:top].astype(np.float64)
         self.solo = p_len * prefill_s + l_max / self.r1  # straggler time after admission
         self.sr, self.sk = _Sorted(resp.sum(axis=1)), _Sorted(k_tok)
+        self.sl = _Sorted(l_max)
+        self.lam = np.asarray(DECODE_WEIGHTS)
         self.ss = _Sorted(self.solo)
         self.done_e = np.full(top, math.inf)  # e_i, known once prompt i's window opened
         self.done_e[: a[0]] = self.solo[: a[0]]
@@ -411,6 +585,43 @@ class _Relaxation:
             t_tok = max(t_tok, need / self.p_all)
         return t_tok
 
+    def _weighted(self, lo: int, hi: int, count: int) -> np.ndarray:
+        """Per weight ``lam``, at most ``lam * L + (1 - lam) * R`` summed over any
+        ``count`` of the prompts ``lo..hi-1``: the sums of the smallest ``L`` and of the
+        smallest ``R``, weighed (each no more than over the same samples)."""
+        sl, sr = self.sl.smallest(lo, hi, count), self.sr.smallest(lo, hi, count)
+        return self.lam * sl + (1.0 - self.lam) * sr
+
+    def _decode_start(self, k: int, v: int) -> float:
+        """Constraint 2b: the decode iterations and tokens of the ``k q`` samples, per
+        weight, from the start and from every window opening (one array: windows x
+        weights)."""
+        a, q, y, t_sync = self.a, self.q, self.y, self.t_sync
+        hybrid_from = self.wake + self.train_lb(1, k - 1)
+        needs = [self._weighted(0, a[v], k * q)]
+        s_from, h_from = [y * ((k - 1) // t_sync)], [hybrid_from]
+        for w in range(1, v + 1):  # samples that must come from windows >= w
+            late = k * q - a[w - 1]
+            if late <= 0:
+                continue
+            o_w = self.opens[w]
+            needs.append(self._weighted(a[w - 1], a[v], late))
+            s_from.append(o_w + y * (v - w))
+            h_from.append(o_w + self.train_lb(t_sync * w + 1, k - 1))
+        need = np.vstack(needs)
+        t = _earliest_rows(
+            need,
+            (self.d_s[None, :], np.asarray(s_from)[:, None]),
+            (self.d_h[None, :], np.asarray(h_from)[:, None]),
+        )
+        best = float(np.max(t))
+        if self.d_p_all is not None:  # re-planned: no split decodes faster than d_p_all
+            opens = np.asarray([0.0] + [self.opens[w] for w in range(1, v + 1) if k * q > a[w - 1]])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                fluid = opens[:, None] + need / self.d_p_all[None, :]
+            best = max(best, float(np.max(np.where(need > 0, fluid, 0.0))))
+        return best
+
     def _slots_start(self, k: int, v: int) -> float:
         """Constraint 3: the sample slots, from the start and from every window opening."""
         a, q = self.a, self.q
@@ -431,6 +642,7 @@ class _Relaxation:
         cands = {
             "trainer": self._trainer_start(k),
             "tokens": self._tokens_start(k, v),
+            "decode": self._decode_start(k, v),
             "slots": self._slots_start(k, v),
             # constraint 4: the k q-th earliest completion among the admissible prompts
             "stragglers": float(np.partition(self.done_e[: self.a[v]], kq - 1)[kq - 1]),
@@ -458,25 +670,38 @@ class _Relaxation:
 
     def fluid_end(self) -> float:
         """The time-sharing bound of a re-planned run (module docstring, *Re-planned
-        runs*): ``max over gamma of S (A - B K_min) + B K + gamma R`` with ``A(gamma) =
-        min (1 - gamma P_s)(o + c K_min)`` and ``B(gamma) = min c (1 - gamma P_s)`` over the
-        splits, ``0 <= gamma <= 1 / max P_all``; concave and piecewise linear in
-        ``gamma``, so its largest value is at an end or where two splits' lines cross."""
+        runs*), for the tokens and for every weight of the decode constraint: the
+        largest of `_fluid` over them."""
         q, top = self.q, self.a[-1]
-        need_k = self.sk.smallest(0, top, self.steps * q)
-        need_r = self.sr.smallest(0, top, self.steps * q)
-        p_max = max(p_all for _, p_all in self.pools)
-        if p_max <= 0 or not (math.isfinite(need_k) and math.isfinite(need_r)):
+        count = self.steps * q
+        need_k = self.sk.smallest(0, top, count)
+        need_r = self.sr.smallest(0, top, count)
+        if not (math.isfinite(need_k) and math.isfinite(need_r)):
+            return 0.0
+        best = self._fluid(self.pools, need_k, need_r)
+        weighted = self._weighted(0, top, count)
+        for i, need_w in enumerate(weighted.tolist()):
+            pools = [(float(d_s[i]), float(d_all[i])) for d_s, d_all in self.d_pools]
+            best = max(best, self._fluid(pools, need_k, need_w))
+        return best
+
+    def _fluid(self, pools: Sequence[tuple[float, float]], need_k: float, need_r: float) -> float:
+        """``max over gamma of S (A - B K_min) + B K + gamma R`` with ``A(gamma) = min (1
+        - gamma P_s)(o + c K_min)`` and ``B(gamma) = min c (1 - gamma P_s)`` over the
+        splits, ``0 <= gamma <= 1 / max P_all`` (``pools``: ``(P_s, P_all)`` of each
+        split; ``need_r``: the work ``R`` they make at those rates); concave and piecewise
+        linear in ``gamma``, so its largest value is at an end or where two splits' lines
+        cross."""
+        p_max = max(p_all for _, p_all in pools)
+        if p_max <= 0:
             return 0.0
         k0 = self.k_min
         # lines (intercept, slope in gamma) of A's and B's pieces, one per split
         lines_a = [
             ((o + c * k0), -(o + c * k0) * p_s)
-            for (o, c), (p_s, _) in zip(self.trainers, self.pools, strict=True)
+            for (o, c), (p_s, _) in zip(self.trainers, pools, strict=True)
         ]
-        lines_b = [
-            (c, -c * p_s) for (_, c), (p_s, _) in zip(self.trainers, self.pools, strict=True)
-        ]
+        lines_b = [(c, -c * p_s) for (_, c), (p_s, _) in zip(self.trainers, pools, strict=True)]
         g_max = 1.0 / p_max
         gammas = {0.0, g_max}
         for lines in (lines_a, lines_b):

@@ -83,6 +83,18 @@ def _tokens_of(n: int) -> Callable[[RolloutSample], int]:
     return tokens
 
 
+def run_workload(
+    scenario: Scenario, conf: Configuration, cfg: DynamicScheduleConfig, seed: int
+) -> Workload:
+    """The workload a run of ``conf`` with schedule config ``cfg`` draws for ``seed``:
+    every prompt it can admit, lengths drawn for the samples it trains."""
+    return scenario.workload.generate(
+        admissible_prompts(scenario, conf, cfg),
+        seed,
+        run_samples=scenario.steps * cfg.required_samples,
+    )
+
+
 def build_cluster(
     scenario: Scenario,
     conf: Configuration,
@@ -98,11 +110,7 @@ def build_cluster(
     """
     cfg = config if config is not None else scenario.schedule_config(conf)
     eng = scenario.engine
-    workload = scenario.workload.generate(
-        admissible_prompts(scenario, conf, cfg),
-        seed,
-        run_samples=scenario.steps * cfg.required_samples,
-    )
+    workload = run_workload(scenario, conf, cfg, seed)
     acct = GroupAccountant(clock, events)
     g = eng.gpus_per_replica
     if conf.trainer_gpus % g == 0:

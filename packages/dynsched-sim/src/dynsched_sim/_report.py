@@ -44,8 +44,9 @@ logger = logging.getLogger(__name__)
 LOWER_BOUND = (
     "role- and cap-aware lower bound: serial trainer with blocking weight syncs, in-order "
     "staleness admission, replica throughput saturating at its concurrency cap, hybrid "
-    "replicas idle while their trainer trains, sample slots, each sample's straggler "
-    "(dynsched_sim._bound)"
+    "replicas idle while their trainer trains, decode iterations against tokens (a "
+    "replica cannot both run many sequences and advance many samples' longest responses "
+    "fast), sample slots, each sample's straggler (dynsched_sim._bound)"
 )
 
 WITHIN_SPREAD_SIGMAS = 2.0

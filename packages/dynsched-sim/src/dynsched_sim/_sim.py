@@ -23,7 +23,7 @@ from dynsched_core.planner import RolePlannerOptions
 from dynsched_metrics import CycleMetrics, MetricsAggregator
 
 from dynsched_sim._bound import LowerBound, lower_bound
-from dynsched_sim._cluster import SimCluster, build_cluster, prompt_source
+from dynsched_sim._cluster import SimCluster, build_cluster, prompt_source, run_workload
 from dynsched_sim._mover import SimRoleMover
 from dynsched_sim._planner import (
     PLANNER_SUFFIX,
@@ -43,6 +43,7 @@ __all__ = [
     "policy_for",
     "queue_ceiling",
     "run_configuration",
+    "run_lower_bound",
 ]
 
 logger = logging.getLogger(__name__)
@@ -289,6 +290,53 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _settle(
+    scenario: Scenario,
+    conf: Configuration | str,
+    policy: str,
+    seed: int | None,
+    planner: PlannerSpec | RolePlannerOptions | bool | None,
+    *,
+    warn: bool = False,
+) -> tuple[Configuration, int, str, DynamicScheduleConfig, PlannerSpec | None]:
+    """A run's configuration, seed, policy, schedule config and planner, as
+    `run_configuration` resolves its arguments."""
+    if isinstance(conf, str):
+        conf = scenario.configuration(conf)
+    seed = scenario.seed if seed is None else seed
+    policy = policy_for(conf, policy)
+    cfg = scenario.schedule_config(conf, policy)  # built and validated once per run
+    spec = resolve(planner)
+    if spec is not None and conf.trainer_gpus % scenario.engine.gpus_per_replica:
+        if warn:
+            logger.warning(
+                "%s: no role planner (trainer GPUs %d are not whole %d-GPU replicas)",
+                conf.name,
+                conf.trainer_gpus,
+                scenario.engine.gpus_per_replica,
+            )
+        spec = None
+    return conf, seed, policy, cfg, spec
+
+
+def run_lower_bound(
+    scenario: Scenario,
+    conf: Configuration | str,
+    policy: str = "default",
+    *,
+    seed: int | None = None,
+    planner: PlannerSpec | RolePlannerOptions | bool | None = None,
+) -> LowerBound:
+    """The lower bound `run_configuration` reports for the same arguments (its
+    ``lower_bound_s``), without simulating the run: the same workload draw, schedule
+    config and, with a planner, the same splits relaxed over. A run's efficiency against
+    the current bound is ``run_lower_bound(...).seconds / wall_clock_s``, so results
+    recorded before a change of the bound can be re-read without re-simulating them."""
+    conf, seed, _policy, cfg, spec = _settle(scenario, conf, policy, seed, planner)
+    splits = () if spec is None else reachable_configurations(spec, scenario, conf)
+    return lower_bound(scenario, conf, run_workload(scenario, conf, cfg, seed), cfg, splits=splits)
+
+
 def run_configuration(
     scenario: Scenario,
     conf: Configuration | str,
@@ -318,20 +366,7 @@ def run_configuration(
     Raises:
         SimulationStalledError: the run waited 30 simulated days for samples.
     """
-    if isinstance(conf, str):
-        conf = scenario.configuration(conf)
-    seed = scenario.seed if seed is None else seed
-    policy = policy_for(conf, policy)
-    cfg = scenario.schedule_config(conf, policy)  # built and validated once per run
-    spec = resolve(planner)
-    if spec is not None and conf.trainer_gpus % scenario.engine.gpus_per_replica:
-        logger.warning(
-            "%s: no role planner (trainer GPUs %d are not whole %d-GPU replicas)",
-            conf.name,
-            conf.trainer_gpus,
-            scenario.engine.gpus_per_replica,
-        )
-        spec = None
+    conf, seed, policy, cfg, spec = _settle(scenario, conf, policy, seed, planner, warn=True)
     try:
         out, events = _on_virtual_time(
             functools.partial(_run, scenario, conf, cfg, seed, progress, spec)
