@@ -286,7 +286,7 @@ def _decode_rates(
     tok = 1.0 - lam
     safe_tok = np.where(tok > 0, tok, 1.0)
 
-    def dual3(mu: np.ndarray, nu: np.ndarray) -> np.ndarray:
+    def dual(mu: np.ndarray, nu: np.ndarray) -> np.ndarray:
         """The dual at ``mu``, ``nu`` (weights along the first axis)."""
         shape = (-1,) + (1,) * (mu.ndim - 1)
         t, st = tok.reshape(shape), safe_tok.reshape(shape)
@@ -297,9 +297,6 @@ def _decode_rates(
             total = total + cnt * np.maximum(chain, alone)
         out: np.ndarray = total
         return out
-
-    def dual(mu: np.ndarray, nu: np.ndarray) -> np.ndarray:
-        return dual3(mu, nu)
 
     # zoom in on the least of a grid of (mu, nu) per weight; a convex function's least
     # lies next to its grid least, and every point evaluated bounds from above anyway
@@ -313,7 +310,7 @@ def _decode_rates(
     for _ in range(_ZOOMS):
         mu = lo_mu[:, None] + width[:, None] * grid[None, :]
         nu = lo_nu[:, None] + width_nu[:, None] * grid[None, :]
-        vals = dual3(mu[:, :, None], nu[:, None, :]).reshape(k, -1)
+        vals = dual(mu[:, :, None], nu[:, None, :]).reshape(k, -1)
         at = np.argmin(vals, axis=1)
         best = np.minimum(best, vals[rows, at])
         i, j = np.divmod(at, _GRID)
@@ -586,9 +583,10 @@ class _Relaxation:
         return t_tok
 
     def _weighted(self, lo: int, hi: int, count: int) -> np.ndarray:
-        """Per weight ``lam``, at most ``lam * L + (1 - lam) * R`` summed over any
-        ``count`` of the prompts ``lo..hi-1``: the sums of the smallest ``L`` and of the
-        smallest ``R``, weighed (each no more than over the same samples)."""
+        """Per weight ``lam``, a lower bound on ``lam * L + (1 - lam) * R`` summed over any
+        ``count`` of the prompts ``lo..hi-1``: the sum of the ``count`` smallest ``L`` and
+        that of the ``count`` smallest ``R``, weighed (neither is more than over any one
+        set of ``count`` prompts)."""
         sl, sr = self.sl.smallest(lo, hi, count), self.sr.smallest(lo, hi, count)
         return self.lam * sl + (1.0 - self.lam) * sr
 
