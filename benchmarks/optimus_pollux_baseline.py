@@ -408,9 +408,11 @@ def _mean_detail(rows: list[dict]) -> dict[str, dict[str, float]]:
 def why_table(files: list[str], pair: tuple[str, str], load: str = "1.0") -> str:
     """Why ``a`` wins or loses jobs against ``b`` at ``load``: per workload, how many of the
     jobs it loses waited longer for their first GPU, ran on fewer GPUs, with a smaller
-    batch or restarted more often, and the three largest losses and wins with those."""
+    batch or restarted more often, and the three largest losses and wins with those; last,
+    the same counts summed over the workloads."""
     runs = _group(files)
     a, b = pair
+    total = [0, 0, 0, 0, 0, 0]  # jobs, lost, waited longer, fewer GPUs, smaller batch, restarts
     lines = [
         f"\n### why {a} wins or loses jobs against {b} at {load}x (seed means; queue: "
         "submission to the first GPU; GPUs and batch: time-weighted means while it ran)\n"
@@ -424,14 +426,18 @@ def why_table(files: list[str], pair: tuple[str, str], load: str = "1.0") -> str
         if not names:
             continue
         lost = [n for n in names if ja[n] > 1.01 * jb[n]]  # more than 1 % longer
-
+        why = (
+            sum(da[n]["queue_s"] > db[n]["queue_s"] + 1 for n in lost),
+            sum(da[n]["gpus"] < db[n]["gpus"] - 0.05 for n in lost),
+            sum(da[n]["batch"] < db[n]["batch"] - 0.5 for n in lost),
+            sum(da[n]["restarts"] > db[n]["restarts"] for n in lost),
+        )
+        for i, x in enumerate((len(names), len(lost), *why)):
+            total[i] += x
         lines.append(
             f"- {wl}: {a} loses {len(lost)} of {len(names)} jobs (JCT over 1 % longer); of those, "
-            f"{sum(da[n]['queue_s'] > db[n]['queue_s'] + 1 for n in lost)} waited longer for "
-            f"a GPU, {sum(da[n]['gpus'] < db[n]['gpus'] - 0.05 for n in lost)} ran on fewer "
-            f"GPUs, {sum(da[n]['batch'] < db[n]['batch'] - 0.5 for n in lost)} with a smaller "
-            f"batch, {sum(da[n]['restarts'] > db[n]['restarts'] for n in lost)} restarted more "
-            "often"
+            f"{why[0]} waited longer for a GPU, {why[1]} ran on fewer GPUs, {why[2]} with a "
+            f"smaller batch, {why[3]} restarted more often"
         )
         lines.append("")
         lines.append(
@@ -446,6 +452,12 @@ def why_table(files: list[str], pair: tuple[str, str], load: str = "1.0") -> str
                 f"| {x['restarts']:.1f} / {y['restarts']:.0f} |"
             )
         lines.append("")
+    if total[0]:
+        lines.append(
+            f"- all workloads: {a} loses {total[1]} of {total[0]} jobs; of those, {total[2]} "
+            f"waited longer for a GPU, {total[3]} ran on fewer GPUs, {total[4]} with a smaller "
+            f"batch, {total[5]} restarted more often"
+        )
     return "\n".join(lines)
 
 
@@ -473,9 +485,10 @@ def main() -> int:
     p.add_argument(
         "--why",
         default="",
-        help="with --summary: a,b[;c,d...]: why a wins or loses jobs against b at 1.0x "
-        "(runs that recorded job_detail)",
+        help="with --summary: a,b[;c,d...]: why a wins or loses jobs against b at each load "
+        "of --why-loads (runs that recorded job_detail)",
     )
+    p.add_argument("--why-loads", default="1.0", help="with --why: the loads, comma-separated")
     p.add_argument("--plot-pairs", default="optimus+,pollux;optimus+rw,pollux")
     p.add_argument(
         "--extras", default="", help="with --summary: schedulers of the p99/makespan table"
@@ -492,9 +505,10 @@ def main() -> int:
                 if i == 0:  # the JSON holds the first pair
                     Path(args.jobs).write_text(json.dumps(data, indent=1))
         if args.why:
-            for spec in args.why.split(";"):
-                a, b = spec.split(",")
-                print(why_table(files, (a, b)))
+            for load in args.why_loads.split(","):
+                for spec in args.why.split(";"):
+                    a, b = spec.split(",")
+                    print(why_table(files, (a, b), load))
         if args.extras:
             print(extras_table(files, args.extras.split(",")))
         if args.plots:

@@ -79,3 +79,9 @@ def test_why_table_counts_the_losses_and_their_causes(load_benchmark: Any, tmp_p
     ) in text
     assert "| a | 200 / 100 | 5 / 5 | 1.0 / 2.0 | 32 / 64 | 3.0 / 1 |" in text
     assert text.count("| a |") == 1  # a workload of three jobs lists each once
+    assert (
+        "all workloads: optimus+rw loses 1 of 3 jobs; of those, 0 waited longer for a GPU, "
+        "1 ran on fewer GPUs, 1 with a smaller batch, 1 restarted more often"
+    ) in text
+    # another load: nothing recorded there, no table
+    assert "all workloads" not in bench.why_table([str(path)], ("optimus+rw", "pollux"), "0.5")
