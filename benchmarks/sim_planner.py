@@ -1074,6 +1074,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.per_family
             else [Path(args.out) if args.out else RESULTS / f"{stem}.json"]
         )
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            ap.error(f"--rebound: no result file to re-read: {', '.join(missing)}")
         for path in paths:
             _write(path, rebound(path, max(1, args.jobs)))
             print(f"wrote {path}")

@@ -235,3 +235,12 @@ def test_rebound_rereads_every_run_against_the_bound_without_simulating(
     assert got["summary"] == summary
     assert got["rebound"] == {"runs": len(want), "efficiencies_changed": len(want)}
     assert got["bound_instrument"]
+
+
+def test_rebound_without_a_result_file_is_one_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        sp.main(["--family", "fresh", "--per-family", "--rebound", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert "--rebound: no result file to re-read" in capsys.readouterr().err
