@@ -35,6 +35,7 @@ from dynsched_sim._planner import (
 from dynsched_sim._scenario import Configuration, Scenario, ScenarioError
 from dynsched_sim._trainer import SimTrainer
 from dynsched_sim._vloop import VirtualTimeEventLoop, deferred_interrupts, stop_quietly
+from dynsched_sim._workload import Workload
 
 __all__ = [
     "STATIC_POLICY",
@@ -219,9 +220,7 @@ async def _run(
     left = (
         await floop.queue.get(await floop.queue.size(), timeout=0.0) if result.samples_left else []
     )
-    # a re-planned run can be in any split the planner reaches: the bound relaxes over them
-    splits = () if spec is None else reachable_configurations(spec, scenario, conf)
-    bound = lower_bound(scenario, conf, cluster.workload, cfg, splits=splits)
+    bound = _run_bound(scenario, conf, cluster.workload, cfg, spec)
     return _Outcome(
         cluster,
         result,
@@ -333,8 +332,21 @@ def run_lower_bound(
     the current bound is ``run_lower_bound(...).seconds / wall_clock_s``, so results
     recorded before a change of the bound can be re-read without re-simulating them."""
     conf, seed, _policy, cfg, spec = _settle(scenario, conf, policy, seed, planner)
+    return _run_bound(scenario, conf, run_workload(scenario, conf, cfg, seed), cfg, spec)
+
+
+def _run_bound(
+    scenario: Scenario,
+    conf: Configuration,
+    workload: Workload,
+    cfg: DynamicScheduleConfig,
+    spec: PlannerSpec | None,
+) -> LowerBound:
+    """The bound a run reports: a re-planned run can be in any split the planner
+    reaches, so its bound relaxes over them (one place for `_run` and
+    `run_lower_bound`)."""
     splits = () if spec is None else reachable_configurations(spec, scenario, conf)
-    return lower_bound(scenario, conf, run_workload(scenario, conf, cfg, seed), cfg, splits=splits)
+    return lower_bound(scenario, conf, workload, cfg, splits=splits)
 
 
 def run_configuration(
