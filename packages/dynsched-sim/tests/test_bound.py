@@ -195,6 +195,48 @@ def test_decode_constraint_binds_where_slots_and_tokens_are_loose() -> None:
     assert 0.78 < r.efficiency <= 1.0
 
 
+def _context_bound() -> dict:  # type: ignore[type-arg]
+    """One replica holding every sample at once, where reading the KV cache costs most
+    of an iteration (long contexts, a slow memory): the replica-time constraint's case."""
+    d = _serial(2)
+    d["engine"].update(
+        {"max_num_seqs": 64, "decode_per_kv_token_s": 2e-5, "prefill_s_per_token": 0.0}
+    )
+    d["workload"].update(
+        {
+            "n": 2,
+            "prompt_len": {"kind": "constant", "median": 600},
+            "response_len": {"kind": "constant", "median": 300},
+        }
+    )
+    d["schedule"].update(
+        {"ppo_mini_batch_size": 4, "staleness_threshold": 1.0, "concurrent_samples_per_replica": 8}
+    )
+    return d
+
+
+def test_replica_time_by_hand_where_context_reads_dominate() -> None:
+    """2c by hand: the first step's 4 samples (8 responses of 300 tokens to prompts of 600)
+    need ``R / r_cap`` seconds of decoding at the replica's best rate plus ``k (P R + R^2 /
+    2)`` per response of KV reads, from one replica; that is later than the tokens, the
+    decode constraint, the slots and the stragglers allow, so it sets the step's start,
+    and the simulated run is slower still, but by less than without it (the replica runs
+    16 of its 64 sequences, so its base rate is below ``r_cap``)."""
+    sc = scenario_from_dict(_context_bound())
+    conf = sc.configuration("s")
+    eng, hw, llm = sc.engine, sc.hardware, sc.model
+    w = sc.workload.generate(16, sc.seed, run_samples=8)
+    lb = lower_bound(sc, conf, w)
+    cap = eng.max_running("standalone", hw, llm)
+    r_cap = cap * eng.per_seq_rate(cap)
+    p_len, r_len = 600.0, 300.0
+    per_group = 2 * r_len / r_cap + 2 * eng.decode_per_kv_token_s * (p_len * r_len + r_len**2 / 2)
+    assert lb.step_starts_s[0] == pytest.approx(4 * per_group, rel=1e-12)
+    r = run_configuration(sc, "s", "static_fully_async")
+    assert r.summary["lower_bound_binding"] == "work"
+    assert 0.78 < r.efficiency <= 1.0  # 0.67, set by the tokens, without 2c
+
+
 @pytest.mark.parametrize("planner", [False, True])
 def test_run_lower_bound_is_the_bound_a_run_reports(planner: bool) -> None:
     """`run_lower_bound` gives, without simulating, the bound `run_configuration` reports

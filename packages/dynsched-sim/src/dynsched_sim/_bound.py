@@ -57,6 +57,19 @@ bound ``t_k`` on the start of step ``k``'s training is the largest of
    tokens alone, or each sample's chain at the fastest rate alone (3), misses that a
    replica cannot both run many sequences and advance many samples' longest responses
    fast: on a rollout-bound split this binds;
+2c. *replica time*: an iteration of ``x`` sequences holding ``X`` tokens of context takes
+   ``b + a x + k X`` seconds (``k``: ``decode_per_kv_token_s``) and a replica does not
+   decode during a weight update, so per second of decoding outside its KV reads a replica
+   makes at most ``r_cap = max x / (b + a x)`` tokens (at ``x = max_running``). A response
+   of ``R`` tokens to a prompt of ``P`` spends ``k (P R + R^2 / 2)`` seconds reading context
+   in all (its context grows by one token per token decoded; an abort and resume does not
+   change the sum), so prompt group ``i`` needs at least ``W_i = R_i / r_cap + k sum over
+   its responses of (P_i R + R^2 / 2)`` seconds of one replica's decoding, and by time
+   ``t`` the replicas decoded at most ``N_s (t - y (k-1)//T) + N_h (t - h -
+   train(1..k-1))`` replica-seconds (``N_s``, ``N_h``: the replicas of each pool); the
+   same timing as 2, with ``W`` for ``R`` and replica counts for rates. Where context
+   reads are a large share of an iteration, this binds. (Prefill is left out: it may
+   run during a weight update, which these pools already do not count.);
 3. *sample slots*: at most ``C = min(replicas * concurrent_samples_per_replica, M)`` samples
    are in flight at any time (all replicas, hybrid ones included: the cap drops at a
    deactivation while the samples admitted under the larger one finish), and sample ``i``
@@ -68,8 +81,8 @@ bound ``t_k`` on the start of step ``k``'s training is the largest of
 with ``O_0 = 0`` and ``O_w >= t_{Tw} + train(Tw..Tw) + y``. The run ends no earlier than
 ``max_j t_j + train(j..S) + y * (syncs in steps j..S)``. On a fully serial run (one sample
 per version) every step is bound exactly and so is the run. Every term drops work or
-waiting that a real schedule has
-(switching costs after the first wake-up, prefill, imbalance, the pipeline start), so
+waiting that a real schedule has (switching costs after the first wake-up, prefill,
+imbalance, the pipeline start), so
 ``efficiency = bound / achieved <= 1`` for every policy; `tests/test_bound.py` and
 ``benchmarks/sim_bound_validity.py`` check it on every built-in scenario and hundreds of
 random ones.
@@ -82,8 +95,8 @@ minimums allow), the bound relaxes each rate on its own, since at any instant th
 in one split, each training step runs on one split's trainer (moves happen at sync
 boundaries, with the trainer idle) and moves only add time:
 
-* tokens (and each weight of the decode constraint, ``D`` in place of ``P``): ``P_s = max
-  P_s(sigma)`` and ``P_h = max P_h(sigma)`` (so the rate of every pool
+* tokens (and each weight of the decode constraint, ``D`` in place of ``P``, and the
+  replica time, replica counts in place of ``P``): ``P_s = max P_s(sigma)`` and ``P_h = max P_h(sigma)`` (so the rate of every pool
   combination the single-split argument uses is at most its relaxed value), and besides,
   from the start and from every ``O_w``, no split produces faster than ``P_all = max
   (P_s + P_h)(sigma)`` (the whole cluster of one split), so ``t_k >= need / P_all``;
@@ -107,8 +120,9 @@ boundaries, with the trainer idle) and moves only add time:
   q)`` (weak duality of the linear program over the time spent in each split, which this
   solves exactly: the value is concave and piecewise linear in ``gamma``, largest where
   two splits' lines cross or at an end); the same holds with every weight of the decode
-  constraint, ``D`` and ``lam SL + (1 - lam) SR`` in place of ``P`` and ``R``. The run
-  ends no earlier than its largest value.
+  constraint, ``D`` and ``lam SL + (1 - lam) SR`` in place of ``P`` and ``R``, and with the
+  replica counts and ``SW`` (the sum of the ``S q`` smallest ``W``). The run ends no
+  earlier than its largest value.
 
 The minimum over splits of the single-split bounds would not do: a run can train on a large
 trainer and generate on a large pool at different times, beating every single split. With
@@ -147,9 +161,9 @@ class LowerBound:
     Attributes:
         seconds: The lower bound on the run's wall-clock.
         binding: Which constraint set the start of the step the final bound chains from:
-            ``"tokens"``, ``"decode"``, ``"slots"``, ``"stragglers"`` or ``"trainer"`` (serial training
-            from step 1); ``"fluid"`` when the time-sharing bound of a re-planned run is
-            the larger.
+            ``"tokens"``, ``"decode"``, ``"work"``, ``"slots"``, ``"stragglers"`` or
+            ``"trainer"`` (serial training from step 1); ``"fluid"`` when the time-sharing
+            bound of a re-planned run is the larger.
         standalone_tokens_per_s: ``P_s``.
         hybrid_tokens_per_s: ``P_h``.
         step_starts_s: Lower bounds on the start of each step's training.
@@ -408,11 +422,14 @@ class _Relaxation:
         self.trainers: list[tuple[float, float]] = []  # (per step, per token) of each split
         self.pools: list[tuple[float, float]] = []  # (P_s, P_s + P_h) of each split
         self.p_all: float | None = None  # the best pool of one split (several splits only)
+        self.n_all: float | None = None  # the most replicas of one split (several only)
+        self.n_pools: list[tuple[float, float]] = []  # (N_s, N_s + N_h) of each split
         self.d_pools: list[tuple[np.ndarray, np.ndarray]] = []  # decode rates of each split
         self.d_p_all: np.ndarray | None = None
         if len(splits) > 1:
             self._relax(scenario, splits, cfg)
-        self._prompts(workload, cfg, scenario.engine.prefill_s_per_token)
+        self._prompts(workload, cfg, scenario.engine)
+        self._columns()
         self.starts: list[float] = []  # t_k
         self.why: list[str] = []  # what set t_k
         self.opens = [0.0]  # O_w
@@ -446,6 +463,8 @@ class _Relaxation:
         d_all = decode_rates(eng, pools_s + pools_h, self.slots, n)
         self.d_h = np.maximum(d_all - self.d_s, decode_rates(eng, pools_h, self.slots, n))
         self.d_all = d_all
+        self.n_s, self.n_h = float(n_s), float(n_h)
+        self.r_cap = max(f * eng.per_seq_rate(f) for f in (cap_s, cap_h))
         self.y = eng.broadcast_sync_s(hw, llm) if n_s else 0.0
         self.wake = eng.wake_s(hw, llm) + eng.local_sync_s(hw, llm)
         fixed, self.c_g = tr.linear_lower(conf.trainer_gpus, k_min)  # never above a step
@@ -458,6 +477,7 @@ class _Relaxation:
         """Several splits (a re-planned run): every rate at its best over the splits, each
         on its own (module docstring, *Re-planned runs*)."""
         p_s, p_h, p_all, y, slots = [], [], [], [], []
+        n_s, n_h, n_all, r_cap = [], [], [], []
         d_s, d_h, d_all = [], [], []
         for conf in splits:
             self._rates(scenario, conf, cfg, self.k_min)
@@ -465,23 +485,30 @@ class _Relaxation:
             p_h.append(self.p_h)
             p_all.append(self.p_s + self.p_h)
             y.append(self.y)
+            n_s.append(self.n_s)
+            n_h.append(self.n_h)
+            n_all.append(self.n_s + self.n_h)
+            r_cap.append(self.r_cap)
             slots.append(self.slots)
             d_s.append(self.d_s)
             d_h.append(self.d_h)
             d_all.append(np.maximum(self.d_all, self.d_h))
             self.trainers.append((self.per_step, self.c_g))
             self.pools.append((self.p_s, self.p_s + self.p_h))
+            self.n_pools.append((self.n_s, self.n_s + self.n_h))
             self.d_pools.append((self.d_s, d_all[-1]))
         self.p_s, self.p_h, self.p_all = max(p_s), max(p_h), max(p_all)
+        self.n_s, self.n_h, self.n_all = max(n_s), max(n_h), max(n_all)
+        self.r_cap = max(r_cap)
         self.d_s, self.d_h = np.max(d_s, axis=0), np.max(d_h, axis=0)
         self.d_p_all = np.max(d_all, axis=0)
         self.y, self.slots = min(y), max(slots)
         self.per_step = min(o for o, _ in self.trainers)
         self.c_g = min(c for _, c in self.trainers)
 
-    def _prompts(self, workload: Workload, cfg: DynamicScheduleConfig, prefill_s: float) -> None:
-        """``A(v)`` per window and the per-prompt ``R``, ``K`` and ``s`` sums over the first
-        ``A(v)`` prompts."""
+    def _prompts(self, workload: Workload, cfg: DynamicScheduleConfig, eng: EngineModel) -> None:
+        """``A(v)`` per window and the per-prompt ``R``, ``K``, ``L``, ``W`` and ``s`` sums over
+        the first ``A(v)`` prompts."""
         last_v = (self.steps - 1) // self.t_sync
         rule, m_req = cfg.staleness_rule, cfg.max_required_samples
         a = [
@@ -498,7 +525,12 @@ class _Relaxation:
         l_max = resp.max(axis=1)
         k_tok = workload.group_tokens()[:top].astype(np.float64)
         p_len = workload.prompt_lens[:top].astype(np.float64)
-        self.solo = p_len * prefill_s + l_max / self.r1  # straggler time after admission
+        # straggler time after admission
+        self.solo = p_len * eng.prefill_s_per_token + l_max / self.r1
+        # replica-seconds of each prompt group (2c): its tokens at the best per-replica rate
+        # and the KV reads of its responses
+        kv = eng.decode_per_kv_token_s * (p_len[:, None] * resp + 0.5 * resp * resp).sum(axis=1)
+        self.sw = _Sorted(resp.sum(axis=1) / self.r_cap + kv)
         self.sr, self.sk = _Sorted(resp.sum(axis=1)), _Sorted(k_tok)
         self.sl = _Sorted(l_max)
         self.lam = np.asarray(DECODE_WEIGHTS)
@@ -558,67 +590,58 @@ class _Relaxation:
             best = max(best, chained)
         return best
 
-    def _tokens_start(self, k: int, v: int) -> float:
-        """Constraint 2: the tokens of the ``k q`` samples, from the start and from every
-        window opening."""
-        a, q, y = self.a, self.q, self.y
-        need = self.sr.smallest(0, a[v], k * q)
-        hybrid_from = self.wake + self.train_lb(1, k - 1)
-        t_tok = _earliest(need, [(self.p_s, y * ((k - 1) // self.t_sync)), (self.p_h, hybrid_from)])
-        for w in range(1, v + 1):  # samples that must come from windows >= w
-            late = k * q - a[w - 1]
-            if late <= 0:
-                continue
-            need_w = self.sr.smallest(a[w - 1], a[v], late)
-            train_in = self.train_lb(self.t_sync * w + 1, k - 1)  # steps trained in [O_w, t_k)
-            t_w = _earliest(
-                need_w,
-                [(self.p_s, self.opens[w] + y * (v - w)), (self.p_h, self.opens[w] + train_in)],
-            )
-            if self.p_all is not None:  # re-planned: no split produces faster than p_all
-                t_w = max(t_w, self.opens[w] + need_w / self.p_all)
-            t_tok = max(t_tok, t_w)
-        if self.p_all is not None:
-            t_tok = max(t_tok, need / self.p_all)
-        return t_tok
+    def _columns(self) -> None:
+        """The rates of constraints 2, 2c and 2b side by side, one column each: the tokens
+        (``P``), the replica-seconds (replica counts) and each weight of the decode
+        constraint (``D``); per pool: standalone, hybrid and, for a re-planned run, the
+        best whole cluster of one split."""
+        self.col_s = np.concatenate([[self.p_s, self.n_s], self.d_s])
+        self.col_h = np.concatenate([[self.p_h, self.n_h], self.d_h])
+        self.col_all: np.ndarray | None = None
+        if self.p_all is not None and self.n_all is not None and self.d_p_all is not None:
+            self.col_all = np.concatenate([[self.p_all, self.n_all], self.d_p_all])
 
-    def _weighted(self, lo: int, hi: int, count: int) -> np.ndarray:
-        """Per weight ``lam``, a lower bound on ``lam * L + (1 - lam) * R`` summed over any
-        ``count`` of the prompts ``lo..hi-1``: the sum of the ``count`` smallest ``L`` and
-        that of the ``count`` smallest ``R``, weighed (neither is more than over any one
-        set of ``count`` prompts)."""
+    def _needs(self, lo: int, hi: int, count: int) -> np.ndarray:
+        """Per column (`_columns`), a lower bound on what any ``count`` of the prompts
+        ``lo..hi-1`` need: their tokens ``R``, their replica-seconds, and per weight
+        ``lam`` of the decode constraint ``lam * L + (1 - lam) * R`` (the sum of the
+        ``count`` smallest of each, weighed: neither is more than over any one set of
+        ``count`` prompts)."""
         sl, sr = self.sl.smallest(lo, hi, count), self.sr.smallest(lo, hi, count)
-        return self.lam * sl + (1.0 - self.lam) * sr
+        weighted = self.lam * sl + (1.0 - self.lam) * sr
+        return np.concatenate([[sr, self.sw.smallest(lo, hi, count)], weighted])
 
-    def _decode_start(self, k: int, v: int) -> float:
-        """Constraint 2b: the decode iterations and tokens of the ``k q`` samples, per
-        weight, from the start and from every window opening (one array: windows x
-        weights)."""
+    def _pools_start(self, k: int, v: int) -> np.ndarray:
+        """Constraints 2, 2c and 2b: per column (`_columns`), when the pools can have made
+        what the ``k q`` samples need, from the start and from every window opening (the
+        latest over them): the standalone pool from the start but for the syncs, the
+        hybrid one after its first wake-up and while the trainer does not train."""
         a, q, y, t_sync = self.a, self.q, self.y, self.t_sync
-        hybrid_from = self.wake + self.train_lb(1, k - 1)
-        needs = [self._weighted(0, a[v], k * q)]
-        s_from, h_from = [y * ((k - 1) // t_sync)], [hybrid_from]
+        needs = [self._needs(0, a[v], k * q)]
+        s_from = [y * ((k - 1) // t_sync)]
+        h_from = [self.wake + self.train_lb(1, k - 1)]
+        opens = [0.0]
         for w in range(1, v + 1):  # samples that must come from windows >= w
             late = k * q - a[w - 1]
             if late <= 0:
                 continue
             o_w = self.opens[w]
-            needs.append(self._weighted(a[w - 1], a[v], late))
+            needs.append(self._needs(a[w - 1], a[v], late))
             s_from.append(o_w + y * (v - w))
-            h_from.append(o_w + self.train_lb(t_sync * w + 1, k - 1))
+            h_from.append(o_w + self.train_lb(t_sync * w + 1, k - 1))  # trained in [O_w, t_k)
+            opens.append(o_w)
         need = np.vstack(needs)
         t = _earliest_rows(
             need,
-            (self.d_s[None, :], np.asarray(s_from)[:, None]),
-            (self.d_h[None, :], np.asarray(h_from)[:, None]),
+            (self.col_s[None, :], np.asarray(s_from)[:, None]),
+            (self.col_h[None, :], np.asarray(h_from)[:, None]),
         )
-        best = float(np.max(t))
-        if self.d_p_all is not None:  # re-planned: no split decodes faster than d_p_all
-            opens = np.asarray([0.0] + [self.opens[w] for w in range(1, v + 1) if k * q > a[w - 1]])
+        if self.col_all is not None:  # re-planned: no split makes more than one split's all
             with np.errstate(divide="ignore", invalid="ignore"):
-                fluid = opens[:, None] + need / self.d_p_all[None, :]
-            best = max(best, float(np.max(np.where(need > 0, fluid, 0.0))))
-        return best
+                fluid = np.asarray(opens)[:, None] + need / self.col_all[None, :]
+            t = np.maximum(t, np.where(need > 0, fluid, 0.0))
+        out: np.ndarray = np.max(t, axis=0)
+        return out
 
     def _slots_start(self, k: int, v: int) -> float:
         """Constraint 3: the sample slots, from the start and from every window opening."""
@@ -637,10 +660,12 @@ class _Relaxation:
         v = (k - 1) // self.t_sync
         self._open_windows(v)
         kq = k * self.q
+        pools = self._pools_start(k, v)
         cands = {
             "trainer": self._trainer_start(k),
-            "tokens": self._tokens_start(k, v),
-            "decode": self._decode_start(k, v),
+            "tokens": float(pools[0]),
+            "decode": float(np.max(pools[2:])),
+            "work": float(pools[1]),
             "slots": self._slots_start(k, v),
             # constraint 4: the k q-th earliest completion among the admissible prompts
             "stragglers": float(np.partition(self.done_e[: self.a[v]], kq - 1)[kq - 1]),
@@ -668,17 +693,17 @@ class _Relaxation:
 
     def fluid_end(self) -> float:
         """The time-sharing bound of a re-planned run (module docstring, *Re-planned
-        runs*), for the tokens and for every weight of the decode constraint: the
-        largest of `_fluid` over them."""
+        runs*), for the tokens, the replica-seconds and every weight of the decode
+        constraint: the largest of `_fluid` over them."""
         q, top = self.q, self.a[-1]
         count = self.steps * q
         need_k = self.sk.smallest(0, top, count)
-        need_r = self.sr.smallest(0, top, count)
-        if not (math.isfinite(need_k) and math.isfinite(need_r)):
+        needs = self._needs(0, top, count)
+        if not (math.isfinite(need_k) and math.isfinite(float(needs[0]))):
             return 0.0
-        best = self._fluid(self.pools, need_k, need_r)
-        weighted = self._weighted(0, top, count)
-        for i, need_w in enumerate(weighted.tolist()):
+        best = self._fluid(self.pools, need_k, float(needs[0]))
+        best = max(best, self._fluid(self.n_pools, need_k, float(needs[1])))
+        for i, need_w in enumerate(needs[2:].tolist()):
             pools = [(float(d_s[i]), float(d_all[i])) for d_s, d_all in self.d_pools]
             best = max(best, self._fluid(pools, need_k, need_w))
         return best
