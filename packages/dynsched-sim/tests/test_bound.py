@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from dynsched_sim import (
     EngineModel,
@@ -16,7 +17,7 @@ from dynsched_sim import (
     run_configuration,
     scenario_from_dict,
 )
-from dynsched_sim._bound import _earliest
+from dynsched_sim._bound import _earliest_rows
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -40,12 +41,45 @@ def test_pool_throughput_is_the_best_split(caps: list[int], seqs: int, per_seq: 
     assert pool_throughput(eng, caps, seqs) == pytest.approx(best, rel=1e-9, abs=1e-9)
 
 
+def _earliest(need: float, a: tuple[float, float], b: tuple[float, float]) -> float:
+    one = np.asarray([need])
+    got = _earliest_rows(
+        one, (np.asarray(a[0]), np.asarray(a[1])), (np.asarray(b[0]), np.asarray(b[1]))
+    )
+    return float(got[0])
+
+
 def test_earliest_time_for_two_rates() -> None:
-    assert _earliest(0.0, [(1.0, 5.0)]) == 0.0
-    assert _earliest(10.0, [(2.0, 0.0)]) == pytest.approx(5.0)
+    assert _earliest(0.0, (1.0, 5.0), (0.0, 0.0)) == 0.0
+    assert _earliest(10.0, (2.0, 0.0), (0.0, 3.0)) == pytest.approx(5.0)
     # 2/s from t=0, another 3/s from t=4: 8 made by t=4, 12 more at 5/s
-    assert _earliest(20.0, [(2.0, 0.0), (3.0, 4.0)]) == pytest.approx(6.4)
-    assert _earliest(1.0, [(0.0, 0.0)]) == float("inf")
+    assert _earliest(20.0, (2.0, 0.0), (3.0, 4.0)) == pytest.approx(6.4)
+    assert _earliest(20.0, (3.0, 4.0), (2.0, 0.0)) == pytest.approx(6.4)  # either order
+    assert _earliest(4.0, (2.0, 0.0), (3.0, 4.0)) == pytest.approx(2.0)  # before the second
+    assert _earliest(1.0, (0.0, 0.0), (0.0, 1.0)) == float("inf")
+
+
+@given(
+    need=st.floats(0.0, 1e6),
+    rates=st.tuples(st.floats(0.0, 1e4), st.floats(0.0, 1e4)),
+    starts=st.tuples(st.floats(0.0, 1e5), st.floats(0.0, 1e5)),
+)
+def test_earliest_is_when_the_two_terms_have_made_the_need(
+    need: float, rates: tuple[float, float], starts: tuple[float, float]
+) -> None:
+    """What the two terms make by the answer is the need, and a moment earlier less."""
+    t = _earliest(need, (rates[0], starts[0]), (rates[1], starts[1]))
+
+    def made(x: float) -> float:
+        return sum(r * max(0.0, x - s) for r, s in zip(rates, starts, strict=True))
+
+    if need <= 0:
+        assert t == 0.0
+    elif max(rates) <= 0:
+        assert t == float("inf")
+    else:
+        assert made(t) == pytest.approx(need, rel=1e-9, abs=1e-6)
+        assert made(t * (1 - 1e-6) - 1e-6) <= need * (1 + 1e-9) + 1e-6
 
 
 def _serial(steps: int) -> dict:  # type: ignore[type-arg]

@@ -339,8 +339,10 @@ def _decode_rates(
 def _earliest_rows(
     need: np.ndarray, first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]
 ) -> np.ndarray:
-    """`_earliest` elementwise for two terms ``(rates, starts)`` (arrays that broadcast
-    against ``need``)."""
+    """Elementwise, the smallest ``t`` with ``r_a max(0, t - s_a) + r_b max(0, t - s_b) >=
+    need`` (0 where ``need <= 0``, inf where no rate is positive) for the two terms
+    ``first = (r_a, s_a)`` and ``second = (r_b, s_b)``: arrays of rates and start times
+    that broadcast against ``need``."""
     (ra, sa), (rb, sb) = first, second
     swap = sa > sb
     r1, s1 = np.where(swap, rb, ra), np.where(swap, sb, sa)
@@ -379,24 +381,6 @@ class _Sorted:
             prefix = np.concatenate(([0.0], np.cumsum(np.sort(self._x[lo:hi]))))
             self._cache[key] = prefix
         return float(prefix[count])
-
-
-def _earliest(need: float, terms: Sequence[tuple[float, float]]) -> float:
-    """Smallest ``t`` with ``sum rate * max(0, t - start) >= need`` (``terms``: rate, start)."""
-    if need <= 0:
-        return 0.0
-    live = sorted((s, r) for r, s in terms if r > 0)
-    if not live:
-        return math.inf
-    rate, made, t = 0.0, 0.0, live[0][0]
-    for i, (start, r) in enumerate(live):
-        made += rate * (start - t)
-        t = start
-        rate += r
-        end = live[i + 1][0] if i + 1 < len(live) else math.inf
-        if made + rate * (end - t) >= need:
-            return t + (need - made) / rate
-    return math.inf  # pragma: no cover - the last segment is unbounded
 
 
 class _Relaxation:
