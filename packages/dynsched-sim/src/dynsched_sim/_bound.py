@@ -96,8 +96,9 @@ in one split, each training step runs on one split's trainer (moves happen at sy
 boundaries, with the trainer idle) and moves only add time:
 
 * tokens (and each weight of the decode constraint, ``D`` in place of ``P``, and the
-  replica time, replica counts in place of ``P``): ``P_s = max P_s(sigma)`` and ``P_h = max P_h(sigma)`` (so the rate of every pool
-  combination the single-split argument uses is at most its relaxed value), and besides,
+  replica time, replica counts in place of ``P``): ``P_s = max P_s(sigma)`` and ``P_h =
+  max P_h(sigma)`` (so the rate of every pool combination the single-split argument uses
+  is at most its relaxed value), and besides,
   from the start and from every ``O_w``, no split produces faster than ``P_all = max
   (P_s + P_h)(sigma)`` (the whole cluster of one split), so ``t_k >= need / P_all``;
 * slots: ``C = max C(sigma)`` (the samples in flight never exceed the largest cap held);
