@@ -449,7 +449,7 @@ class _Relaxation:
         self.d_h = np.maximum(d_all - self.d_s, decode_rates(eng, pools_h, self.slots, n))
         self.d_all = d_all
         self.n_s, self.n_h = float(n_s), float(n_h)
-        self.r_cap = max(f * eng.per_seq_rate(f) for f in (cap_s, cap_h))
+        self.r_cap = max(eng.peak_throughput(role, hw, llm) for role in ("standalone", "hybrid"))
         self.y = eng.broadcast_sync_s(hw, llm) if n_s else 0.0
         self.wake = eng.wake_s(hw, llm) + eng.local_sync_s(hw, llm)
         fixed, self.c_g = tr.linear_lower(conf.trainer_gpus, k_min)  # never above a step

@@ -46,7 +46,8 @@ LOWER_BOUND = (
     "staleness admission, replica throughput saturating at its concurrency cap, hybrid "
     "replicas idle while their trainer trains, decode iterations against tokens (a "
     "replica cannot both run many sequences and advance many samples' longest responses "
-    "fast), sample slots, each sample's straggler (dynsched_sim._bound)"
+    "fast), replica time (the KV reads of every response), sample slots, each sample's "
+    "straggler (dynsched_sim._bound)"
 )
 
 WITHIN_SPREAD_SIGMAS = 2.0
