@@ -630,7 +630,9 @@ def _instrument() -> str:
         ).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    code = ("packages", "benchmarks/sim_planner.py")  # not the results being written
+    # not the results being written; ``:/``: from the top of the work tree (git runs in
+    # benchmarks/, where a plain ``packages`` names nothing and nothing read as dirty)
+    code = (":/packages", ":/benchmarks/sim_planner.py")
     dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no", "--", *code) else ""
     return f"simulator of commit {commit}{dirty}"
 

@@ -233,8 +233,11 @@ def pool_throughput(engine: EngineModel, caps: Sequence[int], sequences: int) ->
 
 
 #: The weights ``lam`` of the decode constraint (module docstring, 2b): ``lam`` weighs a
-#: sample's longest response against all its tokens (0: the tokens alone, constraint 2)
-DECODE_WEIGHTS = tuple(float(x) for x in np.linspace(0.125, 1.0, 8))
+#: sample's longest response against all its tokens (0: the tokens alone, constraint 2).
+#: Every weight gives a valid bound and the largest counts, so a finer grid only tightens
+#: it: 32 steps of 1/32 (the 8 steps of 1/8 before left up to 3.7 % of a decode-bound
+#: static run's bound unused; 128 steps add at most 0.1 % more on the built-ins)
+DECODE_WEIGHTS = tuple(float(x) for x in np.linspace(1.0 / 32.0, 1.0, 32))
 #: The search of `decode_rates`: a grid of ``_GRID`` x ``_GRID`` prices, zoomed in
 #: ``_ZOOMS`` times around its least (any point of the dual is a valid bound; a finer
 #: search only tightens it)
