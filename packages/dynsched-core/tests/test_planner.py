@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 import pytest
 from dynsched_core import EventBus
-from dynsched_core.events import RolloutEvent, SampleEvent, TrainStepEvent
+from dynsched_core.events import ReplicaModeEvent, RolloutEvent, SampleEvent, TrainStepEvent
 from dynsched_core.planner import (
     PlannerWorkload,
     RoleMove,
@@ -219,6 +220,99 @@ def test_not_ready_before_enough_intervals_and_no_move_that_cannot_pay() -> None
     _feed(planner, host, intervals=2, step_s=200.0, latency_s=30.0, start=1e4)
     assert planner.ready()
     assert planner.decide(split, now=0.0) is None  # the cost is never paid back
+
+
+def _feed_all_hybrid(
+    planner: RolePlanner, host: _Host, *, intervals: int, step_s: float, rollout_s: float
+) -> None:
+    """Sync intervals of a split without standalone replicas: the trainer trains its
+    steps, then lends its GPUs, whose replicas (16 samples each) roll out the next
+    interval's samples in ``rollout_s``."""
+    wl = planner.workload
+    split = host.split()
+    hybrids = split.trainer_gpus // split.gpus_per_replica
+    need = wl.steps_per_sync * wl.samples_per_step
+    t, step = 0.0, 0
+    for _ in range(intervals):
+        host.bus.emit(RolloutEvent(t, 0, 10_000, "submit"))
+        for j in range(wl.steps_per_sync):
+            planner.observe_batch([object()] * wl.samples_per_step)
+            step += 1
+            last = j == wl.steps_per_sync - 1
+            t += step_s
+            if last:  # the lent phase, then the sync that closes the interval
+                host.bus.emit(ReplicaModeEvent(t, "trainer", "rollout", split.trainer_gpus))
+                host.bus.emit(RolloutEvent(t, 16 * hybrids, 10_000, "submit"))
+                t += rollout_s
+                host.bus.emit(
+                    SampleEvent(t, "produced", tuple(f"s{step}-{i}" for i in range(need)))
+                )
+                host.bus.emit(RolloutEvent(t, 0, 10_000, "submit"))
+                host.bus.emit(ReplicaModeEvent(t, "trainer", "train", split.trainer_gpus))
+            host.bus.emit(
+                TrainStepEvent(
+                    step=step,
+                    time=t,
+                    timings={"update_actor": step_s, "param_sync": 0.0},
+                    allocated_s=step_s,
+                    mq_size=0,
+                    is_sync_step=last,
+                )
+            )
+
+
+def test_a_split_without_standalone_replicas_is_predicted_and_judged_finitely() -> None:
+    """All GPUs train and lend (``hybrid-24-0``, as ``dynsched plan`` may pick): nothing
+    rolls out while the trainer trains. The interval is the fixed point at which the
+    hybrid replicas, lent for the rest of it, make what it needs; it was infinite, the
+    calibration then 0, and the NaN gain of every candidate passed the cost test, so
+    every such run moved a replica to rollout whatever the models said."""
+    split = RoleSplit(trainer_gpus=24, standalone_replicas=0, gpus_per_replica=8)
+    wl = PlannerWorkload(
+        steps_per_sync=4,
+        samples_per_step=16,
+        concurrency_per_replica=16,
+        max_in_flight=96,
+        hybrid=True,
+    )
+    host = _Host(split)
+    planner = RolePlanner(RolePlannerOptions(move_cost_s=10.0), config=wl)
+    planner.attach(host.bus, host.split)
+    # training-bound: 800 s of training, then 40 s of the 3 lent replicas rolling out
+    _feed_all_hybrid(planner, host, intervals=3, step_s=200.0, rollout_s=40.0)
+    assert planner.ready()
+    step = planner.trainer_model.predict(24).mean
+    train = planner._train_s(step)
+    interval, roll, lat, n = planner._interval(split, step, pessimistic=False)
+    assert math.isfinite(interval) and interval > train
+    lent = 3 * (1.0 - train / interval)  # 3 hybrid replicas, lent while the trainer waits
+    need = wl.steps_per_sync * wl.samples_per_step
+    assert roll == pytest.approx(need * lat / (lent * n), rel=1e-9)
+    assert roll == pytest.approx(interval, rel=1e-6)
+    pred = planner.predict(split)
+    assert math.isfinite(pred.seconds) and math.isfinite(pred.high)
+    # the one candidate gives the trainer 8 GPUs fewer in a training-bound run: no move
+    assert [c.trainer_gpus for c in planner.candidates(split)] == [16]
+    assert planner.predict(planner.candidates(split)[0]).seconds > pred.seconds
+    assert planner.decide(split, now=0.0) is None
+
+
+def test_a_split_that_cannot_roll_out_is_moved_to_rollout() -> None:
+    """No standalone replica and no hybrid one: the interval never ends (infinite), so
+    the planner gives the trainer's GPUs to rollout, whatever the move costs."""
+    wl = PlannerWorkload(
+        steps_per_sync=4, samples_per_step=16, concurrency_per_replica=16, max_in_flight=96
+    )
+    host = _Host(RoleSplit(trainer_gpus=24, standalone_replicas=2, gpus_per_replica=8))
+    planner = RolePlanner(RolePlannerOptions(move_cost_s=1e6), config=wl)
+    planner.attach(host.bus, host.split)
+    _feed(planner, host, intervals=3, step_s=200.0, latency_s=50.0)
+    assert planner.ready()
+    stuck = RoleSplit(trainer_gpus=24, standalone_replicas=0, gpus_per_replica=8)
+    assert planner.predict(stuck).seconds == math.inf
+    move = planner.decide(stuck, now=0.0)
+    assert move is not None and move.direction == "to_rollout"
+    assert move.after.standalone_replicas >= 1 and move.predicted_gain_s == math.inf
 
 
 @settings(max_examples=60, deadline=None)

@@ -81,6 +81,9 @@ LOOP_TIMING_KEYS = frozenset({"wait_for_enough_samples", "gen", "param_sync", "s
 
 #: z of a two-sided 90% normal prediction interval (judgement: the level of the interval).
 _Z90 = 1.645
+#: doublings of the interval searched for the fixed point of a split without standalone
+#: replicas (2**200 times the training time: beyond any finite rollout)
+_MAX_DOUBLINGS = 200
 
 
 # ---------------------------------------------------------------------------- records
@@ -710,7 +713,7 @@ class RolePlanner:
             return 1.0
         t = self.trainer_model.predict(self._split().trainer_gpus)
         model = self._interval(self._split(), t.mean, pessimistic=False)[0]
-        return (sum(seen) / len(seen)) / model if model > 0 else 1.0
+        return (sum(seen) / len(seen)) / model if 0 < model < math.inf else 1.0
 
     def _interval(
         self, split: RoleSplit, step_s: float, *, pessimistic: bool
@@ -735,7 +738,19 @@ class RolePlanner:
         roll, lat, n = rollout(train)
         if roll <= train:
             return train, roll, lat, n
-        lo, hi = train, roll  # rollout(I) - I falls from > 0 at train to < 0 at roll
+        # rollout(I) - I falls from > 0 at train to < 0 at roll; without a standalone
+        # replica nothing rolls out while the trainer trains (roll is inf at train), so
+        # the upper end is found by doubling: the hybrid replicas lend more the longer
+        # the interval
+        lo, hi = train, roll
+        if not math.isfinite(hi):
+            hi = 2.0 * max(train, 1e-9)
+            for _ in range(_MAX_DOUBLINGS):
+                if rollout(hi)[0] <= hi:
+                    break
+                lo, hi = hi, 2.0 * hi
+            else:
+                return math.inf, math.inf, lat, n  # nothing can roll out at all
         for _ in range(40):
             mid = 0.5 * (lo + hi)
             if rollout(mid)[0] > mid:
@@ -781,6 +796,9 @@ class RolePlanner:
         if not self.ready() or self.horizon() <= 0:
             return None
         current = self.predict(split)
+        if math.isnan(current.seconds):
+            return None  # nothing to judge by (an infinite interval is judged: any
+            # candidate that rolls out gains)
         best: RoleMove | None = None
         for cand in self.candidates(split):
             move = self._judge(split, cand, current, now)
@@ -816,7 +834,7 @@ class RolePlanner:
             ),
         )
         cost = self.move_cost(move)
-        if gain <= cost * (1.0 + o.margin):
+        if not gain > cost * (1.0 + o.margin):  # written so: a NaN gain never moves
             return None
         return attrs.evolve(move, cost_s=cost, reason=f"{move.reason} vs cost {cost:.1f}s")
 
