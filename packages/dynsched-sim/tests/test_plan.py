@@ -211,3 +211,42 @@ def test_simulated_staleness_bound_is_validated(bad: object) -> None:
     sc = load_scenario("seed-qwen35").with_steps(4)
     with pytest.raises(PlanError, match=r"^simulated_staleness_bound must be a finite number"):
         plan(sc, gpus=16, seeds=1, shortlist=1, simulated_staleness_bound=bad)  # type: ignore[arg-type]
+
+
+def test_the_shortlist_takes_the_widest_window_among_estimates_it_cannot_tell_apart() -> None:
+    """Per split, of the candidates estimated within `WINDOW_TOLERANCE` of the split's
+    best, the shortlist simulates the largest staleness threshold (the fluid estimate does
+    not see a small window's stalls); a candidate estimated further off is not taken, and
+    the splits are still the ``k`` with the best estimates."""
+    from dynsched_sim._plan import WINDOW_TOLERANCE, Candidate, _Assessment, _shortlisted
+
+    def a(split: tuple[int, int], conc: int, thr: float, est: float) -> _Assessment:
+        c = Candidate(
+            trainer_gpus=split[0],
+            rollout_gpus=split[1],
+            hybrid=False,
+            policy="static_fully_async",
+            concurrency=conc,
+            staleness_threshold=thr,
+        )
+        return _Assessment(c, ("static_fully_async",), "", est)
+
+    tol = WINDOW_TOLERANCE
+    feasible = sorted(
+        [
+            a((16, 16), 16, 0.25, 1000.0),
+            a((16, 16), 32, 0.5, 1000.0 * (1 + tol / 2)),  # inside the tolerance: taken
+            a((16, 16), 16, 1.0, 1000.0 * (1 + 2 * tol)),  # outside it: never taken
+            a((24, 8), 32, 0.0, 1001.0),
+            a((24, 8), 16, 0.25, 1001.0 * (1 + tol)),  # at the edge: taken
+            a((8, 24), 16, 0.5, 1500.0),  # the third split: left out with k = 2
+        ],
+        key=lambda x: x.estimate_s,
+    )
+    got = {x.candidate.split: x.candidate for x in _shortlisted(feasible, 2)}
+    assert set(got) == {"static-16-16", "static-24-8"}
+    assert (got["static-16-16"].concurrency, got["static-16-16"].staleness_threshold) == (32, 0.5)
+    assert got["static-24-8"].staleness_threshold == 0.25
+    # one candidate per split, and with nothing within the tolerance the best estimate
+    alone = [a((16, 16), 16, 0.25, 1000.0), a((16, 16), 16, 0.5, 1000.0 * (1 + 2 * tol))]
+    assert [x.candidate.staleness_threshold for x in _shortlisted(alone, 4)] == [0.25]
