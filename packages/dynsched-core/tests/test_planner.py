@@ -163,17 +163,20 @@ def _feed(
                 )
             )
             t += interval / wl.steps_per_sync
-            host.bus.emit(
-                TrainStepEvent(
-                    step=step,
-                    time=t,
-                    timings={"update_actor": step_s, "param_sync": 0.0},
-                    allocated_s=step_s,
-                    mq_size=0,
-                    is_sync_step=j == wl.steps_per_sync - 1,
-                )
-            )
+            host.bus.emit(_step_event(step, t, step_s, sync=j == wl.steps_per_sync - 1))
     return t
+
+
+def _step_event(step: int, t: float, step_s: float, *, sync: bool) -> TrainStepEvent:
+    """A trainer step of ``step_s`` seconds ending at ``t`` (``sync``: a weight sync)."""
+    return TrainStepEvent(
+        step=step,
+        time=t,
+        timings={"update_actor": step_s, "param_sync": 0.0},
+        allocated_s=step_s,
+        mq_size=0,
+        is_sync_step=sync,
+    )
 
 
 def test_a_training_bound_run_moves_gpus_to_the_trainer() -> None:
@@ -249,16 +252,7 @@ def _feed_all_hybrid(
                 )
                 host.bus.emit(RolloutEvent(t, 0, 10_000, "submit"))
                 host.bus.emit(ReplicaModeEvent(t, "trainer", "train", split.trainer_gpus))
-            host.bus.emit(
-                TrainStepEvent(
-                    step=step,
-                    time=t,
-                    timings={"update_actor": step_s, "param_sync": 0.0},
-                    allocated_s=step_s,
-                    mq_size=0,
-                    is_sync_step=last,
-                )
-            )
+            host.bus.emit(_step_event(step, t, step_s, sync=last))
 
 
 def test_a_split_without_standalone_replicas_is_predicted_and_judged_finitely() -> None:
