@@ -104,8 +104,9 @@ WINDOW_TOLERANCE = 0.02
 PRUNING_RULE = (
     "drop candidates whose memory does not fit, whose schedule the core refuses or whose "
     "closed-form mean staleness exceeds the bound; rank the rest by a fluid estimate "
-    "max(lower bound, t_1 + steps * steady step period); simulate the best-estimate "
-    "candidate of each of the {k} best splits with every policy it runs"
+    "max(lower bound, t_1 + steps * steady step period); simulate one candidate of each "
+    "of the {k} best splits (of those estimated within {tol:g}% of the split's best, the "
+    "largest staleness threshold) with every policy it runs"
 )
 EXACT_RULE = (
     "drop candidates whose memory does not fit, whose schedule the core refuses or whose "
@@ -827,7 +828,11 @@ def plan(
     if not feasible:
         reasons = sorted({a.problem.split(":")[0] for a in assessed}) or ["no split"]
         raise PlanError(f"no feasible candidate on {gpus} GPUs ({', '.join(reasons)})")
-    rule = EXACT_RULE if shortlist is None else PRUNING_RULE.format(k=shortlist)
+    rule = (
+        EXACT_RULE
+        if shortlist is None
+        else PRUNING_RULE.format(k=shortlist, tol=100 * WINDOW_TOLERANCE)
+    )
     done, pruned = _run_shortlist(sc, feasible, seed_list, shortlist, note, sim_bound)
     if shortlist is not None:
         _refine(sc, feasible, seed_list, done, note, sim_bound)
