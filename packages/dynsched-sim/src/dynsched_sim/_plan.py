@@ -23,14 +23,14 @@ The search has two stages:
    simulator only.
 2. *Simulated*: the shortlist (a candidate of each of the ``shortlist`` best splits,
    with the first policy it runs: of the split's candidates estimated within
-   `WINDOW_TOLERANCE` of its best, the one with the largest staleness threshold) is simulated over ``seeds`` workload
-   seeds, then the fastest split with its other policies; then the fastest candidate's
-   concurrency and threshold are hill-climbed in the simulator (one step either way, same
-   split and policy, at most two rounds, while a neighbour is faster), and every
-   simulated candidate is ranked by mean simulated time. With ``shortlist=None`` the search is exact
-   over the candidate set: every feasible candidate, in estimate order, unless its lower
-   bound (mean over the seeds; a bound is never above a simulated time) is already at or
-   above the best simulated mean.
+   `WINDOW_TOLERANCE` of its best, the one with the largest staleness threshold) is
+   simulated over ``seeds`` workload seeds, then the fastest split with its other
+   policies; then the fastest candidate's concurrency and threshold are hill-climbed in the
+   simulator (one step either way, same split and policy, at most two rounds, while a
+   neighbour is faster), and every simulated candidate is ranked by mean simulated time.
+   With ``shortlist=None`` the search is exact over the candidate set: every feasible
+   candidate, in estimate order, unless its lower bound (mean over the seeds; a bound is
+   never above a simulated time) is already at or above the best simulated mean.
 
 Optionally (``simulated_staleness_bound``) a second bound applies to the staleness the
 simulator *measures* for each simulated candidate (mean over the plan's seeds): the closed
