@@ -277,6 +277,7 @@ class _Local:
         return _Remote
 
 
+@pytest.mark.usefixtures("ray_cluster")  # the group's calls start Ray: the session's cluster
 def test_resize_is_refused_outside_a_sync_boundary_and_outside_the_pool(
     tiny_model_dir: Path, rl_batch: TrainBatch
 ) -> None:
@@ -325,4 +326,10 @@ def test_resize_refuses_to_grow_onto_a_gpu_an_awake_hybrid_replica_holds() -> No
 
 if __name__ == "__main__":
     ports = [int(p) for p in sys.argv[1].split(",")]
-    _role_main(int(sys.argv[5]), ports, sys.argv[2], sys.argv[3], sys.argv[4])
+    _role_main(int(sys.argv[5]), ports, sys.argv[2], sys.argv[3], sys.argv[4])  # errors exit 1
+    # The rank's work is done and saved: skip the interpreter's teardown, where a gloo or
+    # torch worker thread still joinable can abort the process ("terminate called without
+    # an active exception", as seen once in test_fsdp_trainer.py's ranks in CI).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
