@@ -94,7 +94,7 @@ FAMILIES = ("builtin", "heldout", "fresh")
 ALL_FAMILIES = (*FAMILIES, "dev")
 FIRST = {"heldout": 1000, "fresh": 2000, "dev": 0}
 #: Planning workload seeds start at the scenario's seed plus this: above every evaluation
-#: seed of every family (built-ins 0-4, draws 1000-1021 and 2000-2021).
+#: seed of every family (built-ins 0-4, draws 0-21, 1000-1021 and 2000-2021).
 PLAN_SEED_SHIFT = 100_000
 #: `plan`'s settings: workload seeds simulated per candidate (1 with ``--quick``) and
 #: splits shortlisted (its defaults).
