@@ -108,20 +108,23 @@ class RolloutOutcome:
 
 @attrs.define
 class _Progress:
-    """Mutable bookkeeping of one `RetryingClient.generate` call."""
+    """Mutable bookkeeping of one `RetryingClient.generate` call (built from the request's
+    partial output; every counter starts at zero)."""
 
     tokens: list[int]
     length: int
-    attempts: int = 0
-    aborts: int = 0
-    failures: int = 0
-    streak: int = 0  # consecutive retries without progress (drives the backoff)
-    replica_ids: list[str] = attrs.Factory(list)
-    versions: list[int] = attrs.Factory(list)
-    reprefill: int = 0
-    backoff_s: float = 0.0
-    logprobs: list[float] | None = attrs.Factory(list)  # None: some token has none
-    segments: list[TokenSegment] = attrs.Factory(list)
+    attempts: int = attrs.field(default=0, init=False)
+    aborts: int = attrs.field(default=0, init=False)
+    failures: int = attrs.field(default=0, init=False)
+    # consecutive retries without progress (drives the backoff)
+    streak: int = attrs.field(default=0, init=False)
+    replica_ids: list[str] = attrs.field(factory=list, init=False)
+    versions: list[int] = attrs.field(factory=list, init=False)
+    reprefill: int = attrs.field(default=0, init=False)
+    backoff_s: float = attrs.field(default=0.0, init=False)
+    # None: some token has none
+    logprobs: list[float] | None = attrs.field(factory=list, init=False)
+    segments: list[TokenSegment] = attrs.field(factory=list, init=False)
 
 
 @attrs.frozen(kw_only=True)

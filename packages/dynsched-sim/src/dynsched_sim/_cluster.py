@@ -15,7 +15,18 @@ from dynsched_sim._trainer import SimTrainer
 from dynsched_sim._versions import StalenessLedger
 from dynsched_sim._workload import Workload
 
-__all__ = ["SimCluster", "build_cluster", "prompt_source"]
+__all__ = ["RunLedgers", "SimCluster", "build_cluster", "prompt_source"]
+
+
+@attrs.frozen
+class RunLedgers:
+    """What every replica and the trainer of one run share: the GPU-time accountant, the
+    token ledger (``request_id -> tokens decoded`` over every attempt on every replica)
+    and the per-sample staleness ledger."""
+
+    accountant: GroupAccountant
+    ledger: dict[str, int] = attrs.Factory(dict)
+    staleness: StalenessLedger = attrs.Factory(StalenessLedger)
 
 
 @attrs.define
@@ -26,14 +37,28 @@ class SimCluster:
     conf: Configuration
     config: DynamicScheduleConfig
     workload: Workload
-    accountant: GroupAccountant
+    shared: RunLedgers
     standalone: list[SimReplica]
     hybrid: list[SimReplica]
     trainer: SimTrainer
     trainer_groups: list[str]
-    staleness: StalenessLedger = attrs.Factory(StalenessLedger)
-    ledger: dict[str, int] = attrs.Factory(dict)
-    retired: list[SimReplica] = attrs.Factory(list)
+    #: Replicas a role move retired (their records stay readable).
+    retired: list[SimReplica] = attrs.field(factory=list, init=False)
+
+    @property
+    def accountant(self) -> GroupAccountant:
+        """The run's GPU-time accountant."""
+        return self.shared.accountant
+
+    @property
+    def ledger(self) -> dict[str, int]:
+        """The run's ``request_id -> tokens decoded`` ledger."""
+        return self.shared.ledger
+
+    @property
+    def staleness(self) -> StalenessLedger:
+        """The run's per-sample staleness ledger."""
+        return self.shared.staleness
 
     @property
     def replicas(self) -> dict[str, SimReplica]:
@@ -43,16 +68,12 @@ class SimCluster:
     def make_replica(self, role: str, i: int, node: str, group: str | None = None) -> SimReplica:
         """Replica ``i`` of ``role`` on the ``node`` server holding its first GPU, sharing
         the run's ledgers and accountant (accounting group ``group``, default its id)."""
-        return _replica(
-            self.scenario, self.accountant, self.ledger, self.staleness, role, i, node, group
-        )
+        return _replica(self.scenario, self.shared, role, i, node, group)
 
 
 def _replica(
     scenario: Scenario,
-    acct: GroupAccountant,
-    ledger: dict[str, int],
-    staleness: StalenessLedger,
+    shared: RunLedgers,
     role: str,
     i: int,
     node: str,
@@ -67,10 +88,10 @@ def _replica(
         hw,
         scenario.model,
         role=role,
-        accountant=acct,
-        ledger=ledger,
+        accountant=shared.accountant,
+        ledger=shared.ledger,
         options=SimReplicaOptions(group=group, node=f"{node}-node-{(i * g) // hw.gpus_per_node}"),
-        first_tokens=staleness.first_token,
+        first_tokens=shared.staleness.first_token,
     )
 
 
@@ -120,16 +141,15 @@ def build_cluster(
     else:
         trainer_groups = ["trainer"]
         acct.add_group("trainer", conf.trainer_gpus, "trainer")
-    ledger: dict[str, int] = {}
-    staleness = StalenessLedger()
+    shared = RunLedgers(acct)
     standalone = []
     for i in range(conf.rollout_gpus // g):
         acct.add_group(f"standalone-{i}", g, "standalone")
-        standalone.append(_replica(scenario, acct, ledger, staleness, "standalone", i, "rollout"))
+        standalone.append(_replica(scenario, shared, "standalone", i, "rollout"))
     hybrid = []
     if conf.hybrid:
         hybrid = [
-            _replica(scenario, acct, ledger, staleness, "hybrid", i, "trainer", grp)
+            _replica(scenario, shared, "hybrid", i, "trainer", grp)
             for i, grp in enumerate(trainer_groups)
         ]
     trainer = SimTrainer(
@@ -140,23 +160,13 @@ def build_cluster(
         groups=trainer_groups,
         accountant=acct,
         tokens_of=_tokens_of(scenario.workload.n),
-        ledger=ledger,
+        ledger=shared.ledger,
         hardware=scenario.hardware,
         llm=scenario.model,
     )
-    trainer.set_sample_observer(staleness.consume)
+    trainer.set_sample_observer(shared.staleness.consume)
     return SimCluster(
-        scenario,
-        conf,
-        cfg,
-        workload,
-        acct,
-        standalone,
-        hybrid,
-        trainer,
-        trainer_groups,
-        staleness,
-        ledger,
+        scenario, conf, cfg, workload, shared, standalone, hybrid, trainer, trainer_groups
     )
 
 

@@ -236,7 +236,7 @@ class RayFleet:
     members: ReplicaSet | None = None
     _handles: list[Any] = attrs.field(factory=list)
     #: Proxies of replica actors replaced by `respawn_replica` (their records stay readable).
-    retired: list[RayReplica] = attrs.field(factory=list)
+    retired: list[RayReplica] = attrs.field(factory=list, init=False)
 
     @property
     def replicas(self) -> dict[str, RayReplica]:
