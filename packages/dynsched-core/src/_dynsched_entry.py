@@ -98,11 +98,11 @@ def _redeliver_swallowed_interrupts() -> None:
     import threading
     import time
 
-    requests: queue.SimpleQueue[None] = queue.SimpleQueue()
+    pending: queue.SimpleQueue[None] = queue.SimpleQueue()
 
     def resend() -> None:  # started beforehand: the hook itself only puts (C code)
         while True:
-            requests.get()
+            pending.get()
             time.sleep(0.02)  # let the finaliser return first (if not: sent once more)
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -111,7 +111,7 @@ def _redeliver_swallowed_interrupts() -> None:
 
     def hook(unraisable: object) -> None:
         if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
-            requests.put(None)
+            pending.put(None)
             return
         previous(unraisable)  # type: ignore[arg-type]
 

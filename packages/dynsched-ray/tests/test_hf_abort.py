@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from dynsched_core import GenerateRequest
 from dynsched_ray.engines.hf.replica import HFReplica
 from dynsched_ray.task.addition import TaskTokenizer
@@ -28,3 +29,13 @@ async def test_abort_flags_only_the_running_requests(warm_model: Path) -> None:
     out = await asyncio.wait_for(task, 120)
     assert out.finish_reason == "abort" and out.num_tokens < 400
     assert await rep.in_flight() == 0
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen2.5-0.5B", "no-such-folder"])
+def test_the_hf_engine_loads_a_local_folder_only(tmp_path: Path, model: str) -> None:
+    """A name that is not a local model folder (e.g. a model hub id) is one clear error,
+    never a download."""
+    with pytest.raises(FileNotFoundError, match=r"HFReplica\.model must be .* config\.json"):
+        HFReplica("s0", model=tmp_path / model)
+    with pytest.raises(FileNotFoundError, match=r"HFReplica\.model"):
+        HFReplica("s0", model=model)

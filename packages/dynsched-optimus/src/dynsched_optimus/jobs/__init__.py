@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dynsched_optimus.jobs._context import (
     BatchControl,
+    CheckpointError,
     ContextOptions,
     Control,
     JobContext,
@@ -64,6 +65,7 @@ __all__ = [
     "MIN_SPEED_REPORTS",
     "RESOURCE_NAMES",
     "BatchControl",
+    "CheckpointError",
     "ContextOptions",
     "Control",
     "Decider",

@@ -16,7 +16,8 @@ asked and stops when told::
 ``report`` is a collective when ``world_size > 1`` (every rank calls it every step): the
 loss is averaged over the ranks and the stop flag is agreed, so every rank checkpoints
 and stops at the same step. Checkpoints are written by rank 0 (torch's format when torch
-is installed, else pickle) and read by every rank.
+is installed, else pickle) and read by every rank, as plain data only: a checkpoint file
+that would run code when loaded is refused (`CheckpointError`), nothing of it run.
 
 A job whose file says ``batch_change: in_place`` may get a new global batch while it runs
 (the service asks every rank through :meth:`Control.requested_batch`): the same collective
@@ -32,6 +33,7 @@ import collections
 import math
 import os
 import pickle
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +46,7 @@ from dynsched_optimus._observation import CompletionRule
 
 __all__ = [
     "BatchControl",
+    "CheckpointError",
     "ContextOptions",
     "Control",
     "JobContext",
@@ -126,14 +129,76 @@ def save_checkpoint(obj: Any, path: str) -> None:
     os.replace(tmp, path)
 
 
+#: What a checkpoint read without torch may name besides plain data (dicts, lists, tuples,
+#: strings, numbers, bytes): numpy arrays, dtypes and scalars, and three builtin types.
+#: Anything else, e.g. a function pickle would call while loading, is refused.
+_PLAIN_GLOBALS = frozenset(
+    {
+        ("builtins", "complex"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "bytearray"),
+        ("numpy", "dtype"),
+        ("numpy", "ndarray"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "scalar"),
+    }
+)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Reads plain data only (see `_PLAIN_GLOBALS`): nothing in the file is run."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _PLAIN_GLOBALS or (
+            module == "numpy.dtypes" and name.endswith("DType")
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is not plain data (refused, nothing in it was run), or that
+    cannot be read."""
+
+
 def load_checkpoint(path: str) -> Any:
-    """Read a checkpoint written by :func:`save_checkpoint` (tensors, numbers, dicts)."""
+    """Read a checkpoint written by :func:`save_checkpoint` (tensors, numbers, dicts).
+
+    Only plain data is read, with or without torch (``torch.load(weights_only=True)``;
+    without torch, pickle restricted to plain data and numpy arrays): a file that would
+    run code when loaded is refused and nothing of it is executed.
+
+    Raises:
+        CheckpointError: the file is not such a checkpoint, or is unreadable (one line
+            naming the file).
+    """
     try:
         import torch
     except ImportError:
-        with open(path, "rb") as fh:
-            return pickle.load(fh)
-    return torch.load(path, weights_only=True)
+        try:
+            with open(path, "rb") as fh:
+                return _PlainUnpickler(fh).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, AttributeError) as exc:
+            raise CheckpointError(
+                f"checkpoint {path!r} is not plain data (refused, nothing in it was run): "
+                f"{str(exc)[:200] or type(exc).__name__}"
+            ) from None
+    try:
+        return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        # torch's refusal names the offending global (its advice to load the file anyway
+        # is not repeated)
+        found = re.search(
+            r"Unsupported global: GLOBAL (\S+)", re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        )
+        why = f"it names {found.group(1)}" if found else f"unreadable ({type(exc).__name__})"
+        raise CheckpointError(
+            f"checkpoint {path!r} is not a plain tensor checkpoint (refused, nothing in it "
+            f"was run): {why[:200]}"
+        ) from None
 
 
 def _all_reduce_sum(values: list[float]) -> list[float]:

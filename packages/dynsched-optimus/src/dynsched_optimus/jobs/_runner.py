@@ -9,6 +9,7 @@ runs and leaves it after.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import queue
 import runpy
@@ -30,6 +31,8 @@ from dynsched_optimus.jobs._context import (
 from dynsched_optimus.jobs._spec import JobSpec
 
 __all__ = ["JobRunner", "LocalResult", "one_line_error", "run_local"]
+
+logger = logging.getLogger(__name__)
 
 #: bound of one collective of a job's group: a dead peer fails the step instead of hanging
 #: (judgement: far above a tiny job's step, short enough for a restart to follow)
@@ -172,8 +175,8 @@ class JobRunner:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:
-            pass
+        except Exception as exc:  # the job's own result stands; leaving is best effort
+            logger.debug("leaving the job's process group failed: %r", exc)
 
 
 @attrs.frozen

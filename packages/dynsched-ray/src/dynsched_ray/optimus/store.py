@@ -179,7 +179,7 @@ class JobStore:
         marks = ",".join("?" * len(states))
         with self._tx() as db:
             rows = db.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ({marks}) "
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state IN ({marks}) "  # nosec B608: fixed column list, values bound
                 "ORDER BY submitted, name",
                 tuple(states),
             ).fetchall()
@@ -193,7 +193,7 @@ class JobStore:
         """
         with self._tx() as db:
             r = db.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE name = ?",
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE name = ?",  # nosec B608: fixed column list, values bound
                 (name,),
             ).fetchone()
         if r is None:
@@ -246,7 +246,7 @@ class JobStore:
             fields["placement"] = _placement_json(fields["placement"])
         cols = ", ".join(f"{k} = ?" for k in fields)
         with self._tx() as db:
-            db.execute(f"UPDATE jobs SET {cols} WHERE name = ?", (*fields.values(), name))
+            db.execute(f"UPDATE jobs SET {cols} WHERE name = ?", (*fields.values(), name))  # nosec B608: columns checked against the allowlist above, values bound
 
     def add_reports(self, name: str, reports: Sequence[dict[str, Any]]) -> None:
         """Append ``report`` events (step, loss, samples, t; optional: the step's global
@@ -300,7 +300,8 @@ class JobStore:
         this module passes)."""
         with self._tx() as db:
             rows = db.execute(
-                f"SELECT step, {column} FROM reports WHERE name = ? ORDER BY rowid", (name,)
+                f"SELECT step, {column} FROM reports WHERE name = ? ORDER BY rowid",  # nosec B608: a column name of this module, values bound
+                (name,),
             ).fetchall()
         return [(int(s), v) for s, v in rows]
 

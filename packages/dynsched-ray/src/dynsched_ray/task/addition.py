@@ -138,7 +138,9 @@ class TaskTokenizer:
     def __init__(self, folder: str | Path) -> None:
         from transformers import PreTrainedTokenizerFast
 
-        self._tok = PreTrainedTokenizerFast.from_pretrained(str(folder))
+        self._tok = PreTrainedTokenizerFast.from_pretrained(  # nosec B615: a local folder, no download
+            str(folder), local_files_only=True
+        )
         self.bos_id = int(self._tok.bos_token_id)
         self.eos_id = int(self._tok.eos_token_id)
 
@@ -225,7 +227,9 @@ def warm_up(
     base = build_tiny_model(root / "base", spec)
     tok = TaskTokenizer(base)
     with seeded_torch(options.seed):
-        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(  # nosec B615: a local folder, no download
+            str(base), dtype=torch.float32, local_files_only=True
+        )
         losses = _fine_tune(model, task, tok, options)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)

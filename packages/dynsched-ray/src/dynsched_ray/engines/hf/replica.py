@@ -79,7 +79,16 @@ class HFReplica(ReplicaIdentity):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+        # a local folder only, as the trainers load (never a download from a model hub)
+        folder = Path(model)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"HFReplica.model must be a Hugging Face model folder with config.json, got "
+                f"{str(model)!r}"
+            )
+        self.model = AutoModelForCausalLM.from_pretrained(  # nosec B615: a local folder (local_files_only), no download
+            str(folder), dtype=torch.float32, local_files_only=True
+        )
         self.model.to(self.device).eval()
         eos = eos_token_id if eos_token_id is not None else self.model.config.eos_token_id
         self.eos_token_id = int(eos) if eos is not None else None

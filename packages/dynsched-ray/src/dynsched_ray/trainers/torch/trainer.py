@@ -41,7 +41,9 @@ class TorchTrainer(RLTrainerBase):
         from transformers import AutoModelForCausalLM
 
         path = self._setup(model, options, kind="model")
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(  # nosec B615: a local folder, no download
+            str(path), dtype=torch.float32, local_files_only=True
+        )
         self.model.to(self.device)
         self.model.train()
         pad = self.model.config.pad_token_id
