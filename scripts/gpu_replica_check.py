@@ -41,7 +41,9 @@ def _hf_greedy(folder: Path, device: str, state: Any = None) -> list[list[int]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(  # nosec B615: a local folder, no download
+        str(folder), dtype=torch.float32, local_files_only=True
+    ).to(device)
     if state is not None:
         model.load_state_dict(state, strict=True)
     out = []
