@@ -16,6 +16,10 @@ the built-ins and held-out draws 0-59 of `dynsched_sim._heldout`):
 - ``dev``: development draws 0-19 x 3 seeds (of the draws 0-59 the planner was developed
   on: a change to the planner is judged here first, the held-out families read last).
   Not in the default ``--family`` list.
+- ``fresh2``: a second fresh held-out family, draws 3000-3019 x 3 seeds, first run for
+  ``dynsched plan --simulated-staleness-bound scenario`` (the arm
+  ``plan@default-staleness-or-default``), after that rule was chosen on the built-ins and
+  ``dev`` (the held-out and fresh families had been seen). Not in the default list.
 
 Reports per scenario the planner's time against ``default`` and against the best static
 split (mean, and the per-seed range: seed spread), the planner's moves, its efficiency
@@ -51,7 +55,9 @@ used to set the bound. Where no simulated candidate meets it, the arm runs the
 fallback). Their plans are cached in ``stale_plans``, with whether the bound changed the
 pick from ``plan``'s. ``plan@default-staleness-or-default`` has no runs of its own: it
 reports ``plan@default-staleness``'s runs, or ``default``'s where the bounded pick was
-slower than ``default`` on the planning seeds (decided on those seeds only). ``--plan-only`` runs only the plan arms
+slower than ``default`` on the planning seeds (decided on those seeds only): the pick of
+``dynsched plan --simulated-staleness-bound scenario`` on the planning seeds (checked in
+``integration-tests/test_sim_planner_plan_arms.py``). ``--plan-only`` runs only the plan arms
 against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
 only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
 
@@ -90,11 +96,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 RESULTS = Path(__file__).parent / "results"
 FAMILIES = ("builtin", "heldout", "fresh")
-#: every family ``--family`` accepts (``dev`` only when named)
-ALL_FAMILIES = (*FAMILIES, "dev")
-FIRST = {"heldout": 1000, "fresh": 2000, "dev": 0}
+#: every family ``--family`` accepts (``dev`` and ``fresh2`` only when named)
+ALL_FAMILIES = (*FAMILIES, "dev", "fresh2")
+FIRST = {"heldout": 1000, "fresh": 2000, "dev": 0, "fresh2": 3000}
 #: Planning workload seeds start at the scenario's seed plus this: above every evaluation
-#: seed of every family (built-ins 0-4, draws 0-21, 1000-1021 and 2000-2021).
+#: seed of every family (built-ins 0-4, draws 0-21, 1000-1021, 2000-2021 and 3000-3021).
 PLAN_SEED_SHIFT = 100_000
 #: `plan`'s settings: workload seeds simulated per candidate (1 with ``--quick``) and
 #: splits shortlisted (its defaults).

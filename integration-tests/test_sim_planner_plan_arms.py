@@ -34,7 +34,7 @@ sp = _load()
 def test_planning_seeds_never_overlap_evaluation_seeds(quick: bool) -> None:
     evaluation: set[int] = set()
     planning: set[int] = set()
-    for family in sp.FAMILIES:
+    for family in sp.ALL_FAMILIES:
         keys, k = sp._keys(family, quick)
         for key in keys:
             sc = sp._scenario(key)
@@ -244,3 +244,34 @@ def test_rebound_without_a_result_file_is_one_clear_error(
         sp.main(["--family", "fresh", "--per-family", "--rebound", "--out", str(tmp_path)])
     assert e.value.code == 2
     assert "--rebound: no result file to re-read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["colocated", "rollout-bound"])
+def test_the_or_default_arm_is_what_plan_picks_with_the_scenario_bound(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`OR_DEFAULT` (the bounded pick where it was at least as fast as ``default`` on the
+    planning seeds, else ``default``) is the pick of ``dynsched plan
+    --simulated-staleness-bound scenario`` on the same seeds: the benchmark's figures for
+    that arm are the command's. On 12 steps ``rollout-bound`` keeps the bounded pick and
+    ``colocated`` keeps ``default`` (both ways are checked)."""
+    from dynsched_sim._plan import SCENARIO_STALENESS, own_candidate, plan
+
+    scenario = sp._scenario
+    monkeypatch.setattr(sp, "_scenario", lambda k: scenario(k).with_steps(12))
+    monkeypatch.setattr(sp, "PLAN_SHORTLIST", 2)
+    sc = sp._scenario(key)
+    stale = sp._make_stale_plan(key, True, sp._make_plan(key, True))
+    keep = stale["planned_time_s"] <= stale["default_planning_time_s"]
+    derived = sp._candidate(stale) if keep else sp._default_candidate(sc)
+    p = plan(
+        sp._planning_scenario(sc),
+        gpus=sp._dynamic(sc).total_gpus,
+        seeds=1,
+        shortlist=2,
+        simulated_staleness_bound=SCENARIO_STALENESS,
+    )
+    assert p.best.candidate == derived
+    assert p.simulated_staleness_bound == stale["simulated_staleness_bound"]
+    assert keep == (key == "rollout-bound")
+    assert (p.best.candidate == own_candidate(sc)) == (not keep)

@@ -15,8 +15,16 @@ from dynsched_sim import (
     plan,
     predicted_staleness_for,
     random_scenario,
+    run_configuration,
 )
-from dynsched_sim._plan import _assess, _candidates, _simulated
+from dynsched_sim._plan import (
+    SCENARIO_STALENESS,
+    _assess,
+    _candidates,
+    _simulated,
+    format_plan,
+    own_candidate,
+)
 from dynsched_sim.calibrate import scenario_to_dict
 from dynsched_sim.cli import main_plan
 from hypothesis import given, settings
@@ -119,6 +127,7 @@ def test_exact_plan_is_the_exhaustive_best_of_its_candidate_set() -> None:
         (["seed-qwen35", "--seeds", "two"], "--seeds"),
         (["seed-qwen35", "--simulated-staleness-bound", "-0.1"], "--simulated-staleness-bound"),
         (["seed-qwen35", "--simulated-staleness-bound", "inf"], "--simulated-staleness-bound"),
+        (["seed-qwen35", "--simulated-staleness-bound", "own"], "--simulated-staleness-bound"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], names: str, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -250,3 +259,68 @@ def test_the_shortlist_takes_the_widest_window_among_estimates_it_cannot_tell_ap
     # one candidate per split, and with nothing within the tolerance the best estimate
     alone = [a((16, 16), 16, 0.25, 1000.0), a((16, 16), 16, 0.5, 1000.0 * (1 + 2 * tol))]
     assert [x.candidate.staleness_threshold for x in _shortlisted(alone, 4)] == [0.25]
+
+
+def test_the_scenario_bound_is_its_own_configuration_and_the_pick_is_never_slower() -> None:
+    """``simulated_staleness_bound="scenario"``: the bound is the measured mean staleness
+    of the scenario's own configuration (its dynamic split, policy, concurrency and
+    threshold) on the plan's seeds, the same runs as `run_configuration` makes, and that
+    configuration is ranked with the simulated candidates."""
+    sc = load_scenario("balanced").with_steps(8)
+    p = plan(sc, seeds=2, shortlist=2, simulated_staleness_bound=SCENARIO_STALENESS)
+    own = own_candidate(sc)
+    assert (own.split, own.policy, own.concurrency, own.staleness_threshold) == (
+        "hybrid-16-16",
+        "default",
+        16,
+        0.5,
+    )
+    dyn = next(c for c in sc.configurations if c.hybrid)
+    runs = [run_configuration(sc, dyn, "default", seed=s) for s in (sc.seed, sc.seed + 1)]
+    assert p.reference is not None and p.reference.candidate == own
+    assert p.simulated_staleness_bound == sum(r.staleness["mean"] for r in runs) / 2
+    assert p.reference.time_s.mean == sum(r.wall_clock_s for r in runs) / 2
+    assert own in [r.candidate for r in p.ranked]
+    assert p.best.time_s.mean <= p.reference.time_s.mean
+    assert p.best.simulated_staleness <= p.simulated_staleness_bound + 1e-9
+    assert p.to_json()["reference"]["candidate"]["name"] == own.name
+    assert any("own configuration" in r for r in p.rests_on)
+    assert f"the scenario's own configuration {own.name}" in format_plan(p)
+
+
+def test_the_scenario_bound_keeps_the_own_configuration_where_no_candidate_is_as_fresh() -> None:
+    """On 8 steps of ``rollout-bound`` no shortlisted candidate measures as little staleness
+    as the scenario's own configuration: the same bound given as a number is an error, the
+    ``"scenario"`` bound picks the own configuration."""
+    sc = load_scenario("rollout-bound").with_steps(8)
+    p = plan(sc, seeds=2, shortlist=2, simulated_staleness_bound=SCENARIO_STALENESS)
+    assert p.best.candidate == own_candidate(sc)
+    assert p.simulated_staleness_bound is not None
+    with pytest.raises(PlanError, match="no simulated candidate is within it"):
+        plan(sc, seeds=2, shortlist=2, simulated_staleness_bound=p.simulated_staleness_bound)
+
+
+@pytest.mark.parametrize(
+    "kw", [{"gpus": 48, "shortlist": 2}, {"shortlist": 2, "policies": ("fixed_ratio",)}]
+)
+def test_the_scenario_bound_ranks_the_own_configuration_only_where_the_plan_could_pick_it(
+    kw: dict[str, object],
+) -> None:
+    """Another GPU budget, or a policy set without the scenario's policy: the bound still
+    comes from the own configuration, which is not ranked."""
+    sc = load_scenario("balanced").with_steps(8)
+    p = plan(sc, seeds=1, simulated_staleness_bound=SCENARIO_STALENESS, **kw)  # type: ignore[arg-type]
+    assert p.reference is not None and p.reference.candidate == own_candidate(sc)
+    assert p.simulated_staleness_bound == p.reference.simulated_staleness
+    assert own_candidate(sc) not in [r.candidate for r in p.ranked]
+
+
+def test_the_plan_command_takes_the_scenario_bound(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    argv = [str(_small_file(tmp_path)), "--seeds", "1", "--shortlist", "1", "--no-plot"]
+    assert main_plan([*argv, "--simulated-staleness-bound", "scenario", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    written = json.loads((out / "plan.json").read_text())
+    assert written["reference"]["candidate"]["name"] == "hybrid-16-16/default/c16/s0.5"
+    assert written["simulated_staleness_bound"] == written["reference"]["simulated_staleness"]
+    assert "the scenario's own configuration hybrid-16-16/default/c16/s0.5" in printed

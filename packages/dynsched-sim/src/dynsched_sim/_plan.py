@@ -42,7 +42,11 @@ the ranking lists the candidates within the bound first. If no simulated candida
 within it, `plan` raises `PlanError`. Both sides of this comparison are measured by the
 same simulator on the same seeds: a bound taken from another configuration's simulated
 runs on those seeds (e.g. `default`'s) is compared like for like, with no closed-form
-error in between.
+error in between. ``simulated_staleness_bound="scenario"`` (`SCENARIO_STALENESS`) takes
+it from the scenario's own configuration (`own_candidate`: its dynamic split with its
+policy, concurrency and threshold), simulated on the plan's seeds; that configuration
+then also joins the ranking (on the same GPU budget, when its policy is one the plan
+considers), so the plan is never slower than it on those seeds, nor staler.
 
 A plan is a prediction of the simulator's cost models; `Plan.rests_on` says which.
 """
@@ -66,6 +70,7 @@ from dynsched_sim._staleness import _pool_rate, predicted_staleness_for
 
 __all__ = [
     "DEFAULT_PLAN_POLICIES",
+    "SCENARIO_STALENESS",
     "Candidate",
     "Plan",
     "PlanError",
@@ -74,6 +79,7 @@ __all__ = [
     "check_plan_inputs",
     "format_plan",
     "memory_problem",
+    "own_candidate",
     "plan",
     "write_plan",
 ]
@@ -122,6 +128,10 @@ MEMORY_RULE = (
     "trainer state (the simulator's own check)"
 )
 
+#: ``simulated_staleness_bound`` value: the simulated mean staleness of the scenario's own
+#: configuration (`own_candidate`) on the plan's seeds, which then also joins the ranking.
+SCENARIO_STALENESS = "scenario"
+
 Progress = Callable[[str], None]
 
 
@@ -148,6 +158,11 @@ class Candidate:
     policy: str
     concurrency: int
     staleness_threshold: float
+
+    @property
+    def total_gpus(self) -> int:
+        """Trainer and standalone rollout GPUs."""
+        return self.trainer_gpus + self.rollout_gpus
 
     @property
     def split(self) -> str:
@@ -289,6 +304,8 @@ class Plan:
         seconds: Wall time of the planning.
         gpus_per_node: GPUs per server of the scenario (`verl_overrides` places the pick's
             pools on whole servers of this size).
+        reference: The scenario's own configuration as simulated on the seeds, when the
+            simulated staleness bound was taken from it (``"scenario"``), else None.
     """
 
     scenario: str
@@ -304,6 +321,7 @@ class Plan:
     seconds: float = attrs.field(eq=False)
     simulated_staleness_bound: float | None = None
     gpus_per_node: int = 8
+    reference: PlannedCandidate | None = None
 
     @property
     def best(self) -> PlannedCandidate:
@@ -334,6 +352,7 @@ class Plan:
             "seconds": self.seconds,
             "gpus_per_node": self.gpus_per_node,
             "verl_overrides": self.verl_overrides,
+            "reference": None if self.reference is None else self.reference.to_json(),
         }
 
 
@@ -346,7 +365,7 @@ def check_plan_inputs(
     seeds: int,
     shortlist: int | None,
     flags: bool = False,
-    simulated_staleness_bound: float | None = None,
+    simulated_staleness_bound: float | str | None = None,
 ) -> None:
     """Every planner input in range.
 
@@ -373,14 +392,17 @@ def check_plan_inputs(
         ("staleness_bound", staleness_bound),
         ("simulated_staleness_bound", simulated_staleness_bound),
     ):
+        if param == "simulated_staleness_bound" and bound == SCENARIO_STALENESS:
+            continue
         if bound is not None and not (
             isinstance(bound, int | float)
             and not isinstance(bound, bool)
             and 0.0 <= bound < math.inf
         ):
+            also = f" or {SCENARIO_STALENESS!r}" if param == "simulated_staleness_bound" else ""
             raise PlanError(
                 f"{name(param)} must be a finite number >= 0 (policy versions "
-                f"behind per sample), got {bound!r}"
+                f"behind per sample){also}, got {bound!r}"
             )
 
 
@@ -736,8 +758,99 @@ def _ranked(
     )
 
 
+def own_candidate(scenario: Scenario) -> Candidate:
+    """The scenario's own configuration as a candidate: its first dynamic configuration
+    (else its first) with the scenario's policy, concurrency and staleness threshold."""
+    conf = next((c for c in scenario.configurations if c.hybrid), scenario.configurations[0])
+    cfg = scenario.schedule_config(conf)
+    return Candidate(
+        trainer_gpus=conf.trainer_gpus,
+        rollout_gpus=conf.rollout_gpus,
+        hybrid=conf.hybrid,
+        policy=cfg.dynamic_schedule_policy if conf.hybrid else STATIC_POLICY,
+        concurrency=cfg.concurrent_samples_per_replica,
+        staleness_threshold=float(cfg.staleness_threshold),
+    )
+
+
+def _own_reference(
+    scenario: Scenario,
+    seeds: Sequence[int],
+    staleness_bound: float,
+    rankable: Callable[[Candidate], bool],
+    note: Callable[[str], None],
+) -> tuple[PlannedCandidate, bool]:
+    """The scenario's own configuration simulated over the seeds, and whether it joins the
+    ranking (``rankable``, and its closed-form staleness within ``staleness_bound``).
+
+    Raises:
+        PlanError: it does not fit in memory or its schedule is refused (no bound from it).
+    """
+    cand = own_candidate(scenario)
+    a = _assess(scenario, cand, (cand.policy,), seeds[0], None)
+    if a.problem:
+        raise PlanError(
+            f"simulated_staleness_bound {SCENARIO_STALENESS!r}: the scenario's own "
+            f"configuration {cand.name} cannot run ({a.problem})"
+        )
+    note(f"simulating the scenario's own configuration {cand.name} over {len(seeds)} seed(s)")
+    ranked = rankable(cand) and a.staleness <= staleness_bound + 1e-12
+    return _simulated(scenario, a, cand.policy, seeds), ranked
+
+
+def _feasible(
+    scenario: Scenario,
+    gpus: int,
+    policies: Sequence[str],
+    seed: int,
+    staleness_bound: float,
+    note: Callable[[str], None],
+) -> tuple[list[_Assessment], list[_Assessment]]:
+    """Every candidate assessed, and the feasible ones in estimate order.
+
+    Raises:
+        PlanError: no feasible candidate (naming why each kind failed).
+    """
+    todo = _candidates(scenario, gpus, list(policies))
+    note(f"plan {scenario.name}: {len(todo)} analytical candidates on {gpus} GPUs")
+    assessed = [_assess(scenario, c, runs, seed, staleness_bound) for c, runs in todo]
+    feasible = sorted((a for a in assessed if not a.problem), key=lambda a: a.estimate_s)
+    if not feasible:
+        reasons = sorted({a.problem.split(":")[0] for a in assessed}) or ["no split"]
+        raise PlanError(f"no feasible candidate on {gpus} GPUs ({', '.join(reasons)})")
+    return assessed, feasible
+
+
+def _check_within(ranked: Sequence[PlannedCandidate], sim_bound: float | None) -> None:
+    """Raises `PlanError` when no simulated candidate is within the simulated bound."""
+    if not _within(ranked[0], sim_bound):
+        least = min(ranked, key=lambda d: d.simulated_staleness)
+        raise PlanError(
+            f"simulated_staleness_bound {sim_bound!r}: no simulated candidate is within it "
+            f"({len(ranked)} simulated; least simulated mean staleness "
+            f"{least.simulated_staleness:.4f}, {least.candidate.name})"
+        )
+
+
+def _numeric_bound(bound: float | str | None, reference: PlannedCandidate | None) -> float | None:
+    """The simulated staleness bound as a number (``"scenario"``: the reference's)."""
+    if reference is not None:
+        return reference.simulated_staleness
+    return None if bound is None else float(bound)
+
+
+def _add_once(done: list[PlannedCandidate], d: PlannedCandidate) -> None:
+    """Add ``d`` unless its candidate was simulated already (the same runs)."""
+    if _knob_key(d.candidate) not in {_knob_key(x.candidate) for x in done}:
+        done.append(d)
+
+
 def _rests_on(
-    scenario: Scenario, seeds: Sequence[int], rule: str, sim_bound: float | None = None
+    scenario: Scenario,
+    seeds: Sequence[int],
+    rule: str,
+    sim_bound: float | None = None,
+    reference: PlannedCandidate | None = None,
 ) -> tuple[str, ...]:
     from dynsched_sim import __version__
 
@@ -746,7 +859,7 @@ def _rests_on(
         label = (scenario.label_of(p) or ("unlabelled",))[0]
         labels[label] = labels.get(label, 0) + 1
     fitted = [f"{p} ({(scenario.label_of(p) or ('', ''))[1]})" for p in scenario.fitted()]
-    simulated = (
+    simulated: tuple[str, ...] = (
         (
             f"simulated staleness bound {sim_bound:g}: the best candidate's measured mean "
             "staleness over the seeds is within it",
@@ -754,6 +867,12 @@ def _rests_on(
         if sim_bound is not None
         else ()
     )
+    if reference is not None:
+        simulated += (
+            f"the bound is the measured mean staleness of the scenario's own configuration "
+            f"{reference.candidate.name} on the same seeds (ranked with the simulated "
+            "candidates when it has the plan's GPUs and one of its policies)",
+        )
     return (
         f"simulator: dynsched-sim {__version__} (the real core on virtual time); times and "
         "staleness are predictions of its cost models",
@@ -778,7 +897,7 @@ def plan(
     shortlist: int | None = 4,
     policies: Sequence[str] = DEFAULT_PLAN_POLICIES,
     progress: Progress | None = None,
-    simulated_staleness_bound: float | None = None,
+    simulated_staleness_bound: float | str | None = None,
 ) -> Plan:
     """The candidate with the shortest simulated time among those the analytical model
     shortlists, with every simulated candidate ranked (module docstring).
@@ -797,7 +916,10 @@ def plan(
         simulated_staleness_bound: Most *simulated* mean staleness (mean over the seeds)
             of the best candidate; None: no such bound. The closed-form bound still
             prefilters; simulated candidates over this one rank after every candidate
-            within it and are never the best (module docstring).
+            within it and are never the best (module docstring). ``"scenario"``: the
+            simulated mean staleness of the scenario's own configuration
+            (`own_candidate`) on the same seeds, which then joins the ranking when it
+            has ``gpus`` GPUs and a policy among ``policies`` (`Plan.reference`).
 
     Raises:
         PlanError: an input out of range, no feasible candidate, or no simulated
@@ -808,26 +930,29 @@ def plan(
     gpus = max(c.total_gpus for c in sc.configurations) if gpus is None else gpus
     if staleness_bound is None:
         staleness_bound = float(sc.schedule_config(sc.configurations[0]).staleness_threshold)
-    sim_bound = simulated_staleness_bound
     check_plan_inputs(
         sc,
         gpus=gpus,
         staleness_bound=staleness_bound,
         seeds=seeds,
         shortlist=shortlist,
-        simulated_staleness_bound=sim_bound,
+        simulated_staleness_bound=simulated_staleness_bound,
     )
     if not policies:
         raise PlanError("policies must name at least one policy")
     note = progress if progress is not None else (lambda _line: None)
     seed_list = tuple(range(sc.seed, sc.seed + seeds))
-    todo = _candidates(sc, gpus, list(policies))
-    note(f"plan {sc.name}: {len(todo)} analytical candidates on {gpus} GPUs")
-    assessed = [_assess(sc, c, runs, seed_list[0], staleness_bound) for c, runs in todo]
-    feasible = sorted((a for a in assessed if not a.problem), key=lambda a: a.estimate_s)
-    if not feasible:
-        reasons = sorted({a.problem.split(":")[0] for a in assessed}) or ["no split"]
-        raise PlanError(f"no feasible candidate on {gpus} GPUs ({', '.join(reasons)})")
+    reference, rank_reference = None, False
+    if simulated_staleness_bound == SCENARIO_STALENESS:
+        reference, rank_reference = _own_reference(
+            sc,
+            seed_list,
+            staleness_bound,
+            lambda c: c.total_gpus == gpus and c.policy in policies,
+            note,
+        )
+    sim_bound = _numeric_bound(simulated_staleness_bound, reference)
+    assessed, feasible = _feasible(sc, gpus, policies, seed_list[0], staleness_bound, note)
     rule = (
         EXACT_RULE
         if shortlist is None
@@ -839,18 +964,14 @@ def plan(
         left = sum(len(a.policies) for a in feasible) - len(done)
         if left:
             pruned["not shortlisted (fluid estimate)"] = left
+    if reference is not None and rank_reference:
+        _add_once(done, reference)
     for a in assessed:
         if a.problem:
             key = a.problem.split(":")[0] if ":" in a.problem else a.problem
             pruned[key] = pruned.get(key, 0) + len(a.policies)
     ranked = _ranked(done, staleness_bound, sim_bound)
-    if not _within(ranked[0], sim_bound):
-        least = min(done, key=lambda d: d.simulated_staleness)
-        raise PlanError(
-            f"simulated_staleness_bound {sim_bound!r}: no simulated candidate is within it "
-            f"({len(done)} simulated; least simulated mean staleness "
-            f"{least.simulated_staleness:.4f}, {least.candidate.name})"
-        )
+    _check_within(ranked, sim_bound)
     return Plan(
         scenario=sc.name,
         gpus=gpus,
@@ -860,11 +981,12 @@ def plan(
         splits=_split_estimates(assessed),
         candidates=sum(len(a.policies) for a in assessed),
         pruned=pruned,
-        rests_on=_rests_on(sc, seed_list, rule, sim_bound),
+        rests_on=_rests_on(sc, seed_list, rule, sim_bound, reference),
         pruning_rule=rule,
         seconds=time.perf_counter() - start,
         simulated_staleness_bound=sim_bound,
         gpus_per_node=sc.hardware.gpus_per_node,
+        reference=reference,
     )
 
 
@@ -914,6 +1036,14 @@ def format_plan(p: Plan, top: int = 10) -> str:
         f"{p.candidates} candidates, {len(p.ranked)} simulated over seeds "
         f"{list(p.seeds)} in {p.seconds:.1f} s",
     )
+    if p.reference is not None:
+        r = p.reference
+        lines.append(
+            f"the scenario's own configuration {r.candidate.name}: "
+            f"{r.time_s.mean / 3600:.3f} h ±{r.time_s.std / 3600:.3f}, simulated staleness "
+            f"{r.simulated_staleness:.2f} (the simulated bound); the pick is "
+            f"{p.best.time_s.mean / r.time_s.mean:.3f} of its time"
+        )
     lines.append("not simulated: " + ", ".join(f"{n} {k}" for k, n in sorted(p.pruned.items())))
     # what it rests on: the scenario (a verl config names its base) and the labels; the
     # rest (fitted sources, seeds, rules) in plan.json's rests_on

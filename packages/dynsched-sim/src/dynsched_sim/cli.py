@@ -296,11 +296,13 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--simulated-staleness-bound",
-        type=float,
+        type=_number_or_scenario,
         default=None,
         metavar="S",
-        help="also bound the simulated mean staleness (over the seeds) of the pick, >= 0 "
-        "(default: none)",
+        help="also bound the simulated mean staleness (over the seeds) of the pick, >= 0, or "
+        "'scenario': the simulated staleness of the scenario's own configuration on the same "
+        "seeds, which is then ranked too (the pick is never slower on those seeds, nor "
+        "staler) (default: none)",
     )
     p.add_argument(
         "--seeds",
@@ -327,6 +329,21 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     p.add_argument("--no-plot", action="store_true", help="skip plan.png")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _number_or_scenario(text: str) -> float | str:
+    """``--simulated-staleness-bound``: a number (range checked with the other inputs) or
+    ``scenario``."""
+    from dynsched_sim._plan import SCENARIO_STALENESS
+
+    if text == SCENARIO_STALENESS:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number >= 0 or {SCENARIO_STALENESS!r}, got {text!r}"
+        ) from None
 
 
 def _plan_handler(args: argparse.Namespace) -> int:
