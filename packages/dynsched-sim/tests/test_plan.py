@@ -18,11 +18,13 @@ from dynsched_sim import (
     run_configuration,
 )
 from dynsched_sim._plan import (
+    DEFAULT_PLAN_POLICIES,
     SCENARIO_STALENESS,
     _assess,
     _candidates,
     _simulated,
     format_plan,
+    memory_problem,
     own_candidate,
 )
 from dynsched_sim.calibrate import scenario_to_dict
@@ -324,3 +326,34 @@ def test_the_plan_command_takes_the_scenario_bound(tmp_path: Path, capsys) -> No
     assert written["reference"]["candidate"]["name"] == "hybrid-16-16/default/c16/s0.5"
     assert written["simulated_staleness_bound"] == written["reference"]["simulated_staleness"]
     assert "the scenario's own configuration hybrid-16-16/default/c16/s0.5" in printed
+
+
+@settings(max_examples=4)
+@given(seed=st.integers(0, 10_000))
+def test_with_the_scenario_bound_the_pick_is_never_slower_nor_staler_than_its_own(
+    seed: int,
+) -> None:
+    """Any scenario: the pick is within the own configuration's simulated staleness and,
+    where that configuration is ranked (always here: the plan's budget is its GPUs), no
+    slower than it on the plan's seeds."""
+    sc = random_scenario(seed, max_steps=4)
+    own = own_candidate(sc)
+    try:
+        p = plan(
+            sc, gpus=own.total_gpus, seeds=1, shortlist=2, simulated_staleness_bound="scenario"
+        )
+    except PlanError as e:  # every candidate's closed form over the threshold
+        assert "no feasible candidate" in str(e)
+        return
+    assert p.reference is not None and p.reference.candidate == own
+    assert p.best.simulated_staleness <= p.reference.simulated_staleness + 1e-9
+    if own in [r.candidate for r in p.ranked]:
+        assert p.best.time_s.mean <= p.reference.time_s.mean
+    else:  # not ranked only where the plan could not pick it
+        assert (
+            memory_problem(sc, own.trainer_gpus, own.rollout_gpus, own.hybrid)
+            or p.reference.predicted_staleness > p.staleness_bound
+            or own.policy not in DEFAULT_PLAN_POLICIES
+        )
+    json.dumps(p.to_json(), allow_nan=False)  # plain JSON (a reference the plan could
+    # not pick has no fluid estimate)

@@ -46,7 +46,8 @@ error in between. ``simulated_staleness_bound="scenario"`` (`SCENARIO_STALENESS`
 it from the scenario's own configuration (`own_candidate`: its dynamic split with its
 policy, concurrency and threshold), simulated on the plan's seeds; that configuration
 then also joins the ranking (on the same GPU budget, when its policy is one the plan
-considers), so the plan is never slower than it on those seeds, nor staler.
+considers and it passes the memory rule and the closed-form bound, as every candidate
+must), so the plan is never slower than it on those seeds, nor staler.
 
 A plan is a prediction of the simulator's cost models; `Plan.rests_on` says which.
 """
@@ -275,13 +276,18 @@ class PlannedCandidate:
         return {
             "candidate": self.candidate.to_json(),
             "time_s": self.time_s.to_json(),
-            "estimate_s": self.estimate_s,
+            "estimate_s": _finite_or_none(self.estimate_s),
             "lower_bound_s": self.lower_bound_s,
             "efficiency": self.efficiency.to_json(),
-            "predicted_staleness": self.predicted_staleness,
+            "predicted_staleness": _finite_or_none(self.predicted_staleness),
             "simulated_staleness": self.simulated_staleness,
             "why_next_lost": self.why_next_lost,
         }
+
+
+def _finite_or_none(x: float) -> float | None:
+    """``x``, or None where it is not a finite number (JSON has no inf or NaN)."""
+    return x if math.isfinite(x) else None
 
 
 @attrs.frozen(kw_only=True)
@@ -781,20 +787,21 @@ def _own_reference(
     note: Callable[[str], None],
 ) -> tuple[PlannedCandidate, bool]:
     """The scenario's own configuration simulated over the seeds, and whether it joins the
-    ranking (``rankable``, and its closed-form staleness within ``staleness_bound``).
+    ranking (``rankable``, and it passes the memory rule and the closed-form bound: the
+    simulator runs it either way, so it still sets the bound).
 
     Raises:
-        PlanError: it does not fit in memory or its schedule is refused (no bound from it).
+        PlanError: the core refuses its schedule (no bound from it).
     """
     cand = own_candidate(scenario)
     a = _assess(scenario, cand, (cand.policy,), seeds[0], None)
-    if a.problem:
+    if a.problem.startswith("schedule"):
         raise PlanError(
             f"simulated_staleness_bound {SCENARIO_STALENESS!r}: the scenario's own "
             f"configuration {cand.name} cannot run ({a.problem})"
         )
     note(f"simulating the scenario's own configuration {cand.name} over {len(seeds)} seed(s)")
-    ranked = rankable(cand) and a.staleness <= staleness_bound + 1e-12
+    ranked = not a.problem and rankable(cand) and a.staleness <= staleness_bound + 1e-12
     return _simulated(scenario, a, cand.policy, seeds), ranked
 
 
@@ -871,7 +878,8 @@ def _rests_on(
         simulated += (
             f"the bound is the measured mean staleness of the scenario's own configuration "
             f"{reference.candidate.name} on the same seeds (ranked with the simulated "
-            "candidates when it has the plan's GPUs and one of its policies)",
+            "candidates when it has the plan's GPUs and one of its policies and passes the "
+            "memory rule and the closed-form bound)",
         )
     return (
         f"simulator: dynsched-sim {__version__} (the real core on virtual time); times and "
@@ -919,7 +927,8 @@ def plan(
             within it and are never the best (module docstring). ``"scenario"``: the
             simulated mean staleness of the scenario's own configuration
             (`own_candidate`) on the same seeds, which then joins the ranking when it
-            has ``gpus`` GPUs and a policy among ``policies`` (`Plan.reference`).
+            has ``gpus`` GPUs, a policy among ``policies`` and passes the memory rule
+            and the closed-form bound (`Plan.reference`).
 
     Raises:
         PlanError: an input out of range, no feasible candidate, or no simulated
