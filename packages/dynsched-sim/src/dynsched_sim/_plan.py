@@ -951,6 +951,7 @@ def plan(
         raise PlanError("policies must name at least one policy")
     note = progress if progress is not None else (lambda _line: None)
     seed_list = tuple(range(sc.seed, sc.seed + seeds))
+    assessed, feasible = _feasible(sc, gpus, policies, seed_list[0], staleness_bound, note)
     reference, rank_reference = None, False
     if simulated_staleness_bound == SCENARIO_STALENESS:
         reference, rank_reference = _own_reference(
@@ -961,7 +962,6 @@ def plan(
             note,
         )
     sim_bound = _numeric_bound(simulated_staleness_bound, reference)
-    assessed, feasible = _feasible(sc, gpus, policies, seed_list[0], staleness_bound, note)
     rule = (
         EXACT_RULE
         if shortlist is None
