@@ -92,6 +92,11 @@ def test_a_file_that_would_run_code_is_refused_with_torch(tmp_path: Path) -> Non
     assert not marker.exists()
 
 
+def test_the_error_is_what_callers_of_the_old_reader_caught() -> None:
+    assert issubclass(CheckpointError, pickle.UnpicklingError)
+    assert issubclass(CheckpointError, ValueError)
+
+
 def test_a_truncated_file_is_one_clear_error(tmp_path: Path, without_torch: None) -> None:
     path = tmp_path / "cut.ckpt"
     path.write_bytes(pickle.dumps({"step": 1, "state": list(range(100))})[:20])

@@ -159,9 +159,10 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(pickle.UnpicklingError, ValueError):
     """A checkpoint file that is not plain data (refused, nothing in it was run), or that
-    cannot be read."""
+    cannot be read (a `pickle.UnpicklingError`, as torch's own refusal is, and a
+    `ValueError`)."""
 
 
 def load_checkpoint(path: str) -> Any:
