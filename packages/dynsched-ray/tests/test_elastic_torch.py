@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import pytest
 import torch
 from dynsched_core.trainer import GpuHandOver, TrainBatch
 from dynsched_ray.runtime.errors import TrainerOffloadedError
+from dynsched_ray.runtime.ports import free_port
 from dynsched_ray.trainers.base import TrainerOptions
 from dynsched_ray.trainers.elastic import TrainerResizeError, _join, _split, broadcast_state
 from dynsched_ray.trainers.fsdp.trainer import FSDPTrainer
@@ -115,14 +115,14 @@ def _role_main(role: int, ports: list[int], folder: str, work: str, kind: str) -
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` distinct free ports below the ephemeral range (the third is used a while
+    after it is picked: an ephemeral one could be handed to a gloo connection by then)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port("127.0.0.1")
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def _run_roles(folder: Path, work: Path, kind: str) -> None:

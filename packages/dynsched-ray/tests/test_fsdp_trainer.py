@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from dynsched_ray.runtime.ports import free_port
 from dynsched_ray.trainers.base import TrainerOptions
 from dynsched_ray.trainers.fsdp import FSDPTrainer
 from dynsched_ray.trainers.fsdp.trainer import passes_needed
@@ -75,9 +75,7 @@ def _rank_main(rank: int, port: int, folder: str, work: str) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port("127.0.0.1")
 
 
 def _run_ranks(folder: Path, work: Path) -> None:

@@ -10,7 +10,6 @@ group ``dead``; the service then restarts the job from its last checkpoint.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +20,8 @@ from dynsched_optimus import JobPlacement
 from dynsched_optimus.jobs import ContextOptions, JobRunner, JobSpec
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from dynsched_ray.runtime.ports import free_port
 
 __all__ = ["JobWorker", "WorkerGroup", "cluster_nodes", "node_labels"]
 
@@ -41,10 +42,7 @@ class JobWorker:
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port (rank 0 hosts the job's group there)."""
-        host = ray.util.get_node_ip_address()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return host, int(s.getsockname()[1])
+        return ray.util.get_node_ip_address(), free_port()
 
     def start(
         self, options: ContextOptions, script: str, rendezvous: tuple[str, int] | None

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
@@ -46,6 +45,7 @@ from dynsched_core.trainer import (
 from dynsched_ray.runtime.actors import placement_info, remote_class
 from dynsched_ray.runtime.errors import TrainerOffloadedError
 from dynsched_ray.runtime.placement import ResourcePools
+from dynsched_ray.runtime.ports import free_port
 from dynsched_ray.runtime.remote import await_ref
 from dynsched_ray.trainers.elastic import (
     TrainerResizeError,
@@ -104,11 +104,7 @@ class TrainerActor:
 
     def rendezvous_address(self) -> tuple[str, int]:
         """An address and a free port of this node, for rank 0 to host the group."""
-        host = ray.util.get_node_ip_address()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = int(s.getsockname()[1])
-        return host, port
+        return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, address: tuple[str, int] | None = None) -> dict[str, Any]:
         """Join the data-parallel group (when ``world_size > 1``), then build the trainer.
