@@ -35,7 +35,7 @@ async def test_abort_flags_only_the_running_requests(warm_model: Path) -> None:
 def test_the_hf_engine_loads_a_local_folder_only(tmp_path: Path, model: str) -> None:
     """A name that is not a local model folder (e.g. a model hub id) is one clear error,
     never a download."""
-    with pytest.raises(FileNotFoundError, match=r"HFReplica\.model must be .* config\.json"):
+    with pytest.raises(FileNotFoundError, match=r"HFReplica model must be .* config\.json"):
         HFReplica("s0", model=tmp_path / model)
-    with pytest.raises(FileNotFoundError, match=r"HFReplica\.model"):
+    with pytest.raises(FileNotFoundError, match=r"HFReplica model"):
         HFReplica("s0", model=model)

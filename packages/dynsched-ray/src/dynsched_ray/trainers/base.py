@@ -21,6 +21,7 @@ import torch
 from dynsched_core.trainer import MemoryReport, OffloadReport, TrainBatch, TrainMetrics
 
 from dynsched_ray.runtime.errors import TrainerOffloadedError
+from dynsched_ray.runtime.model_files import hf_model_folder
 from dynsched_ray.task.objective import (
     PolicyLossStats,
     RLObjective,
@@ -126,21 +127,6 @@ class TrainerOptions:
         return torch.optim.AdamW(
             params, lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
         )
-
-
-def hf_model_folder(model: str | Path, owner: str, kind: str = "model") -> Path:
-    """``model`` as a path, checked to be a Hugging Face ``kind`` folder (``config.json``).
-
-    Raises:
-        FileNotFoundError: no ``config.json`` there (the message names ``owner``).
-    """
-    path = Path(model)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{owner} model must be a Hugging Face {kind} folder with config.json, got "
-            f"{str(model)!r}"
-        )
-    return path
 
 
 def tensor_bytes(t: torch.Tensor | None) -> int:

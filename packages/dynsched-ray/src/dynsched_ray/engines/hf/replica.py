@@ -70,6 +70,8 @@ class HFReplica(ReplicaIdentity):
         import torch
         from transformers import AutoModelForCausalLM
 
+        from dynsched_ray.runtime.model_files import hf_model_folder
+
         if role not in ("standalone", "hybrid"):
             raise ValueError(f"HFReplica.role must be 'standalone' or 'hybrid', got {role!r}")
         if temperature < 0:
@@ -80,12 +82,7 @@ class HFReplica(ReplicaIdentity):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         # a local folder only, as the trainers load (never a download from a model hub)
-        folder = Path(model)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
-                f"HFReplica.model must be a Hugging Face model folder with config.json, got "
-                f"{str(model)!r}"
-            )
+        folder = hf_model_folder(model, "HFReplica")
         self.model = AutoModelForCausalLM.from_pretrained(  # nosec B615: a local folder (local_files_only), no download
             str(folder), dtype=torch.float32, local_files_only=True
         )
