@@ -20,6 +20,9 @@ the built-ins and held-out draws 0-59 of `dynsched_sim._heldout`):
   ``dynsched plan --simulated-staleness-bound scenario`` (the arm
   ``plan@default-staleness-or-default``), after that rule was chosen on the built-ins and
   ``dev`` (the held-out and fresh families had been seen). Not in the default list.
+- ``fresh3``: a third fresh held-out family, draws 4000-4019 x 3 seeds, first run after
+  every plan began to rank the scenario's own configuration (a change decided on
+  ``dev``). Not in the default list.
 
 Reports per scenario the planner's time against ``default`` and against the best static
 split (mean, and the per-seed range: seed spread), the planner's moves, its efficiency
@@ -57,7 +60,9 @@ pick from ``plan``'s. ``plan@default-staleness-or-default`` has no runs of its o
 reports ``plan@default-staleness``'s runs, or ``default``'s where the bounded pick was
 slower than ``default`` on the planning seeds (decided on those seeds only): the pick of
 ``dynsched plan --simulated-staleness-bound scenario`` on the planning seeds (checked in
-``integration-tests/test_sim_planner_plan_arms.py``). ``--plan-only`` runs only the plan arms
+``integration-tests/test_sim_planner_plan_arms.py``). Since every plan ranks the
+scenario's own configuration (``default``'s here), no plan's pick is slower than
+``default`` on the planning seeds, and that arm's runs are ``plan@default-staleness``'s. ``--plan-only`` runs only the plan arms
 against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
 only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
 
@@ -96,11 +101,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 RESULTS = Path(__file__).parent / "results"
 FAMILIES = ("builtin", "heldout", "fresh")
-#: every family ``--family`` accepts (``dev`` and ``fresh2`` only when named)
-ALL_FAMILIES = (*FAMILIES, "dev", "fresh2")
-FIRST = {"heldout": 1000, "fresh": 2000, "dev": 0, "fresh2": 3000}
+#: every family ``--family`` accepts (``dev``, ``fresh2`` and ``fresh3`` only when named)
+ALL_FAMILIES = (*FAMILIES, "dev", "fresh2", "fresh3")
+FIRST = {"heldout": 1000, "fresh": 2000, "dev": 0, "fresh2": 3000, "fresh3": 4000}
 #: Planning workload seeds start at the scenario's seed plus this: above every evaluation
-#: seed of every family (built-ins 0-4, draws 0-21, 1000-1021, 2000-2021 and 3000-3021).
+#: seed of every family (built-ins 0-4, draws 0-21, 1000-1021, 2000-2021, 3000-3021 and
+#: 4000-4021).
 PLAN_SEED_SHIFT = 100_000
 #: `plan`'s settings: workload seeds simulated per candidate (1 with ``--quick``) and
 #: splits shortlisted (its defaults).
@@ -751,6 +757,8 @@ def _plan_settings(quick: bool) -> dict[str, Any]:
         "shortlist": PLAN_SHORTLIST,
         "gpus": "the dynamic configuration's total",
         "staleness_bound": "the scenario's staleness_threshold (plan's default)",
+        # plans made before every plan ranked it are not reused
+        "own_configuration": "simulated on the planning seeds and ranked (plan's default)",
     }
 
 

@@ -292,14 +292,51 @@ def test_the_scenario_bound_is_its_own_configuration_and_the_pick_is_never_slowe
 
 def test_the_scenario_bound_keeps_the_own_configuration_where_no_candidate_is_as_fresh() -> None:
     """On 8 steps of ``rollout-bound`` no shortlisted candidate measures as little staleness
-    as the scenario's own configuration: the same bound given as a number is an error, the
-    ``"scenario"`` bound picks the own configuration."""
+    as the scenario's own configuration: the ``"scenario"`` bound picks the own
+    configuration, and so does the same bound given as a number (the own configuration is
+    ranked in every plan); a number below its staleness is an error naming the least."""
     sc = load_scenario("rollout-bound").with_steps(8)
     p = plan(sc, seeds=2, shortlist=2, simulated_staleness_bound=SCENARIO_STALENESS)
     assert p.best.candidate == own_candidate(sc)
     assert p.simulated_staleness_bound is not None
+    same = plan(sc, seeds=2, shortlist=2, simulated_staleness_bound=p.simulated_staleness_bound)
+    assert same.best.candidate == own_candidate(sc)
+    assert same.best.time_s == p.best.time_s
     with pytest.raises(PlanError, match="no simulated candidate is within it"):
-        plan(sc, seeds=2, shortlist=2, simulated_staleness_bound=p.simulated_staleness_bound)
+        plan(sc, seeds=2, shortlist=2, simulated_staleness_bound=p.simulated_staleness_bound * 0.5)
+
+
+def test_every_plan_simulates_and_ranks_the_scenarios_own_configuration() -> None:
+    """Without a simulated bound the own configuration is simulated on the plan's seeds
+    (the same runs as `run_configuration`), reported as the reference (not as a bound) and
+    ranked: the pick is never slower than it."""
+    sc = load_scenario("rollout-bound").with_steps(8)
+    own = own_candidate(sc)
+    p = plan(sc, seeds=2, shortlist=1)
+    assert p.simulated_staleness_bound is None
+    assert p.reference is not None and p.reference.candidate == own
+    dyn = next(c for c in sc.configurations if c.hybrid)
+    runs = [run_configuration(sc, dyn, own.policy, seed=s) for s in (sc.seed, sc.seed + 1)]
+    assert p.reference.time_s.mean == sum(r.wall_clock_s for r in runs) / 2
+    assert own in [r.candidate for r in p.ranked]
+    assert p.best.time_s.mean <= p.reference.time_s.mean
+    line = next(r for r in p.rests_on if "own configuration" in r)
+    assert line.startswith("the scenario's own configuration")
+    text = format_plan(p)
+    assert f"the scenario's own configuration {own.name}" in text
+    assert "(the simulated bound)" not in text
+
+
+def test_a_plan_keeps_the_own_configuration_where_the_search_finds_nothing_faster() -> None:
+    """Random scenario 29 (4 steps), one seed, a shortlist of one split: every searched
+    candidate simulates slower than the scenario's own configuration, and the plan picks
+    the own configuration (before it was ranked, the plan picked a slower one)."""
+    sc = random_scenario(29, max_steps=4)
+    own = own_candidate(sc)
+    p = plan(sc, gpus=own.total_gpus, seeds=1, shortlist=1)
+    searched = [r for r in p.ranked if r.candidate != own]
+    assert searched and min(r.time_s.mean for r in searched) > p.reference.time_s.mean  # type: ignore[union-attr]
+    assert p.best.candidate == own
 
 
 @pytest.mark.parametrize(
@@ -357,3 +394,27 @@ def test_with_the_scenario_bound_the_pick_is_never_slower_nor_staler_than_its_ow
         )
     json.dumps(p.to_json(), allow_nan=False)  # plain JSON (a reference the plan could
     # not pick has no fluid estimate)
+
+
+@settings(max_examples=4)
+@given(seed=st.integers(0, 10_000))
+def test_without_a_simulated_bound_the_pick_is_never_slower_than_its_own(seed: int) -> None:
+    """Any scenario, no simulated bound: the own configuration is the reference and, where
+    the plan could pick it (its budget, policy, memory rule and closed-form bound), the
+    pick is no slower than it on the plan's seeds."""
+    sc = random_scenario(seed, max_steps=4)
+    own = own_candidate(sc)
+    try:
+        p = plan(sc, gpus=own.total_gpus, seeds=1, shortlist=2)
+    except PlanError as e:  # every candidate's closed form over the threshold
+        assert "no feasible candidate" in str(e)
+        return
+    assert p.reference is not None and p.reference.candidate == own
+    if own in [r.candidate for r in p.ranked]:
+        assert p.best.time_s.mean <= p.reference.time_s.mean
+    else:
+        assert (
+            memory_problem(sc, own.trainer_gpus, own.rollout_gpus, own.hybrid)
+            or p.reference.predicted_staleness > p.staleness_bound
+            or own.policy not in DEFAULT_PLAN_POLICIES
+        )

@@ -43,11 +43,16 @@ within it, `plan` raises `PlanError`. Both sides of this comparison are measured
 same simulator on the same seeds: a bound taken from another configuration's simulated
 runs on those seeds (e.g. `default`'s) is compared like for like, with no closed-form
 error in between. ``simulated_staleness_bound="scenario"`` (`SCENARIO_STALENESS`) takes
-it from the scenario's own configuration (`own_candidate`: its dynamic split with its
-policy, concurrency and threshold), simulated on the plan's seeds; that configuration
-then also joins the ranking (on the same GPU budget, when its policy is one the plan
-considers and it passes the memory rule and the closed-form bound, as every candidate
-must), so the plan is never slower than it on those seeds, nor staler.
+it from the scenario's own configuration, so the plan is never staler than it on those
+seeds.
+
+The scenario's own configuration (`own_candidate`: its dynamic split with its policy,
+concurrency and threshold, what the user runs today) is always simulated on the plan's
+seeds too (`Plan.reference`), and it joins the ranking when it is on the plan's GPU
+budget, its policy is one the plan considers and it passes the memory rule and the
+closed-form bound, as every candidate must. So a plan never picks a configuration slower
+than the one it replaces on the plan's seeds; where the search finds nothing faster, the
+plan keeps it.
 
 A plan is a prediction of the simulator's cost models; `Plan.rests_on` says which.
 """
@@ -310,8 +315,9 @@ class Plan:
         seconds: Wall time of the planning.
         gpus_per_node: GPUs per server of the scenario (`verl_overrides` places the pick's
             pools on whole servers of this size).
-        reference: The scenario's own configuration as simulated on the seeds, when the
-            simulated staleness bound was taken from it (``"scenario"``), else None.
+        reference: The scenario's own configuration (`own_candidate`) as simulated on
+            the seeds (ranked with the others where the plan could pick it); None where
+            the core refuses its schedule.
     """
 
     scenario: str
@@ -785,17 +791,23 @@ def _own_reference(
     staleness_bound: float,
     rankable: Callable[[Candidate], bool],
     note: Callable[[str], None],
-) -> tuple[PlannedCandidate, bool]:
+    *,
+    sets_bound: bool,
+) -> tuple[PlannedCandidate | None, bool]:
     """The scenario's own configuration simulated over the seeds, and whether it joins the
     ranking (``rankable``, and it passes the memory rule and the closed-form bound: the
-    simulator runs it either way, so it still sets the bound).
+    simulator runs it either way, so it still sets a bound and is reported). None where
+    the core refuses its schedule.
 
     Raises:
-        PlanError: the core refuses its schedule (no bound from it).
+        PlanError: the core refuses its schedule and ``sets_bound`` (no bound from it).
     """
     cand = own_candidate(scenario)
     a = _assess(scenario, cand, (cand.policy,), seeds[0], None)
     if a.problem.startswith("schedule"):
+        if not sets_bound:
+            note(f"the scenario's own configuration {cand.name} cannot run ({a.problem})")
+            return None, False
         raise PlanError(
             f"simulated_staleness_bound {SCENARIO_STALENESS!r}: the scenario's own "
             f"configuration {cand.name} cannot run ({a.problem})"
@@ -841,7 +853,8 @@ def _check_within(ranked: Sequence[PlannedCandidate], sim_bound: float | None) -
 
 def _numeric_bound(bound: float | str | None, reference: PlannedCandidate | None) -> float | None:
     """The simulated staleness bound as a number (``"scenario"``: the reference's)."""
-    if reference is not None:
+    if bound == SCENARIO_STALENESS:
+        assert reference is not None  # _own_reference raised otherwise
         return reference.simulated_staleness
     return None if bound is None else float(bound)
 
@@ -858,6 +871,7 @@ def _rests_on(
     rule: str,
     sim_bound: float | None = None,
     reference: PlannedCandidate | None = None,
+    bound_from_reference: bool = False,
 ) -> tuple[str, ...]:
     from dynsched_sim import __version__
 
@@ -875,11 +889,15 @@ def _rests_on(
         else ()
     )
     if reference is not None:
+        bound_from = (
+            "the bound is the measured mean staleness of the scenario's own configuration"
+            if bound_from_reference
+            else "the scenario's own configuration"
+        )
         simulated += (
-            f"the bound is the measured mean staleness of the scenario's own configuration "
-            f"{reference.candidate.name} on the same seeds (ranked with the simulated "
-            "candidates when it has the plan's GPUs and one of its policies and passes the "
-            "memory rule and the closed-form bound)",
+            f"{bound_from} {reference.candidate.name} simulated on the same seeds (ranked "
+            "with the simulated candidates when it has the plan's GPUs and one of its "
+            "policies and passes the memory rule and the closed-form bound)",
         )
     return (
         f"simulator: dynsched-sim {__version__} (the real core on virtual time); times and "
@@ -926,9 +944,10 @@ def plan(
             prefilters; simulated candidates over this one rank after every candidate
             within it and are never the best (module docstring). ``"scenario"``: the
             simulated mean staleness of the scenario's own configuration
-            (`own_candidate`) on the same seeds, which then joins the ranking when it
-            has ``gpus`` GPUs, a policy among ``policies`` and passes the memory rule
-            and the closed-form bound (`Plan.reference`).
+            (`own_candidate`) on the same seeds. That configuration is simulated
+            whatever this bound (`Plan.reference`) and joins the ranking when it has
+            ``gpus`` GPUs, a policy among ``policies`` and passes the memory rule and
+            the closed-form bound: the pick is never slower than it on the seeds.
 
     Raises:
         PlanError: an input out of range, no feasible candidate, or no simulated
@@ -952,15 +971,14 @@ def plan(
     note = progress if progress is not None else (lambda _line: None)
     seed_list = tuple(range(sc.seed, sc.seed + seeds))
     assessed, feasible = _feasible(sc, gpus, policies, seed_list[0], staleness_bound, note)
-    reference, rank_reference = None, False
-    if simulated_staleness_bound == SCENARIO_STALENESS:
-        reference, rank_reference = _own_reference(
-            sc,
-            seed_list,
-            staleness_bound,
-            lambda c: c.total_gpus == gpus and c.policy in policies,
-            note,
-        )
+    reference, rank_reference = _own_reference(
+        sc,
+        seed_list,
+        staleness_bound,
+        lambda c: c.total_gpus == gpus and c.policy in policies,
+        note,
+        sets_bound=simulated_staleness_bound == SCENARIO_STALENESS,
+    )
     sim_bound = _numeric_bound(simulated_staleness_bound, reference)
     rule = (
         EXACT_RULE
@@ -990,7 +1008,14 @@ def plan(
         splits=_split_estimates(assessed),
         candidates=sum(len(a.policies) for a in assessed),
         pruned=pruned,
-        rests_on=_rests_on(sc, seed_list, rule, sim_bound, reference),
+        rests_on=_rests_on(
+            sc,
+            seed_list,
+            rule,
+            sim_bound,
+            reference,
+            simulated_staleness_bound == SCENARIO_STALENESS,
+        ),
         pruning_rule=rule,
         seconds=time.perf_counter() - start,
         simulated_staleness_bound=sim_bound,
@@ -1047,10 +1072,12 @@ def format_plan(p: Plan, top: int = 10) -> str:
     )
     if p.reference is not None:
         r = p.reference
+        same = p.simulated_staleness_bound == r.simulated_staleness
+        bound_note = " (the simulated bound)" if same else ""
         lines.append(
             f"the scenario's own configuration {r.candidate.name}: "
             f"{r.time_s.mean / 3600:.3f} h ±{r.time_s.std / 3600:.3f}, simulated staleness "
-            f"{r.simulated_staleness:.2f} (the simulated bound); the pick is "
+            f"{r.simulated_staleness:.2f}{bound_note}; the pick is "
             f"{p.best.time_s.mean / r.time_s.mean:.3f} of its time"
         )
     lines.append("not simulated: " + ", ".join(f"{n} {k}" for k, n in sorted(p.pruned.items())))
