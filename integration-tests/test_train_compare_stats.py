@@ -114,6 +114,38 @@ def test_resize_criterion_inside_and_outside_the_seed_band() -> None:
     assert tr.check(base + early, first_resize_step=2)["loss_within_seed_spread"]
 
 
+def test_resize_relabelling_tells_a_shift_from_seed_noise() -> None:
+    """The swap test (arms exchanged within each seed): a resized arm shifted far above the
+    band at every judged step is outside at all of them, and only the real labels and the
+    full swap put as many outside (p = 2/2**6 with 6 seeds; with 5 no split can reach
+    0.05); arms drawn alike put about as many steps outside as their swaps."""
+    import random
+
+    rng = random.Random(7)
+    seeds, steps = range(6), 12
+
+    def noisy(arm: str, s: int, shift: float) -> dict:  # type: ignore[type-arg]
+        return _run(arm, s, [1.0] + [rng.gauss(0.0, 0.01) + shift for _ in range(steps - 1)])
+
+    base = [noisy("unresized", s, 0.0) for s in seeds]
+    far = [noisy("resized", s, 1.0) for s in seeds]
+    v = tr.check(base + far, first_resize_step=2)
+    r = v["relabelling"]
+    assert r["exhaustive"] and r["relabellings"] == 64
+    assert r["outside_observed"] == steps - 1
+    assert r["p_at_least_observed"] == pytest.approx(2 / 64)
+    assert not v["loss_within_seed_spread_by_relabelling"]
+    alike = [noisy("resized", s, 0.0) for s in seeds]
+    v = tr.check(base + alike, first_resize_step=2)
+    assert v["relabelling"]["p_at_least_observed"] >= 0.05
+    assert v["loss_within_seed_spread_by_relabelling"]
+    with pytest.raises(ValueError, match="both arms of every seed"):
+        tr.relabelling(base + alike[:5], first_resize_step=2)
+    # five seeds: even the far shift is not rejected (the smallest share is 2/32)
+    v5 = tr.check(base[:5] + far[:5], first_resize_step=2)
+    assert v5["relabelling"]["p_at_least_observed"] == pytest.approx(2 / 32)
+
+
 def test_resize_arms_keep_the_global_batch() -> None:
     un, re = tr.arm_config("unresized"), tr.arm_config("resized")
     assert (un["trainer"]["n_gpus_per_node"], re["trainer"]["n_gpus_per_node"]) == (2, 3)
