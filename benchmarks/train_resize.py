@@ -34,6 +34,15 @@ many as the real labels: with 5 seeds no share falls below 2/32, and the first r
 share says only that it shows no sign of a shift; 8 seeds can reject down to 2/256. ``--reverdict`` recomputes the verdict of an existing ``summary.json``
 in ``--out`` without running anything.
 
+The replication met both loss criteria, but its last-quarter reward was not equivalent
+(resized lower on 8 of 8 seeds). The resized arm differs from the unresized one in more
+than its moves: its trainer pool holds 3 GPUs, so it also runs 3 hybrid replicas instead
+of 2. A control arm, ``same_fleet`` (that fleet and trainer, a planner that never moves),
+stated before it ran (2026-12-05): ``--arms same_fleet --seeds 5 ... 12 --against
+benchmarks/results/train_resize_seeds5-12/summary.json`` reports the reward TOST of the
+control against ``unresized`` (what the fleet does) and of ``resized`` against the
+control (what the moves do), same margin.
+
 Usage::
 
     hatch run test:python benchmarks/train_resize.py --seeds 0 1 2 3 4 \\
@@ -59,23 +68,28 @@ from train_compare import CONFIG, tost
 from train_compare import run_one as compare_run
 
 ARMS = ("unresized", "resized")
+#: a control arm: the ``resized`` arm's fleet and trainer (a 3-GPU trainer pool, 2 workers,
+#: 3 hybrid replicas) with a planner that never moves; ``--arms same_fleet --against
+#: OUT/summary.json`` separates what the resize does from what that fleet does
+CONTROL = "same_fleet"
 
 
 def arm_config(arm: str) -> dict[str, Any]:
     """2 trainer GPUs (3 for ``resized``: room to grow) and 2 standalone replicas, the
     ``default`` policy; the rest as ``train_compare.CONFIG`` (the same global batch)."""
-    if arm not in ARMS:
-        raise ValueError(f"arm must be one of {list(ARMS)}, got {arm!r}")
+    if arm not in (*ARMS, CONTROL):
+        raise ValueError(f"arm must be one of {[*ARMS, CONTROL]}, got {arm!r}")
     cfg = json.loads(json.dumps(CONFIG))
     cfg["async_training"]["dynamic_schedule_policy"] = "default"
-    cfg["trainer"]["n_gpus_per_node"] = 3 if arm == "resized" else 2
+    cfg["trainer"]["n_gpus_per_node"] = 2 if arm == "unresized" else 3
     cfg["rollout"]["n_gpus_per_node"] = 2
     return cfg
 
 
-def scripted_planner(config: Any, grow_at: int, shrink_at: int) -> Any:
+def scripted_planner(config: Any, grow_at: int | None, shrink_at: int | None) -> Any:
     """A `RolePlanner` whose decisions are scripted: one replica's GPUs to the trainer at
-    sync ``grow_at``, back to rollout at sync ``shrink_at`` (it still observes the run)."""
+    sync ``grow_at``, back to rollout at sync ``shrink_at`` (it still observes the run;
+    None: never)."""
     from dynsched_core.planner import RoleMove, RolePlanner, RolePlannerOptions, RoleSplit
 
     class ScriptedPlanner(RolePlanner):
@@ -85,7 +99,8 @@ def scripted_planner(config: Any, grow_at: int, shrink_at: int) -> Any:
 
         def decide(self, split: RoleSplit, *, now: float) -> RoleMove | None:
             self.syncs += 1
-            direction = {grow_at: "to_trainer", shrink_at: "to_rollout"}.get(self.syncs)
+            script = {grow_at: "to_trainer", shrink_at: "to_rollout"}
+            direction = script.get(self.syncs)
             if direction is None:
                 return None
             after = split.moved(direction, 1)  # type: ignore[arg-type]
@@ -107,7 +122,11 @@ def run_one(arm: str, seed: int, args: argparse.Namespace, model: Path) -> dict[
 
     cfg = arm_config(arm)
     config = DynamicScheduleConfig.from_dict(cfg)
-    planner = scripted_planner(config, args.grow_at, args.shrink_at) if arm == "resized" else None
+    planner = None
+    if arm == "resized":
+        planner = scripted_planner(config, args.grow_at, args.shrink_at)
+    elif arm == CONTROL:  # the trainer starts below its pool, as with a planner; no moves
+        planner = scripted_planner(config, None, None)
     workers: list[int] = []  # trainer workers after each step (the group's size)
 
     def on_step(runner: Any, _row: dict[str, Any]) -> None:
@@ -250,6 +269,36 @@ def plot(runs: list[dict[str, Any]], verdict: dict[str, Any], out: Path) -> None
     plt.close(fig)
 
 
+def control_check(control: list[dict[str, Any]], against: dict[str, Any]) -> dict[str, Any]:
+    """The control arm's last-quarter reward against the two arms of ``against`` (a
+    ``summary.json`` of the same seeds): ``fleet`` (control against ``unresized``: what the
+    3-GPU pool's fleet does) and ``resize`` (``resized`` against the control: what the
+    moves do), each a TOST with the module's margin, with the per-seed differences."""
+    by_seed = {(r["arm"], r["seed"]): r["last_quarter_reward"] for r in against["runs"]}
+    seeds = sorted(r["seed"] for r in control)
+    missing = [s for s in seeds if (ARMS[0], s) not in by_seed or (ARMS[1], s) not in by_seed]
+    if missing:
+        raise ValueError(f"--against has no runs of both arms for seeds {missing}")
+    ctl = {r["seed"]: r["last_quarter_reward"] for r in control}
+    un = [by_seed[(ARMS[0], s)] for s in seeds]
+    re = [by_seed[(ARMS[1], s)] for s in seeds]
+    c = [ctl[s] for s in seeds]
+    return {
+        "seeds": seeds,
+        "fleet": {
+            "per_seed": [a - b for a, b in zip(c, un, strict=True)],
+            "tost": tost(c, un, 0.05, 0.05),
+        },
+        "resize": {
+            "per_seed": [a - b for a, b in zip(re, c, strict=True)],
+            "tost": tost(re, c, 0.05, 0.05),
+        },
+        "no_duplicates": all(r["duplicate_samples"] == 0 for r in control),
+        "control_never_moved": all(not r["moves"] for r in control),
+        "control_at_2_workers": all(set(r["trainer_workers"]) == {2} for r in control),
+    }
+
+
 def reverdict(out: Path) -> int:
     """The verdict of an existing ``summary.json`` recomputed from its runs (written back;
     the runs are kept as they are)."""
@@ -258,6 +307,9 @@ def reverdict(out: Path) -> int:
         print(f"--reverdict: no {path} to re-read", file=sys.stderr)
         return 2
     doc = json.loads(path.read_text())
+    if "against" in doc:
+        print(f"--reverdict: {path} is a {CONTROL} run; rerun it with --against", file=sys.stderr)
+        return 2
     verdict = check(doc["runs"], doc["verdict"]["first_resize_step"])
     doc["verdict"] = verdict
     path.write_text(json.dumps(doc, indent=1))
@@ -278,6 +330,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-cache", default=".cache/dynsched-train-model")
     ap.add_argument("--num-cpus", type=int, default=4)
     ap.add_argument(
+        "--arms",
+        nargs="+",
+        choices=[*ARMS, CONTROL],
+        default=list(ARMS),
+        help=f"arms to run (default both; {CONTROL!r}: the control arm, with --against)",
+    )
+    ap.add_argument(
+        "--against",
+        default=None,
+        help=f"with --arms {CONTROL}: summary.json of a run of both arms on the same seeds",
+    )
+    ap.add_argument(
         "--reverdict",
         action="store_true",
         help="run nothing: recompute the verdict (and plot) of OUT/summary.json",
@@ -291,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"need 1 <= --grow-at < --shrink-at < {syncs} (the run's syncs)")
     if len(args.seeds) < 2:
         ap.error("--seeds: at least 2 (the criterion compares seed spreads)")
+    control_only = args.arms == [CONTROL]
+    if not control_only and sorted(args.arms) != sorted(ARMS):
+        ap.error(f"--arms: both of {list(ARMS)}, or {CONTROL!r} alone (with --against)")
+    against = None
+    if control_only:
+        if args.against is None or not Path(args.against).is_file():
+            ap.error(f"--arms {CONTROL} needs --against SUMMARY.json (a run of both arms)")
+        against = json.loads(Path(args.against).read_text())
 
     import ray
     from dynsched_ray.task.addition import warm_up
@@ -306,17 +378,21 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     try:
         for seed in args.seeds:
-            for arm in ARMS:
+            for arm in args.arms:
                 runs.append(run_one(arm, seed, args, model))
     finally:
         ray.shutdown()
     # the planner decides after a sync step: the first resized step is the one after it
     first_step = args.grow_at * CONFIG["async_training"]["trigger_parameter_sync_step"] + 1
-    verdict = check(runs, first_step)
-    plot(runs, verdict, out)
+    if against is not None:
+        verdict = control_check(runs, against)
+    else:
+        verdict = check(runs, first_step)
+        plot(runs, verdict, out)
     doc = {
         "command": "hatch run test:python benchmarks/train_resize.py " + " ".join(sys.argv[1:]),
-        "configs": {a: arm_config(a) for a in ARMS},
+        "configs": {a: arm_config(a) for a in args.arms},
+        **({"against": args.against} if against is not None else {}),
         "seeds": args.seeds,
         "steps": args.steps,
         "total_wall_s": round(time.monotonic() - t0, 1),

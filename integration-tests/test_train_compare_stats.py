@@ -169,3 +169,41 @@ def test_scripted_planner_grows_then_shrinks() -> None:
             split = move.after
     assert decisions == [None, "to_trainer", None, "to_rollout", None]
     assert (split.trainer_gpus, split.standalone_replicas) == (2, 2)
+
+
+def test_resize_control_arm_has_the_resized_fleet_and_never_moves() -> None:
+    assert tr.arm_config(tr.CONTROL) == tr.arm_config("resized")
+    from dynsched_core import DynamicScheduleConfig
+    from dynsched_core.planner import RoleSplit
+
+    p = tr.scripted_planner(DynamicScheduleConfig.from_dict(tr.arm_config(tr.CONTROL)), None, None)
+    split = RoleSplit(trainer_gpus=2, standalone_replicas=2, gpus_per_replica=1)
+    assert all(p.decide(split, now=float(t)) is None for t in range(12))
+
+
+def test_resize_control_check_separates_fleet_and_moves() -> None:
+    """Control equal to unresized, resized 0.1 lower: the fleet is equivalent, the moves
+    are not; a seed missing from ``--against`` is one clear error."""
+    seeds = range(6)
+
+    def run(arm: str, s: int, reward: float) -> dict:  # type: ignore[type-arg]
+        r = _run(arm, s, [1.0, 0.9])
+        r["last_quarter_reward"] = reward
+        if arm == tr.CONTROL:
+            r["moves"], r["trainer_workers"] = [], [2, 2, 2, 2]
+        return r
+
+    against = {
+        "runs": [run("unresized", s, 0.5 + 0.01 * s) for s in seeds]
+        + [run("resized", s, 0.4 + 0.01 * s) for s in seeds]
+    }
+    control = [run(tr.CONTROL, s, 0.5 + 0.01 * s + (0.001 if s % 2 else -0.001)) for s in seeds]
+    v = tr.control_check(control, against)
+    assert v["seeds"] == list(seeds)
+    assert v["fleet"]["tost"]["equivalent"] and not v["resize"]["tost"]["equivalent"]
+    assert v["resize"]["per_seed"] == pytest.approx(
+        [-0.1 + (0.001 if s % 2 == 0 else -0.001) for s in seeds]
+    )
+    assert v["control_never_moved"] and v["control_at_2_workers"] and v["no_duplicates"]
+    with pytest.raises(ValueError, match=r"no runs of both arms for seeds \[7\]"):
+        tr.control_check([*control, run(tr.CONTROL, 7, 0.5)], against)
