@@ -62,8 +62,8 @@ slower than ``default`` on the planning seeds (decided on those seeds only): the
 ``dynsched plan --simulated-staleness-bound scenario`` on the planning seeds (checked in
 ``integration-tests/test_sim_planner_plan_arms.py``). Since every plan ranks the
 scenario's own configuration (``default``'s here), no plan's pick is slower than
-``default`` on the planning seeds, and that arm's runs are ``plan@default-staleness``'s. ``--plan-only`` runs only the plan arms
-against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
+``default`` on the planning seeds where ``default`` could be picked, and that arm's runs
+are ``plan@default-staleness``'s. ``--plan-only`` runs only the plan arms against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
 only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
 
     OMP_NUM_THREADS=1 python benchmarks/sim_planner.py [--quick] [--jobs N] [--out FILE]

@@ -147,14 +147,19 @@ RELABEL_DRAWS = 20_000
 RELABEL_SEED = 0
 
 
+def _inside(mean: float, values: list[float]) -> bool:
+    """The stated criterion at one step: ``mean`` within the range of ``values`` (float-sum
+    rounding only, 1e-9: the mean of equal losses is not always equal)."""
+    return min(values) - 1e-9 <= mean <= max(values) + 1e-9
+
+
 def _outside(curves: list[list[float]], group: set[int], judged: range) -> int:
     """Judged steps (0-based) at which the mean loss of the runs in ``group`` lies outside
-    the range of the other runs' loss (the stated criterion's test, per step)."""
+    the range of the other runs' loss."""
     n = 0
     for i in judged:
         mean = statistics.fmean(curves[k][i] for k in group)
-        rest = [curves[k][i] for k in range(len(curves)) if k not in group]
-        n += not (min(rest) - 1e-9 <= mean <= max(rest) + 1e-9)
+        n += not _inside(mean, [curves[k][i] for k in range(len(curves)) if k not in group])
     return n
 
 
@@ -216,8 +221,7 @@ def check(runs: list[dict[str, Any]], first_resize_step: int) -> dict[str, Any]:
                 "unresized_min": min(base),
                 "unresized_max": max(base),
                 "unresized_mean": statistics.fmean(base),
-                # float-sum rounding only (1e-9): the mean of equal losses is not always equal
-                "inside": min(base) - 1e-9 <= mean <= max(base) + 1e-9,
+                "inside": _inside(mean, base),
             }
         )
     judged = [p for p in per_step if p["step"] >= first_resize_step]

@@ -418,3 +418,29 @@ def test_without_a_simulated_bound_the_pick_is_never_slower_than_its_own(seed: i
             or p.reference.predicted_staleness > p.staleness_bound
             or own.policy not in DEFAULT_PLAN_POLICIES
         )
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_a_candidate_the_plan_reaches_twice_is_simulated_once(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random scenarios 3 and 5 (4 steps): the search shortlists the scenario's own
+    configuration, which every plan simulates first; its runs are reused, so the plan
+    makes one run per seed of each distinct candidate it reports."""
+    import dynsched_sim._plan as plan_module
+
+    calls: list[str] = []
+    real = plan_module.run_configuration
+
+    def counting(*a: object, **kw: object) -> object:
+        calls.append(str(a[1]))
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plan_module, "run_configuration", counting)
+    sc = random_scenario(seed, max_steps=4)
+    own = own_candidate(sc)
+    p = plan(sc, gpus=own.total_gpus, seeds=2, shortlist=2)
+    distinct = {(r.candidate.split, r.candidate.policy, r.candidate.concurrency,
+                 r.candidate.staleness_threshold) for r in p.ranked}  # fmt: skip
+    assert own in [r.candidate for r in p.ranked]
+    assert len(calls) == 2 * len(distinct) == 2 * len(p.ranked)

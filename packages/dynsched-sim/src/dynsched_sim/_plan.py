@@ -577,14 +577,26 @@ def _split_estimates(assessed: Sequence[_Assessment]) -> tuple[SplitEstimate, ..
 
 
 # ------------------------------------------------------------------------- simulated
+#: A plan's simulated candidates by `_knob_key` (the runs are deterministic: a candidate
+#: reached twice, e.g. the scenario's own configuration and a shortlisted one, runs once).
+_Simulations = dict[tuple[str, str, int, float], "PlannedCandidate"]
+
+
 def _simulated(
-    scenario: Scenario, a: _Assessment, policy: str, seeds: Sequence[int]
+    scenario: Scenario,
+    a: _Assessment,
+    policy: str,
+    seeds: Sequence[int],
+    known: _Simulations | None = None,
 ) -> PlannedCandidate:
-    """Run one candidate over the seeds."""
+    """Run one candidate over the seeds (or take it from ``known``, where it is added)."""
     cand = attrs.evolve(a.candidate, policy=policy)
+    key = _knob_key(cand)
+    if known is not None and key in known:
+        return known[key]
     sc, conf = cand.scenario_for(scenario), cand.configuration()
     runs = [run_configuration(sc, conf, policy, seed=s) for s in seeds]
-    return PlannedCandidate(
+    done = PlannedCandidate(
         candidate=cand,
         time_s=Spread.of([r.wall_clock_s for r in runs]),
         estimate_s=a.estimate_s,
@@ -593,6 +605,9 @@ def _simulated(
         predicted_staleness=a.staleness,
         simulated_staleness=sum(r.staleness.get("mean", 0.0) for r in runs) / len(runs),
     )
+    if known is not None:
+        known[key] = done
+    return done
 
 
 #: Slack of the simulated staleness bound (a candidate's mean equal to the bound is within).
@@ -648,6 +663,7 @@ def _run_shortlist(
     shortlist: int | None,
     note: Callable[[str], None],
     sim_bound: float | None = None,
+    known: _Simulations | None = None,
 ) -> tuple[list[PlannedCandidate], dict[str, int]]:
     """Simulate what the rule selects; the simulated candidates and the skipped counts.
 
@@ -655,17 +671,17 @@ def _run_shortlist(
     pruned: dict[str, int] = {}
     done: list[PlannedCandidate] = []
     if shortlist is None:
-        _exact(scenario, feasible, seeds, done, pruned, note, sim_bound)
+        _exact(scenario, feasible, seeds, done, pruned, note, sim_bound, known)
         return done, pruned
     chosen = _shortlisted(feasible, shortlist)
     for i, a in enumerate(chosen, 1):
         note(f"simulating split {i}/{len(chosen)}: {a.candidate.name} over {len(seeds)} seed(s)")
-        done.append(_simulated(scenario, a, a.policies[0], seeds))
+        done.append(_simulated(scenario, a, a.policies[0], seeds, known))
     best = _best(done, sim_bound)
     top = next(a for a in chosen if a.candidate.split == best.candidate.split)
     for policy in top.policies[1:]:
         note(f"simulating policy {policy} on {top.candidate.split}")
-        done.append(_simulated(scenario, top, policy, seeds))
+        done.append(_simulated(scenario, top, policy, seeds, known))
     return done, pruned
 
 
@@ -677,6 +693,7 @@ def _exact(
     pruned: dict[str, int],
     note: Callable[[str], None],
     sim_bound: float | None = None,
+    known: _Simulations | None = None,
 ) -> None:
     """Every feasible candidate in estimate order unless its lower bound cannot win (against
     the best simulated mean within the simulated staleness bound)."""
@@ -688,7 +705,7 @@ def _exact(
             pruned[key] = pruned.get(key, 0) + 1
             continue
         note(f"simulating {i}/{len(jobs)}: {a.candidate.name} ({policy}) over {len(seeds)} seed(s)")
-        done.append(_simulated(scenario, a, policy, seeds))
+        done.append(_simulated(scenario, a, policy, seeds, known))
 
 
 def _knob_key(c: Candidate) -> tuple[str, str, int, float]:
@@ -702,6 +719,7 @@ def _refine(
     done: list[PlannedCandidate],
     note: Callable[[str], None],
     sim_bound: float | None = None,
+    known: _Simulations | None = None,
 ) -> int:
     """Hill-climb the best simulated candidate's concurrency and threshold (one step of
     each either way, same split and policy) while a neighbour is better (`_best`: faster
@@ -726,7 +744,7 @@ def _refine(
         for k in fresh:
             tried.add(k)
             note(f"refining: {c.split}/{c.policy}/c{k[2]}/s{k[3]:g}")
-            done.append(_simulated(scenario, index[k], c.policy, seeds))
+            done.append(_simulated(scenario, index[k], c.policy, seeds, known))
             added += 1
         if _best(done, sim_bound) is best:
             break
@@ -793,6 +811,7 @@ def _own_reference(
     note: Callable[[str], None],
     *,
     sets_bound: bool,
+    known: _Simulations | None = None,
 ) -> tuple[PlannedCandidate | None, bool]:
     """The scenario's own configuration simulated over the seeds, and whether it joins the
     ranking (``rankable``, and it passes the memory rule and the closed-form bound: the
@@ -814,7 +833,7 @@ def _own_reference(
         )
     note(f"simulating the scenario's own configuration {cand.name} over {len(seeds)} seed(s)")
     ranked = not a.problem and rankable(cand) and a.staleness <= staleness_bound + 1e-12
-    return _simulated(scenario, a, cand.policy, seeds), ranked
+    return _simulated(scenario, a, cand.policy, seeds, known), ranked
 
 
 def _feasible(
@@ -971,13 +990,16 @@ def plan(
     note = progress if progress is not None else (lambda _line: None)
     seed_list = tuple(range(sc.seed, sc.seed + seeds))
     assessed, feasible = _feasible(sc, gpus, policies, seed_list[0], staleness_bound, note)
+    bound_from_own = simulated_staleness_bound == SCENARIO_STALENESS
+    known: _Simulations = {}
     reference, rank_reference = _own_reference(
         sc,
         seed_list,
         staleness_bound,
         lambda c: c.total_gpus == gpus and c.policy in policies,
         note,
-        sets_bound=simulated_staleness_bound == SCENARIO_STALENESS,
+        sets_bound=bound_from_own,
+        known=known,
     )
     sim_bound = _numeric_bound(simulated_staleness_bound, reference)
     rule = (
@@ -985,9 +1007,9 @@ def plan(
         if shortlist is None
         else PRUNING_RULE.format(k=shortlist, tol=100 * WINDOW_TOLERANCE)
     )
-    done, pruned = _run_shortlist(sc, feasible, seed_list, shortlist, note, sim_bound)
+    done, pruned = _run_shortlist(sc, feasible, seed_list, shortlist, note, sim_bound, known)
     if shortlist is not None:
-        _refine(sc, feasible, seed_list, done, note, sim_bound)
+        _refine(sc, feasible, seed_list, done, note, sim_bound, known)
         left = sum(len(a.policies) for a in feasible) - len(done)
         if left:
             pruned["not shortlisted (fluid estimate)"] = left
@@ -1008,14 +1030,7 @@ def plan(
         splits=_split_estimates(assessed),
         candidates=sum(len(a.policies) for a in assessed),
         pruned=pruned,
-        rests_on=_rests_on(
-            sc,
-            seed_list,
-            rule,
-            sim_bound,
-            reference,
-            simulated_staleness_bound == SCENARIO_STALENESS,
-        ),
+        rests_on=_rests_on(sc, seed_list, rule, sim_bound, reference, bound_from_own),
         pruning_rule=rule,
         seconds=time.perf_counter() - start,
         simulated_staleness_bound=sim_bound,
