@@ -411,6 +411,15 @@ def _geomean(xs: Iterable[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def _inside(diffs: list[float]) -> bool:
+    """Whether an arm's mean staleness is at or below ``default``'s, counting a
+    difference inside the seed spread as none: ``diffs`` are the per-seed differences
+    (arm minus ``default``), and their mean must be at most 0 or at most their range
+    (the rule the time comparisons use for the ratio to the best static split)."""
+    d = sum(diffs) / len(diffs)
+    return d <= 1e-9 or d <= max(diffs) - min(diffs)
+
+
 def _summarise(
     key: str, rows: list[dict[str, Any]], stale: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -478,6 +487,7 @@ def _summarise(
         vs_s = [got[s]["wall_clock_s"] / statics[best][s]["wall_clock_s"] for s in seeds]
         vs_d = [got[s]["wall_clock_s"] / default[s]["wall_clock_s"] for s in seeds]
         r_s = mean(got) / mean(statics[best])
+        d_st = [got[s]["staleness_mean"] - default[s]["staleness_mean"] for s in seeds]
         extra.update(
             {
                 f"{f}_s": mean(got),
@@ -492,6 +502,8 @@ def _summarise(
                 f"{f}_moves": [got[s]["role_moves"] for s in seeds],
                 f"{f}_final_trainer_gpus": [got[s]["final_trainer_gpus"] for s in seeds],
                 f"staleness_{f}": mean(got, "staleness_mean"),
+                f"{f}_staleness_vs_default_seed_range": [min(d_st), max(d_st)],
+                f"{f}_staleness_at_or_below_default_within_spread": _inside(d_st),
                 f"{f}_conserved": all(got[s]["conserved"] for s in seeds),
             }
         )
@@ -524,6 +536,9 @@ def _summarise(
         "planner_final_trainer_gpus": [planner[s]["final_trainer_gpus"] for s in seeds],
         "staleness_planner": mean(planner, "staleness_mean"),
         "staleness_default": mean(default, "staleness_mean"),
+        "planner_staleness_at_or_below_default_within_spread": _inside(
+            [planner[s]["staleness_mean"] - default[s]["staleness_mean"] for s in seeds]
+        ),
         "all_conserved": all(r["conserved"] for r in rows),
         **extra,
     }
@@ -549,6 +564,9 @@ def _plan_family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                 f"mean_{f}_efficiency": sum(s[f"{f}_efficiency_mean"] for s in got) / len(got),
                 f"{f}_staleness_at_or_below_default": sum(
                     s[f"staleness_{f}"] <= s["staleness_default"] + 1e-9 for s in got
+                ),
+                f"{f}_staleness_at_or_below_default_within_spread": sum(
+                    s[f"{f}_staleness_at_or_below_default_within_spread"] for s in got
                 ),
                 f"{f}_all_conserved": all(s[f"{f}_conserved"] for s in got),
                 f"geomean_{f}_vs_best_tuned_static": _geomean(
@@ -589,6 +607,9 @@ def _family(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "min_planner_efficiency": min(s["planner_efficiency_min"] for s in summaries),
         "staleness_at_or_below_default": sum(
             s["staleness_planner"] <= s["staleness_default"] + 1e-9 for s in summaries
+        ),
+        "staleness_at_or_below_default_within_spread": sum(
+            s["planner_staleness_at_or_below_default_within_spread"] for s in summaries
         ),
         **_plan_family(summaries),
     }
@@ -632,6 +653,7 @@ def _table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any]) ->
         f"{fam['within_1pct_of_best_static']}/{fam['scenarios']}; min efficiency "
         f"{fam['min_planner_efficiency']:.2f}; staleness <= default "
         f"{fam['staleness_at_or_below_default']}/{fam['scenarios']}"
+        f"{_spread_note(fam, 'staleness_at_or_below_default', fam['scenarios'])}"
     )
     return "\n".join(lines)
 
@@ -661,6 +683,12 @@ def _write(path: Path | None, result: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(path)
+
+
+def _spread_note(fam: dict[str, Any], field: str, n: int) -> str:
+    """`` (k/n inside the seed spread)`` for a staleness count, where recorded."""
+    k = fam.get(field + "_within_spread")
+    return "" if k is None else f" ({k}/{n} with differences inside the seed spread as none)"
 
 
 def _plan_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any]) -> str:
@@ -696,6 +724,7 @@ def _plan_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, Any
             f"1%: {fam['plan_planner_within_1pct_of_best_tuned_static']}/{n}); min efficiency "
             f"{fam['min_plan_planner_efficiency']:.2f}; staleness <= default "
             f"{fam['plan_planner_staleness_at_or_below_default']}/{n}"
+            f"{_spread_note(fam, 'plan_planner_staleness_at_or_below_default', n)}"
         )
     return "\n".join(lines)
 
@@ -731,8 +760,11 @@ def _stale_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, An
             f"{fam[f'geomean_{g}_vs_best_static']:.3f}; within 1% of best static: plan@ds "
             f"{fam[f'{f}_within_1pct_of_best_static']}/{n}, plan+planner@ds "
             f"{fam[f'{g}_within_1pct_of_best_static']}/{n}; staleness <= default: plan@ds "
-            f"{fam[f'{f}_staleness_at_or_below_default']}/{n}, plan+planner@ds "
-            f"{fam[f'{g}_staleness_at_or_below_default']}/{n}; picks changed by the bound "
+            f"{fam[f'{f}_staleness_at_or_below_default']}/{n}"
+            f"{_spread_note(fam, f'{f}_staleness_at_or_below_default', n)}, plan+planner@ds "
+            f"{fam[f'{g}_staleness_at_or_below_default']}/{n}"
+            f"{_spread_note(fam, f'{g}_staleness_at_or_below_default', n)}; picks changed by "
+            "the bound "
             f"{fam['stale_plan_changed_picks']}/{fam['stale_plans']} (fallbacks "
             f"{fam['stale_plan_fallbacks']}); min efficiency {fam[f'min_{f}_efficiency']:.2f}"
         )
@@ -746,6 +778,7 @@ def _stale_table(family: str, summaries: list[dict[str, Any]], fam: dict[str, An
             f"{fam[f'geomean_{o}_vs_best_static']:.3f}; within 1% of best static "
             f"{fam[f'{o}_within_1pct_of_best_static']}/{n}; staleness <= default "
             f"{fam[f'{o}_staleness_at_or_below_default']}/{n}"
+            f"{_spread_note(fam, f'{o}_staleness_at_or_below_default', n)}"
         )
     return "\n".join(lines)
 

@@ -98,6 +98,8 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
             f"{arm}_within_1pct_of_best_static",
             f"{arm}_efficiency_min",
             f"staleness_{arm}",
+            f"{arm}_staleness_vs_default_seed_range",
+            f"{arm}_staleness_at_or_below_default_within_spread",
             f"{arm}_vs_best_tuned_static",
         ):
             assert field in s, field
@@ -107,9 +109,13 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
             f"{arm}_within_1pct_of_best_static",
             f"min_{arm}_efficiency",
             f"{arm}_staleness_at_or_below_default",
+            f"{arm}_staleness_at_or_below_default_within_spread",
             f"geomean_{arm}_vs_best_tuned_static",
         ):
             assert field in fam["summary"], field
+        # counting differences inside the seed spread as none only adds scenarios
+        plain = fam["summary"][f"{arm}_staleness_at_or_below_default"]
+        assert fam["summary"][f"{arm}_staleness_at_or_below_default_within_spread"] >= plain
     note = s["plan"]
     assert not set(note["planning_seeds"]) & set(note["evaluation_seeds"])
     assert note["evaluation_seeds"] == s["seeds"]
@@ -134,6 +140,15 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(sp, "_one", lambda *a: pytest.fail("rerun"))
     again = sp.run(["builtin"], True, 1, existing={"builtin": fam}, plan_only=True)
     assert again["families"]["builtin"]["scenarios"][0] == s
+
+
+def test_staleness_inside_the_seed_spread_counts_as_no_difference() -> None:
+    # per-seed differences (arm minus default): the mean must be <= 0 or <= their range
+    assert sp._inside([-0.01, 0.0, 0.005])  # below on the mean
+    assert sp._inside([0.0, 0.0, 0.0])
+    assert sp._inside([0.003, 0.0015, 0.0])  # above by 0.0015, range 0.003: inside
+    assert not sp._inside([0.002, 0.002, 0.002])  # above on every seed alike: outside
+    assert not sp._inside([0.01, 0.008, 0.009])  # above by 0.009, range 0.002
 
 
 def _default_staleness(sc: Any, seeds: list[int]) -> float:
