@@ -411,13 +411,12 @@ def _geomean(xs: Iterable[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def _inside(diffs: list[float]) -> bool:
+def _inside(arm: list[float], default: list[float]) -> bool:
     """Whether an arm's mean staleness is at or below ``default``'s, counting a
-    difference inside the seed spread as none: ``diffs`` are the per-seed differences
-    (arm minus ``default``), and their mean must be at most 0 or at most their range
-    (the rule the time comparisons use for the ratio to the best static split)."""
-    d = sum(diffs) / len(diffs)
-    return d <= 1e-9 or d <= max(diffs) - min(diffs)
+    difference inside the seed spread as none: the arm's mean over the seeds is at most
+    the largest of ``default``'s per-seed means on the same seeds (``arm``, ``default``:
+    the per-seed mean staleness; the rule the sim README states for this target)."""
+    return sum(arm) / len(arm) <= max(default) + 1e-9
 
 
 def _summarise(
@@ -503,7 +502,10 @@ def _summarise(
                 f"{f}_final_trainer_gpus": [got[s]["final_trainer_gpus"] for s in seeds],
                 f"staleness_{f}": mean(got, "staleness_mean"),
                 f"{f}_staleness_vs_default_seed_range": [min(d_st), max(d_st)],
-                f"{f}_staleness_at_or_below_default_within_spread": _inside(d_st),
+                f"{f}_staleness_at_or_below_default_within_spread": _inside(
+                    [got[s]["staleness_mean"] for s in seeds],
+                    [default[s]["staleness_mean"] for s in seeds],
+                ),
                 f"{f}_conserved": all(got[s]["conserved"] for s in seeds),
             }
         )
@@ -537,7 +539,8 @@ def _summarise(
         "staleness_planner": mean(planner, "staleness_mean"),
         "staleness_default": mean(default, "staleness_mean"),
         "planner_staleness_at_or_below_default_within_spread": _inside(
-            [planner[s]["staleness_mean"] - default[s]["staleness_mean"] for s in seeds]
+            [planner[s]["staleness_mean"] for s in seeds],
+            [default[s]["staleness_mean"] for s in seeds],
         ),
         "all_conserved": all(r["conserved"] for r in rows),
         **extra,
