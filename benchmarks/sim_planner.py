@@ -689,7 +689,8 @@ def _write(path: Path | None, result: dict[str, Any]) -> None:
 
 
 def _spread_note(fam: dict[str, Any], field: str, n: int) -> str:
-    """`` (k/n inside the seed spread)`` for a staleness count, where recorded."""
+    """`` (k/n with differences inside the seed spread as none)`` after a staleness
+    count, where the result recorded the count by `_inside` (older files did not)."""
     k = fam.get(field + "_within_spread")
     return "" if k is None else f" ({k}/{n} with differences inside the seed spread as none)"
 
