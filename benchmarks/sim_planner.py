@@ -486,7 +486,6 @@ def _summarise(
         vs_s = [got[s]["wall_clock_s"] / statics[best][s]["wall_clock_s"] for s in seeds]
         vs_d = [got[s]["wall_clock_s"] / default[s]["wall_clock_s"] for s in seeds]
         r_s = mean(got) / mean(statics[best])
-        d_st = [got[s]["staleness_mean"] - default[s]["staleness_mean"] for s in seeds]
         extra.update(
             {
                 f"{f}_s": mean(got),
@@ -501,7 +500,6 @@ def _summarise(
                 f"{f}_moves": [got[s]["role_moves"] for s in seeds],
                 f"{f}_final_trainer_gpus": [got[s]["final_trainer_gpus"] for s in seeds],
                 f"staleness_{f}": mean(got, "staleness_mean"),
-                f"{f}_staleness_vs_default_seed_range": [min(d_st), max(d_st)],
                 f"{f}_staleness_at_or_below_default_within_spread": _inside(
                     [got[s]["staleness_mean"] for s in seeds],
                     [default[s]["staleness_mean"] for s in seeds],

@@ -98,7 +98,6 @@ def test_tiny_run_reports_the_plan_arms(tmp_path: Path, monkeypatch: pytest.Monk
             f"{arm}_within_1pct_of_best_static",
             f"{arm}_efficiency_min",
             f"staleness_{arm}",
-            f"{arm}_staleness_vs_default_seed_range",
             f"{arm}_staleness_at_or_below_default_within_spread",
             f"{arm}_vs_best_tuned_static",
         ):
