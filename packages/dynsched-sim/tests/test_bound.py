@@ -284,3 +284,102 @@ def test_run_lower_bound_is_the_bound_a_run_reports(planner: bool) -> None:
         b = run_lower_bound(sc, conf, "default", seed=3, planner=planner)
         assert b.seconds == r.lower_bound_s
         assert b.binding == r.summary["lower_bound_binding"]
+
+
+@given(values=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=40), data=st.data())
+def test_kth_smallest_is_the_sorted_order_statistic(
+    values: list[float], data: st.DataObject
+) -> None:
+    """The order statistic constraint 4 reads: the ``r``-th smallest of what was added so
+    far, ``r`` never decreasing."""
+    from dynsched_sim._bound import _KthSmallest
+
+    order, r = _KthSmallest(), 1
+    for i, x in enumerate(values, start=1):
+        order.add(x)
+        r = data.draw(st.integers(r, i))
+        assert order.kth(r) == sorted(values[:i])[r - 1]
+
+
+def test_a_prompt_waits_for_a_slot_before_it_starts() -> None:
+    """Constraint 4's release by hand: with one sample slot and the first window open to
+    three prompts, the second starts only once the first completed, the third once the
+    second did (in prompt order), so ``e_i`` is the running sum of the solo times."""
+    from dynsched_sim._bound import _Relaxation
+
+    d = _serial(3)
+    d["schedule"]["staleness_threshold"] = 2.0  # three prompts admissible in window 0
+    sc = scenario_from_dict(d)
+    conf = sc.configuration("s")
+    w = sc.workload.generate(8, sc.seed, run_samples=3)
+    run = _Relaxation(sc, [conf], w, sc.schedule_config(conf))
+    assert run.slots == 1 and run.a[0] >= 3
+    assert run.done_e[:3] == pytest.approx(np.cumsum(run.solo[:3]))
+
+
+def _bubble_relaxation():  # type: ignore[no-untyped-def]
+    """The relaxed run of held-out draw 1000's ``static-32-32``: a trainer with pipeline
+    stages whose bubble grows with a step's tokens from 138k (its smallest step) up to
+    its cap at 262k."""
+    from dynsched_sim import heldout_scenario
+    from dynsched_sim._bound import _Relaxation
+    from dynsched_sim._sim import run_workload
+
+    sc = heldout_scenario(1000)
+    conf = sc.configuration("static-32-32")
+    cfg = sc.schedule_config(conf)
+    return sc, conf, _Relaxation(sc, [conf], run_workload(sc, conf, cfg, sc.seed), cfg)
+
+
+@given(
+    m=st.integers(1, 4),
+    k_min=st.floats(10.0, 400.0),
+    span=st.floats(0.0, 1000.0),
+    share=st.floats(0.0, 1.0),
+    data=st.data(),
+)
+def test_training_time_is_the_least_over_every_split_of_the_tokens(
+    m: int, k_min: float, span: float, share: float, data: st.DataObject
+) -> None:
+    """``train(j..k)``'s vertex rule against the steps' own times: for any ``m`` steps of
+    ``K_min <= K_i <= K_max`` tokens summing to the total, the sum of their step times is
+    at least the bound, and the vertex (every step but one at an end) attains it."""
+    _sc, _conf, run = _bubble_relaxation()
+    run.k_min, run._f_min = k_min * 1000.0, None
+    k_max = run.k_min + span * 1000.0
+    total = m * run.k_min + share * m * (k_max - run.k_min)
+    least = run._train_vertex(m, total, k_max)
+    # a random feasible split of the total: random shares first, the rest where it fits
+    ks, left = [run.k_min] * m, total - m * run.k_min
+    for i in data.draw(st.permutations(range(m))):
+        extra = min(left, k_max - run.k_min) * data.draw(st.sampled_from([0.0, 0.3, 1.0]))
+        ks[i] += extra
+        left -= extra
+    for i in range(m):
+        extra = min(left, k_max - ks[i])
+        ks[i] += extra
+        left -= extra
+    assert left == pytest.approx(0.0, abs=1e-6 * total)
+    assert sum(run.step_time(k) for k in ks) >= least * (1 - 1e-9)
+    # the vertex itself: as many steps at K_max as the total allows, the others at K_min
+    top = 0 if span == 0 else min(m - 1, int((total - m * run.k_min) // (k_max - run.k_min)))
+    vertex = [k_max] * top + [run.k_min] * (m - 1 - top)
+    vertex.append(total - sum(vertex))
+    assert sum(run.step_time(k) for k in vertex) == pytest.approx(least, rel=1e-9)
+
+
+def test_training_time_never_below_the_linear_lower_bound() -> None:
+    """The vertex rule only tightens the linear bound it replaced (``o + c K`` per step with
+    the bubble of the smallest step): never smaller, and larger where the bubble grows
+    between the smallest and the largest step."""
+    sc, conf, run = _bubble_relaxation()
+    o, c = sc.trainer.linear_lower(conf.trainer_gpus, run.k_min)
+    swap = sc.trainer.state_swap_s(sc.hardware, sc.model, conf.trainer_gpus)
+    gained = []
+    for j, k in [(1, 1), (1, 4), (3, 9), (1, sc.steps)]:
+        m = k - j + 1
+        tokens = run.sk.smallest(0, run.a[(k - 1) // run.t_sync], m * run.q)
+        linear = m * (o + swap) + c * tokens
+        assert run.train_lb(j, k) >= linear - 1e-9
+        gained.append(run.train_lb(j, k) - linear)
+    assert gained[-1] > 0.0

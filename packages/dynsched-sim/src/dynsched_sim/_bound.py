@@ -22,21 +22,25 @@ their trainer trains, blocking weight syncs and stragglers. Notation for one con
   replicas) and the hybrid replicas add at most ``P_h`` (the same over all replicas, minus
   ``P_s``, or over the hybrid replicas alone, whichever is larger: a sync pauses only the
   standalone ones); ``r_1 = r(1)`` is the fastest a single sequence ever decodes;
-* trainer: a step over samples with ``K`` tokens takes at least ``o + c K`` (plus the
-  state swap when the trainer offloads), ``(o, c) = TrainerModel.linear_lower(g_T, K_min)``:
-  the fixed overhead, the gradient all-reduce and the pipeline bubble of the smallest
-  possible step (``q`` samples of the fewest tokens; the bubble grows with ``K``), the
-  compute and expert traffic per token; every ``T``-th step ends
+* trainer: a step over samples with ``K`` tokens takes ``f(K) = TrainerModel.step_time_s(g_T,
+  K)`` (plus the state swap when the trainer offloads): the fixed overhead, the gradient
+  all-reduce, the compute and expert traffic per token and the pipeline bubble, which grows
+  with ``K`` up to a cap, so ``f`` is concave; a step trains ``q`` samples, so ``K_min <= K
+  <= K_max(v)`` (``K_min``: ``q`` times the fewest tokens of a prompt group; ``K_max(v)``:
+  the ``q`` largest ``K`` among the first ``A(v)`` prompts); every ``T``-th step ends
   with a blocking broadcast of ``y`` seconds during which standalone replicas do not
   decode; hybrid replicas decode only while their trainer is not training (memory is
   conserved) and only after a first wake-up and weight sync of ``h`` seconds.
 
 Writing ``SK(v, x)`` / ``SR(v, x)`` for the sum of the ``x`` smallest ``K`` / ``R`` among the
 first ``A(v)`` prompts, and ``train(j..k)`` for the least training time of steps ``j..k``
-(``(k - j + 1)(o + swap) + c K`` with ``K`` the larger of ``SK(v(k), (k - j + 1) q)``
-and ``SK(v(k), k q)`` minus the ``(j - 1) q`` largest ``K`` of the first ``A(v(j - 1))``:
-steps ``1..k`` train ``k q`` of those prompts, steps ``< j`` at most the largest), a lower
-bound ``t_k`` on the start of step ``k``'s training is the largest of
+(the least of ``sum f(K_i)`` over ``m = k - j + 1`` steps with ``K_min <= K_i <=
+K_max(v(k))`` and ``sum K_i = K``, ``K`` the larger of ``SK(v(k), m q)`` and ``SK(v(k), k
+q)`` minus the ``(j - 1) q`` largest ``K`` of the first ``A(v(j - 1))``: steps ``1..k``
+train ``k q`` of those prompts, steps ``< j`` at most the largest; a concave sum is least at
+a vertex of that set, where every step but one has ``K_min`` or ``K_max`` tokens and the
+total says how many have ``K_max``), a lower bound ``t_k`` on the start of step ``k``'s
+training is the largest of
 
 1. *serial trainer*: ``t_j + train(j..k-1) + y * (syncs in steps j..k-1)`` for every
    ``j < k``;
@@ -75,8 +79,14 @@ bound ``t_k`` on the start of step ``k``'s training is the largest of
    deactivation while the samples admitted under the larger one finish), and sample ``i``
    holds its slot at least ``s_i = c_p P_i + L_i / r_1``, so ``C t_k`` is at least the sum of
    the ``k q`` smallest ``s_i`` (again also from every ``O_w``);
-4. *stragglers*: sample ``i`` is complete no earlier than ``e_i = O_{w(i)} + s_i``, so
-   ``t_k`` is at least the ``k q``-th smallest ``e_i`` of the first ``A(v(k))`` prompts;
+4. *stragglers*: prompt ``i`` is admitted no earlier than ``O_{w(i)}`` and, for ``i >=
+   C``, no earlier than the completion of ``i - C + 1`` of the prompts before it (at most
+   ``C`` samples are in flight and admission is in prompt order, so at most ``C - 1`` of
+   them are still running); each of those completes no earlier than its own ``e_j``, so the
+   ``(i - C + 1)``-th of their completions is no earlier than the ``(i - C + 1)``-th
+   smallest ``e_j``, ``j < i``. So sample ``i`` is complete no earlier than ``e_i = max(O_{w(i)},
+   that order statistic) + s_i``, and ``t_k`` is at least the ``k q``-th smallest ``e_i``
+   of the first ``A(v(k))`` prompts;
 
 with ``O_0 = 0`` and ``O_w >= t_{Tw} + train(Tw..Tw) + y``. The run ends no earlier than
 ``max_j t_j + train(j..S) + y * (syncs in steps j..S)``. On a fully serial run (one sample
@@ -103,10 +113,9 @@ boundaries, with the trainer idle) and moves only add time:
   (P_s + P_h)(sigma)`` (the whole cluster of one split), so ``t_k >= need / P_all``;
 * slots: ``C = max C(sigma)`` (the samples in flight never exceed the largest cap held);
 * syncs: ``y = min y(sigma)`` (0 when a split has no standalone replica);
-* trainer: a step of ``K >= K_min`` tokens takes at least ``f(K) = min_sigma (o_sigma +
-  swap_sigma + c_sigma K)``; ``f`` is concave, so ``m`` steps over ``K`` tokens take at
-  least ``(m - 1) f(K_min) + f(K - (m - 1) K_min)`` (the least of a concave sum over
-  ``{K_i >= K_min, sum K_i = K}`` is at a vertex); this replaces ``train(j..k)``;
+* trainer: a step of ``K`` tokens takes at least ``f(K) = min_sigma f_sigma(K)`` (each
+  split's step time with its swap); a least of concave functions is concave, so
+  ``train(j..k)`` is the same vertex least with this ``f``;
 * time-sharing (the rates above are each at their best at once; this couples them): say
   the run spends ``x_sigma`` seconds in split ``sigma``, its trainer busy ``a_sigma <=
   x_sigma`` of them on the steps ``I_sigma`` (``a_sigma >= sum (o_sigma + c_sigma K_i)``
@@ -133,6 +142,7 @@ one split (no planner) every relaxed value is the split's own and the bound is u
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import math
 from collections.abc import Sequence
@@ -362,6 +372,29 @@ def _earliest_rows(
     return np.where(need <= 0, 0.0, out)
 
 
+class _KthSmallest:
+    """The ``r``-th smallest of the values added so far, for ``r`` that never decreases from
+    one call to the next (two heaps: the ``r`` smallest, and the rest)."""
+
+    def __init__(self) -> None:
+        self._low: list[float] = []  # the smallest values, negated (a max-heap)
+        self._high: list[float] = []  # the rest (a min-heap)
+
+    def add(self, x: float) -> None:
+        """Add ``x``."""
+        if self._low and x < -self._low[0]:
+            heapq.heappush(self._high, -heapq.heappushpop(self._low, -x))
+        else:
+            heapq.heappush(self._high, x)
+
+    def kth(self, r: int) -> float:
+        """The ``r``-th smallest value added (``r >= 1``, at least the last call's, at most
+        the count added)."""
+        while len(self._low) < r:
+            heapq.heappush(self._low, -heapq.heappop(self._high))
+        return -self._low[0]
+
+
 class _Sorted:
     """Prefix sums of the sorted values of ``x`` over index ranges ``[lo, hi)`` (cached)."""
 
@@ -417,6 +450,17 @@ class _Relaxation:
         self.d_p_all: np.ndarray | None = None
         if len(splits) > 1:
             self._relax(scenario, splits, cfg)
+        # each split's trainer: (GPUs, state swap per step), for `step_time`
+        self.tr = scenario.trainer
+        self.train_splits = [
+            (
+                c.trainer_gpus,
+                self.tr.state_swap_s(scenario.hardware, scenario.model, c.trainer_gpus),
+            )
+            for c in splits
+        ]
+        self._k_max: dict[int, float] = {}  # the q largest K among the first A(v), per v
+        self._f_min: float | None = None  # f(K_min)
         self._prompts(workload, cfg, scenario.engine)
         self._columns()
         self.starts: list[float] = []  # t_k
@@ -525,13 +569,25 @@ class _Relaxation:
         self.lam = np.asarray(DECODE_WEIGHTS)
         self.ss = _Sorted(self.solo)
         self.done_e = np.full(top, math.inf)  # e_i, known once prompt i's window opened
-        self.done_e[: a[0]] = self.solo[: a[0]]
+        self._done_order = _KthSmallest()  # the e_i set so far (constraint 4's release)
+        self._release(0, a[0], 0.0)
+
+    def _release(self, lo: int, hi: int, o_w: float) -> None:
+        """Constraint 4's ``e_i`` for the prompts ``lo..hi-1`` of the window opening at
+        ``o_w``: prompt ``i`` is admitted no earlier than ``o_w`` nor, for ``i >= C``, than
+        the ``(i - C + 1)``-th smallest ``e_j`` of the prompts before it."""
+        order, solo = self._done_order, self.solo
+        for i in range(lo, hi):
+            start = o_w if i < self.slots else max(o_w, order.kth(i - self.slots + 1))
+            self.done_e[i] = start + float(solo[i])
+            order.add(float(self.done_e[i]))
 
     def train_lb(self, j: int, k: int) -> float:
         """Training time of steps ``j..k`` (inclusive): they train ``(k - j + 1) q``
         distinct samples of the first ``A(v(k))``, and all of steps ``1..k`` train ``k q``
         of them while steps ``1..j-1`` train at most the ``(j - 1) q`` largest of the first
-        ``A(v(j - 1))``."""
+        ``A(v(j - 1))``; each step trains ``q`` of the first ``A(v(k))``, so at most
+        their ``q`` largest (`_train_vertex`)."""
         if k < j:
             return 0.0
         q, a = self.q, self.a
@@ -540,22 +596,31 @@ class _Relaxation:
         if j > 1:
             rest = self.sk.largest(0, a[(j - 2) // self.t_sync], (j - 1) * q)
             tokens = max(tokens, self.sk.smallest(0, a[vk], k * q) - rest)
-        if self.trainers:
-            return self._train_relaxed(k - j + 1, tokens)
-        return (k - j + 1) * self.per_step + self.c_g * tokens
+        k_max = self._k_max.get(vk)
+        if k_max is None:
+            k_max = self._k_max[vk] = self.sk.largest(0, a[vk], q)
+        return self._train_vertex(k - j + 1, tokens, k_max)
 
-    def _train_relaxed(self, m: int, tokens: float) -> float:
-        """Least training time of ``m`` steps over ``tokens`` tokens when each step may run
-        on any split's trainer: each step takes at least ``f(K) = min over splits of
-        (per_step + c K)`` for its ``K >= K_min`` tokens; ``f`` is concave, so the sum over
-        the steps, at a fixed total, is least at a vertex of ``{K_i >= K_min, sum K_i =
-        tokens}``: ``m - 1`` steps of ``K_min`` and one of the rest."""
+    def step_time(self, tokens: float) -> float:
+        """``f(K)``: the least time of one step over ``K`` tokens on any of the splits'
+        trainers (`TrainerModel.step_time_s` plus the state swap; concave in ``K``)."""
+        return min(self.tr.step_time_s(g, tokens, swap) for g, swap in self.train_splits)
 
-        def f(k: float) -> float:
-            return min(o + c * k for o, c in self.trainers)
-
-        rest = max(self.k_min, tokens - (m - 1) * self.k_min)
-        return (m - 1) * f(self.k_min) + f(rest)
+    def _train_vertex(self, m: int, tokens: float, k_max: float) -> float:
+        """Least training time of ``m`` steps over ``tokens`` tokens in all, each step over
+        ``K_min <= K_i <= k_max`` tokens: ``f`` (`step_time`) is concave, so the sum of
+        ``f(K_i)`` at a fixed total is least at a vertex of that box cut by the total, where
+        every step but one has ``K_min`` or ``k_max`` tokens; the total fixes how many have
+        ``k_max``."""
+        k0 = self.k_min
+        if k_max <= k0:
+            return m * self.step_time(k0)
+        tokens = max(tokens, m * k0)
+        top = min(m - 1, int((tokens - m * k0) // (k_max - k0)))
+        rest = tokens - top * k_max - (m - 1 - top) * k0
+        f_min = self._f_min if self._f_min is not None else self.step_time(k0)
+        self._f_min = f_min
+        return (m - 1 - top) * f_min + top * self.step_time(k_max) + self.step_time(rest)
 
     def syncs(self, j: int, k: int) -> int:
         """Sync steps among ``j..k`` (inclusive)."""
@@ -568,8 +633,7 @@ class _Relaxation:
             w = len(self.opens)
             o_w = self.starts[t * w - 1] + self.train_lb(t * w, t * w) + self.y
             self.opens.append(o_w)
-            lo = self.a[w - 1]
-            self.done_e[lo : self.a[w]] = o_w + self.solo[lo : self.a[w]]
+            self._release(self.a[w - 1], self.a[w], o_w)
 
     def _trainer_start(self, k: int) -> float:
         """Constraint 1: serial training from every earlier step."""
