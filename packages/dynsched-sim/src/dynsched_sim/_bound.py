@@ -613,6 +613,8 @@ class _Relaxation:
         every step but one has ``K_min`` or ``k_max`` tokens; the total fixes how many have
         ``k_max``."""
         k0 = self.k_min
+        if not math.isfinite(tokens):
+            return math.inf  # too few prompts for the steps (the caller's check)
         if k_max <= k0:
             return m * self.step_time(k0)
         tokens = max(tokens, m * k0)
