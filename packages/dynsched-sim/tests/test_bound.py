@@ -383,3 +383,16 @@ def test_training_time_never_below_the_linear_lower_bound() -> None:
         assert run.train_lb(j, k) >= linear - 1e-9
         gained.append(run.train_lb(j, k) - linear)
     assert gained[-1] > 0.0
+
+
+def test_a_split_without_replicas_is_one_clear_error() -> None:
+    """No standalone GPU and no hybrid replica: no sample can ever be made, so the bound
+    says so (it used to divide by the zero sample slots)."""
+    from dynsched_sim._scenario import Configuration
+    from dynsched_sim._sim import run_workload
+
+    sc = load_scenario("balanced")
+    conf = Configuration(name="none", trainer_gpus=32, rollout_gpus=0)
+    cfg = sc.schedule_config(sc.configurations[0])
+    with pytest.raises(ValueError, match="no replica can produce"):
+        lower_bound(sc, conf, run_workload(sc, conf, cfg, 0), cfg)

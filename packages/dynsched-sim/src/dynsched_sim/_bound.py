@@ -577,6 +577,8 @@ class _Relaxation:
         ``o_w``: prompt ``i`` is admitted no earlier than ``o_w`` nor, for ``i >= C``, than
         the ``(i - C + 1)``-th smallest ``e_j`` of the prompts before it."""
         order, solo = self._done_order, self.solo
+        if self.slots <= 0:  # no replica: no prompt is ever admitted (`step_start` says so)
+            return
         for i in range(lo, hi):
             start = o_w if i < self.slots else max(o_w, order.kth(i - self.slots + 1))
             self.done_e[i] = start + float(solo[i])
@@ -701,6 +703,8 @@ class _Relaxation:
     def _slots_start(self, k: int, v: int) -> float:
         """Constraint 3: the sample slots, from the start and from every window opening."""
         a, q = self.a, self.q
+        if self.slots <= 0:
+            return math.inf  # no replica: no sample is ever in flight
         t_slot = self.ss.smallest(0, a[v], k * q) / self.slots
         for w in range(1, v + 1):
             late = k * q - a[w - 1]
@@ -813,7 +817,8 @@ def lower_bound(
     runs*). Empty (default): ``conf``'s bound alone.
 
     Raises:
-        ValueError: the workload has fewer admissible prompts than the run consumes.
+        ValueError: the workload has fewer admissible prompts than the run consumes, or
+            no replica of the split (or splits) can produce a sample.
     """
     cfg = config if config is not None else scenario.schedule_config(conf)
     every = [conf]
