@@ -536,8 +536,6 @@ class _Relaxation:
         self.d_s, self.d_h = np.max(d_s, axis=0), np.max(d_h, axis=0)
         self.d_p_all = np.max(d_all, axis=0)
         self.y, self.slots = min(y), max(slots)
-        self.per_step = min(o for o, _ in self.trainers)
-        self.c_g = min(c for _, c in self.trainers)
 
     def _prompts(self, workload: Workload, cfg: DynamicScheduleConfig, eng: EngineModel) -> None:
         """``A(v)`` per window and the per-prompt ``R``, ``K``, ``L``, ``W`` and ``s`` sums over
@@ -622,9 +620,9 @@ class _Relaxation:
         tokens = max(tokens, m * k0)
         top = min(m - 1, int((tokens - m * k0) // (k_max - k0)))
         rest = tokens - top * k_max - (m - 1 - top) * k0
-        f_min = self._f_min if self._f_min is not None else self.step_time(k0)
-        self._f_min = f_min
-        return (m - 1 - top) * f_min + top * self.step_time(k_max) + self.step_time(rest)
+        if self._f_min is None:
+            self._f_min = self.step_time(k0)
+        return (m - 1 - top) * self._f_min + top * self.step_time(k_max) + self.step_time(rest)
 
     def syncs(self, j: int, k: int) -> int:
         """Sync steps among ``j..k`` (inclusive)."""
