@@ -64,11 +64,15 @@ slower than ``default`` on the planning seeds (decided on those seeds only): the
 scenario's own configuration (``default``'s here), no plan's pick is slower than
 ``default`` on the planning seeds where ``default`` could be picked, and that arm's runs
 are ``plan@default-staleness``'s. ``--plan-only`` runs only the plan arms against the existing ``sim_planner_FAMILY.json`` files (the runs already there are kept;
-only what is missing runs) and merges them in; ``--no-plan`` leaves them out.
+only what is missing runs) and merges them in; ``--no-plan`` leaves them out. With
+``--replan`` as well, every cached plan is made again (after a change of the plan or of
+the lower bound, which floors the estimates that order a plan's shortlist); where a pick
+changed, the new plan replaces the cached one and only the runs of the arms it feeds are
+made again.
 
     OMP_NUM_THREADS=1 python benchmarks/sim_planner.py [--quick] [--jobs N] [--out FILE]
         [--family builtin heldout fresh] [--per-family] [--until HH:MM]
-        [--no-plan | --plan-only]
+        [--no-plan | --plan-only [--replan]]
 
 ``--rebound`` simulates nothing: it re-reads every run of the existing result file(s)
 against the current lower bound (`dynsched_sim.run_lower_bound`: the bound the run
@@ -381,6 +385,32 @@ def _stale_tasks(key: str, pick: dict[str, Any], seeds: list[int]) -> list[tuple
     if overlap:
         raise ValueError(f"{key}: planning seeds overlap evaluation seeds {sorted(overlap)}")
     return [(key, arm, pick, "+planner" in arm, s) for s in seeds for arm in STALE_ARMS]
+
+
+def _replan(key: str, quick: bool, plans: dict[str, Any], stale_plans: dict[str, Any]) -> set[str]:
+    """Make ``key``'s two plans again (``plans``, ``stale_plans``: the cached ones, updated
+    in place where a pick changed) and return the arms whose runs no longer belong to the
+    pick: the plan arms (and ``static@plan`` where the pick's concurrency or threshold
+    changed), the staleness-bounded arms. A plan whose pick is the same is kept as cached."""
+    drop: set[str] = set()
+    old, new = plans[key], _make_plan(key, quick)
+    if new["candidate"]["name"] != old["candidate"]["name"]:
+        plans[key] = new
+        drop |= set(PLAN_ARMS)
+        knobs = ("concurrency", "staleness_threshold")
+        if any(new["candidate"][k] != old["candidate"][k] for k in knobs):
+            drop.add(STATIC_AT_PLAN)
+    stale = _make_stale_plan(key, quick, plans[key])
+    if stale["candidate"]["name"] != stale_plans[key]["candidate"]["name"]:
+        stale_plans[key] = stale
+        drop |= set(STALE_ARMS)
+    else:  # the same bounded pick; its comparison with the unconstrained one may not be
+        free = plans[key]["candidate"]["name"]
+        stale_plans[key]["unconstrained_pick"] = free
+        stale_plans[key]["changed"] = stale_plans[key]["candidate"]["name"] != free
+    if drop:
+        print(f"{key}: re-planned, runs of {sorted(drop)} made again", file=sys.stderr)
+    return drop
 
 
 def _task_id(task: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -845,6 +875,7 @@ def run(
     until: float | None = None,
     plan_arms: bool = True,
     plan_only: bool = False,
+    replan: bool = False,
     existing: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the families; after every scenario ``progress(result, family)`` is called with
@@ -856,7 +887,10 @@ def run(
     ``plan_arms``: also the ``plan`` and ``plan+planner`` arms. ``existing``: per family,
     a previous result's entry; its ``plans`` are reused (same plan settings), and with
     ``plan_only`` its runs of the other arms are kept and only the plan arms are run (a
-    scenario the deadline cuts keeps its other arms' summary, without the plan arms)."""
+    scenario the deadline cuts keeps its other arms' summary, without the plan arms).
+    ``replan`` (with ``plan_only``): every cached plan is made again; where the pick changed
+    (after a change of the plan or its bound), the new plan replaces it and the runs of the
+    arms it feeds are dropped and run again (`_replan`)."""
     existing = existing or {}
     plan_arms = plan_arms or plan_only
     result: dict[str, Any] = {"instrument": _instrument(), "quick": quick, "families": {}}
@@ -924,6 +958,11 @@ def run(
                 if stopped and not plan_only:
                     break
                 tasks = list(per_key[key])
+                if replan and not stopped and key in plans and key in stale_plans:
+                    drop = _replan(key, quick, plans, stale_plans)
+                    made["replanned"] = made.get("replanned", 0) + bool(drop)
+                    old_rows[key] = [r for r in old_rows.get(key, []) if r.get("arm") not in drop]
+                    kept = [r for r in kept if r["key"] != key or r.get("arm") not in drop]
                 if plan_arms and not stopped:
                     if key not in plans:
                         plans[key] = _make_plan(key, quick)
@@ -1115,6 +1154,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run only the plan arms and merge them into the existing result file(s)",
     )
+    ap.add_argument(
+        "--replan",
+        action="store_true",
+        help="with --plan-only: make every cached plan again and run again the arms of "
+        "each pick that changed (after a change of the plan or of the lower bound)",
+    )
     arms.add_argument(
         "--rebound",
         action="store_true",
@@ -1152,7 +1197,13 @@ def main(argv: list[str] | None = None) -> int:
             if f in families
         }
 
-    kw: dict[str, Any] = {"plan_arms": not args.no_plan, "plan_only": args.plan_only}
+    if args.replan and not args.plan_only:
+        ap.error("--replan goes with --plan-only (it re-makes the cached plans of a result file)")
+    kw: dict[str, Any] = {
+        "plan_arms": not args.no_plan,
+        "plan_only": args.plan_only,
+        "replan": args.replan,
+    }
     until = None
     if args.until:
         import datetime as dt

@@ -223,6 +223,56 @@ def test_plan_only_adds_the_stale_arms_and_keeps_every_other_run(
 
 
 @pytest.mark.usefixtures("tiny")
+def test_replan_runs_again_only_the_arms_of_a_changed_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--plan-only --replan``: a plan made again with another pick replaces the cached
+    one, its arms' runs are made again for the new pick, every other run is kept, and the
+    bounded plan's comparison names the new pick; a second replan changing nothing runs
+    nothing."""
+    fam = sp.run(["builtin"], True, 1, plan_arms=True)["families"]["builtin"]
+    before = json.loads(json.dumps(fam))
+    key = before["scenarios"][0]["scenario"]
+    old = before["plans"][key]["candidate"]
+    split = "static-24-8" if old["trainer_gpus"] != 24 or old["hybrid"] else "static-16-16"
+    real = sp._make_plan
+
+    def other_pick(k: str, quick: bool) -> dict[str, Any]:
+        p = real(k, quick)
+        t, r = (int(x) for x in split.split("-")[1:])
+        p["candidate"] = {**p["candidate"], "trainer_gpus": t, "rollout_gpus": r,
+                          "hybrid": False, "policy": "static_fully_async"}  # fmt: skip
+        c = p["candidate"]
+        c["name"] = f"{split}/static_fully_async/c{c['concurrency']}/s{c['staleness_threshold']:g}"
+        return p
+
+    monkeypatch.setattr(sp, "_make_plan", other_pick)
+    got = sp.run(["builtin"], True, 1, existing={"builtin": fam}, plan_only=True, replan=True)
+    new = got["families"]["builtin"]
+    assert new["plans"][key]["candidate"]["name"] != old["name"]
+    plan_rows = [r for r in new["runs"] if r.get("arm") in sp.PLAN_ARMS]
+    assert plan_rows and {r["configuration"] for r in plan_rows} == {split}
+
+    def others(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in runs if r.get("arm") not in (*sp.PLAN_ARMS, sp.STATIC_AT_PLAN)]
+
+    assert others(new["runs"]) == others(before["runs"])
+    stale = new["stale_plans"][key]
+    assert stale["unconstrained_pick"] == new["plans"][key]["candidate"]["name"]
+    assert stale["candidate"] == before["stale_plans"][key]["candidate"]
+    assert new["plan_only_runs"][-1]["plans_made"]["replanned"] == 1
+    # nothing changes on a second replan: nothing runs
+    monkeypatch.setattr(sp, "_one", lambda *a: pytest.fail("rerun"))
+    again = sp.run(["builtin"], True, 1, existing={"builtin": new}, plan_only=True, replan=True)
+    assert again["families"]["builtin"]["runs"] == new["runs"]
+
+
+def test_replan_goes_with_plan_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        sp.main(["--family", "fresh", "--per-family", "--replan"])
+    assert e.value.code == 2
+    assert "--replan goes with --plan-only" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("tiny")
 def test_rebound_rereads_every_run_against_the_bound_without_simulating(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
