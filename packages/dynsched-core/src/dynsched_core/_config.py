@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import logging
 import os
 import warnings
 from collections.abc import Mapping
@@ -44,8 +43,6 @@ from dynsched_core._policy import DynamicSchedulePolicyBase
 from dynsched_core._rollouter import STALENESS_RULES
 
 __all__ = ["ConfigTypeError", "ConfigWarning", "DynamicScheduleConfig"]
-
-logger = logging.getLogger(__name__)
 
 
 class ConfigWarning(UserWarning):

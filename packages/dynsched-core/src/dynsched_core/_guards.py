@@ -24,7 +24,6 @@ Colocated mode is derived in one place, `is_colocated`, from the live membership
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Literal
 
 import attrs
@@ -34,8 +33,6 @@ from dynsched_core._context import DynamicScheduleContext
 from dynsched_core.derived import check_ratio_range, ratio_samples
 
 __all__ = ["GuardRailOverride", "GuardRailRule", "GuardRails", "is_colocated"]
-
-logger = logging.getLogger(__name__)
 
 GuardRailRule = Literal[
     "ratio_range", "colocated", "queue_capacity", "end_of_run", "live_hybrid_replicas"

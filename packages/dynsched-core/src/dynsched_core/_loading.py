@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import re
 import tomllib
@@ -45,8 +44,6 @@ import attrs
 from dynsched_core._errors import ConfigError
 
 __all__ = ["LoadLimits", "check_tree", "parse_yaml", "read_config_file"]
-
-logger = logging.getLogger(__name__)
 
 #: Largest config or scenario file read (bytes). A verl config is a few KiB.
 MAX_FILE_BYTES = 1 << 20

@@ -11,7 +11,6 @@ Policies are found by name from two sources:
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,8 +26,6 @@ __all__ = [
     "get_policy_class",
     "register_policy",
 ]
-
-logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "dynsched.policies"
 

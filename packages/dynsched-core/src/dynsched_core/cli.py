@@ -81,8 +81,6 @@ KNOWN_SUBCOMMANDS: Mapping[str, str] = {
     "train": "dynsched-ray",
 }
 
-logger = logging.getLogger(__name__)
-
 
 class CommandParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (no usage block) and exit status 2.

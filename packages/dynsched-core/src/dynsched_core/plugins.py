@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import difflib
-import logging
 import threading
 from importlib import metadata
 from typing import Any
@@ -36,8 +35,6 @@ import attrs
 from dynsched_core._errors import PluginError
 
 __all__ = ["Plugin", "PluginError", "PluginGroup"]
-
-logger = logging.getLogger(__name__)
 
 
 @attrs.frozen

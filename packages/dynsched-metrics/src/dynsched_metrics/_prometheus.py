@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from dynsched_metrics import _definitions as m
 from dynsched_metrics._aggregator import CycleMetrics
 
 __all__ = ["PROMETHEUS_COUNTERS", "PROMETHEUS_GAUGES", "PrometheusSink"]
-
-logger = logging.getLogger(__name__)
 
 #: Where the HTTP server binds unless told otherwise: this machine only.
 LOOPBACK = "127.0.0.1"

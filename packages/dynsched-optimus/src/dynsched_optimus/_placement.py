@@ -35,7 +35,6 @@ re-sorts every server for every job is the test oracle
 from __future__ import annotations
 
 import bisect
-import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -54,8 +53,6 @@ __all__ = [
     "even_split",
     "place",
 ]
-
-logger = logging.getLogger(__name__)
 
 _TOL = 1e-9
 _IDX_BITS = 22  # up to ~4 million nodes

@@ -58,7 +58,6 @@ Constants (each named, with where it comes from):
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -138,8 +137,6 @@ __all__ = [
     "restart_factor",
     "workers_per_node",
 ]
-
-logger = logging.getLogger(__name__)
 
 DAMPING = 0.95
 PRIOR_SCALING_EXPONENT = 0.9

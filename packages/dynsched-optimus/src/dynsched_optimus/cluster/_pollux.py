@@ -60,7 +60,6 @@ No parameter is fitted to the published Pollux results.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Sequence
@@ -90,8 +89,6 @@ __all__ = [
     "power_mean",
     "restart_factor",
 ]
-
-logger = logging.getLogger(__name__)
 
 _EPS = 1e-8
 _TINY = 1e-8  # lower bound of every alpha / beta (the artifact's slack)

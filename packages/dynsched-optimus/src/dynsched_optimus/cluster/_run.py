@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -27,8 +26,6 @@ __all__ = [
     "run_ps",
     "simulate",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 def gpu_jobs(

@@ -9,7 +9,6 @@ in :mod:`dynsched_optimus.scheduler` (composed strategies fed by observation rec
 from __future__ import annotations
 
 import heapq
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -47,8 +46,6 @@ __all__ = [
     "observe",
     "place_jobs",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 def _min_tasks(job: SimJob) -> tuple[int, int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -20,8 +19,6 @@ __all__ = [
     "SimResult",
     "Simulator",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 class OverCommitError(RuntimeError):

@@ -9,7 +9,6 @@ group ``dead``; the service then restarts the job from its last checkpoint.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,8 +23,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from dynsched_ray.runtime.ports import free_port
 
 __all__ = ["JobWorker", "WorkerGroup", "cluster_nodes", "node_labels"]
-
-logger = logging.getLogger(__name__)
 
 #: seconds a poll, an address or a start may take before the group counts as dead
 #: (judgement: far above a healthy actor's answer on a loaded 2-core machine)

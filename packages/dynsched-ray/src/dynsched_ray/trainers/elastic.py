@@ -25,7 +25,6 @@ torch is imported by the functions that need it, inside the worker processes.
 from __future__ import annotations
 
 import datetime
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,8 +35,6 @@ __all__ = [
     "leave_process_group",
     "needs_rebuild",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 class TrainerResizeError(RuntimeError):

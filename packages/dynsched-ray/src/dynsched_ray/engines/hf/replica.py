@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,6 @@ from dynsched_core.rollout import ReplicaIdentity
 from dynsched_ray.engines.lifecycle import ReplicaLifecycle, mark_aborted
 
 __all__ = ["HFReplica"]
-
-logger = logging.getLogger(__name__)
 
 
 def _result_fields() -> frozenset[str]:
