@@ -345,7 +345,7 @@ def test_training_time_is_the_least_over_every_split_of_the_tokens(
     ``K_min <= K_i <= K_max`` tokens summing to the total, the sum of their step times is
     at least the bound, and the vertex (every step but one at an end) attains it."""
     _sc, _conf, run = _bubble_relaxation()
-    run.k_min, run._f_min = k_min * 1000.0, None
+    run.k_min = k_min * 1000.0
     k_max = run.k_min + span * 1000.0
     total = m * run.k_min + share * m * (k_max - run.k_min)
     least = run._train_vertex(m, total, k_max)
@@ -362,7 +362,9 @@ def test_training_time_is_the_least_over_every_split_of_the_tokens(
     assert left == pytest.approx(0.0, abs=1e-6 * total)
     assert sum(run.step_time(k) for k in ks) >= least * (1 - 1e-9)
     # the vertex itself: as many steps at K_max as the total allows, the others at K_min
-    top = 0 if span == 0 else min(m - 1, int((total - m * run.k_min) // (k_max - run.k_min)))
+    top = (
+        0 if k_max <= run.k_min else min(m - 1, int((total - m * run.k_min) // (k_max - run.k_min)))
+    )
     vertex = [k_max] * top + [run.k_min] * (m - 1 - top)
     vertex.append(total - sum(vertex))
     assert sum(run.step_time(k) for k in vertex) == pytest.approx(least, rel=1e-9)

@@ -440,7 +440,7 @@ class _Relaxation:
         self.t_sync = cfg.trigger_parameter_sync_step
         # every step trains q samples, each of at least the workload's fewest tokens
         self.k_min = self.q * float(workload.group_tokens().min())
-        self._rates(scenario, splits[0], cfg, self.k_min)
+        self._rates(scenario, splits[0], cfg)
         self.trainers: list[tuple[float, float]] = []  # (per step, per token) of each split
         self.pools: list[tuple[float, float]] = []  # (P_s, P_s + P_h) of each split
         self.p_all: float | None = None  # the best pool of one split (several splits only)
@@ -460,19 +460,17 @@ class _Relaxation:
             for c in splits
         ]
         self._k_max: dict[int, float] = {}  # the q largest K among the first A(v), per v
-        self._f_min: float | None = None  # f(K_min)
+        self._f_ends: dict[float, float] = {}  # f at the ends of the token box (K_min, K_max)
         self._prompts(workload, cfg, scenario.engine)
         self._columns()
         self.starts: list[float] = []  # t_k
         self.why: list[str] = []  # what set t_k
         self.opens = [0.0]  # O_w
 
-    def _rates(
-        self, scenario: Scenario, conf: Configuration, cfg: DynamicScheduleConfig, k_min: float
-    ) -> None:
-        """Pool throughputs ``P_s``, ``P_h``, sync ``y``, first wake-up ``h``, trainer
-        costs, ``r_1`` and the sample slots ``C``."""
-        eng, hw, llm, tr = scenario.engine, scenario.hardware, scenario.model, scenario.trainer
+    def _rates(self, scenario: Scenario, conf: Configuration, cfg: DynamicScheduleConfig) -> None:
+        """Pool throughputs ``P_s``, ``P_h``, sync ``y``, first wake-up ``h``, ``r_1`` and the
+        sample slots ``C``."""
+        eng, hw, llm = scenario.engine, scenario.hardware, scenario.model
         g = eng.gpus_per_replica
         n_s = conf.rollout_gpus // g
         n_h = conf.trainer_gpus // g if conf.hybrid else 0
@@ -500,8 +498,6 @@ class _Relaxation:
         self.r_cap = max(eng.peak_throughput(role, hw, llm) for role in ("standalone", "hybrid"))
         self.y = eng.broadcast_sync_s(hw, llm) if n_s else 0.0
         self.wake = eng.wake_s(hw, llm) + eng.local_sync_s(hw, llm)
-        fixed, self.c_g = tr.linear_lower(conf.trainer_gpus, k_min)  # never above a step
-        self.per_step = fixed + tr.state_swap_s(hw, llm, conf.trainer_gpus)
         self.r1 = eng.per_seq_rate(1)
 
     def _relax(
@@ -509,11 +505,12 @@ class _Relaxation:
     ) -> None:
         """Several splits (a re-planned run): every rate at its best over the splits, each
         on its own (module docstring, *Re-planned runs*)."""
+        tr = scenario.trainer
         p_s, p_h, p_all, y, slots = [], [], [], [], []
         n_s, n_h, n_all, r_cap = [], [], [], []
         d_s, d_h, d_all = [], [], []
         for conf in splits:
-            self._rates(scenario, conf, cfg, self.k_min)
+            self._rates(scenario, conf, cfg)
             p_s.append(self.p_s)
             p_h.append(self.p_h)
             p_all.append(self.p_s + self.p_h)
@@ -526,7 +523,10 @@ class _Relaxation:
             d_s.append(self.d_s)
             d_h.append(self.d_h)
             d_all.append(np.maximum(self.d_all, self.d_h))
-            self.trainers.append((self.per_step, self.c_g))
+            # the split's trainer as a line never above its step time (time-sharing only)
+            fixed, per_token = tr.linear_lower(conf.trainer_gpus, self.k_min)
+            swap = tr.state_swap_s(scenario.hardware, scenario.model, conf.trainer_gpus)
+            self.trainers.append((fixed + swap, per_token))
             self.pools.append((self.p_s, self.p_s + self.p_h))
             self.n_pools.append((self.n_s, self.n_s + self.n_h))
             self.d_pools.append((self.d_s, d_all[-1]))
@@ -616,13 +616,19 @@ class _Relaxation:
         if not math.isfinite(tokens):
             return math.inf  # too few prompts for the steps (the caller's check)
         if k_max <= k0:
-            return m * self.step_time(k0)
+            return m * self._f_end(k0)
         tokens = max(tokens, m * k0)
         top = min(m - 1, int((tokens - m * k0) // (k_max - k0)))
         rest = tokens - top * k_max - (m - 1 - top) * k0
-        if self._f_min is None:
-            self._f_min = self.step_time(k0)
-        return (m - 1 - top) * self._f_min + top * self.step_time(k_max) + self.step_time(rest)
+        return (m - 1 - top) * self._f_end(k0) + top * self._f_end(k_max) + self.step_time(rest)
+
+    def _f_end(self, tokens: float) -> float:
+        """`step_time` at an end of the token box (``K_min`` or a ``K_max(v)``: a few values,
+        read on every `train_lb` call, so kept)."""
+        f = self._f_ends.get(tokens)
+        if f is None:
+            f = self._f_ends[tokens] = self.step_time(tokens)
+        return f
 
     def syncs(self, j: int, k: int) -> int:
         """Sync steps among ``j..k`` (inclusive)."""
